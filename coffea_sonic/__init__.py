@@ -1,0 +1,52 @@
+"""coffea-sonic: SONIC-style inference as a service for columnar HEP analysis.
+
+A coffea processor declares Triton models by URL, sends awkward columns as batched, pipelined gRPC
+requests per chunk, and gets aligned awkward outputs back; an embedded real Triton server, a model
+zoo and in-process engines make it runnable anywhere.
+
+>>> import coffea_sonic
+>>> coffea_sonic.__version__
+'0.1.0'
+
+The public names below are imported lazily, so ``import coffea_sonic`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "SonicError": "coffea_sonic.errors",
+    "ConfigurationError": "coffea_sonic.errors",
+    "InputValidationError": "coffea_sonic.errors",
+    "ServerStartError": "coffea_sonic.errors",
+    "ModelNotFoundError": "coffea_sonic.errors",
+    "ServerUnavailableError": "coffea_sonic.errors",
+    "InferenceError": "coffea_sonic.errors",
+    "MissingDependencyError": "coffea_sonic.errors",
+    "LocalTritonServer": "coffea_sonic.server",
+    "write_repository": "coffea_sonic.server",
+    "CpuEngine": "coffea_sonic.engines",
+    "GpuEngine": "coffea_sonic.engines",
+    "TritonModel": "coffea_sonic.model",
+    "SonicMixin": "coffea_sonic.processor",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'coffea_sonic' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,117 @@
+"""Declarations of the zoo models: names, dtypes and per-row dims of every input and output.
+
+These are declared once here; the torch definitions, the ONNX export, the Triton config writer,
+the engines and the analysis all read them from this module.
+
+>>> from coffea_sonic.zoo.spec import MODEL_SPECS
+>>> MODEL_SPECS["jet_tagger"].inputs[0].dims
+(6,)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: NanoAOD ``Jet`` fields the per-jet tagger reads, in this order (all exist in NanoAOD v9 and later).
+JET_TAGGER_FEATURES: tuple[str, ...] = ("pt", "eta", "phi", "mass", "btagDeepFlavB", "nConstituents")
+#: Class order of the taggers' probability outputs (``Jet_hadronFlavour`` 5, 4, 0).
+JET_CLASSES: tuple[str, ...] = ("b", "c", "light")
+#: Constituents per jet the ParticleNet-like model sees (zero-padded, masked).
+PARTICLENET_MAX_CONSTITUENTS = 32
+#: Per-constituent features of particlenet_lite, in this order.
+PARTICLENET_FEATURES: tuple[str, ...] = (
+    "log_pt", "log_e", "log_pt_rel", "log_e_rel", "deta", "dphi", "charge",
+)
+#: Side of the ProtoDUNE wire-plane patch the EmTrkMichelId CNN classifies.
+EMTRK_PATCH = 48
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One named tensor of a model: numpy dtype name and per-row dims (batch dimension excluded).
+
+    >>> TensorSpec("x", "float32", (16,)).triton_dtype
+    'TYPE_FP32'
+    """
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+
+    @property
+    def triton_dtype(self) -> str:
+        """The Triton ``data_type`` enum name for :attr:`dtype`."""
+        return {"float32": "TYPE_FP32", "float64": "TYPE_FP64", "float16": "TYPE_FP16",
+                "int32": "TYPE_INT32", "int64": "TYPE_INT64", "bool": "TYPE_BOOL",
+                "uint8": "TYPE_UINT8"}[self.dtype]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the repository writer and clients need to know about a zoo model.
+
+    >>> MODEL_SPECS["emtrk_cnn"].output_names
+    ('em_trk_none', 'michel')
+    """
+
+    name: str
+    description: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch_size: int
+    preferred_batch_sizes: tuple[int, ...]
+    max_queue_delay_microseconds: int = 100
+    #: Ships as package data (small, trained) or is generated on first use and cached (large).
+    shipped: bool = True
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+
+MODEL_SPECS: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="jet_tagger",
+            description="Per-jet MLP b/c/light tagger on NanoAOD Jet features "
+            + ", ".join(JET_TAGGER_FEATURES),
+            inputs=(TensorSpec("features", "float32", (len(JET_TAGGER_FEATURES),)),),
+            outputs=(TensorSpec("probs", "float32", (len(JET_CLASSES),)),),
+            max_batch_size=65536,
+            preferred_batch_sizes=(4096, 16384),
+        ),
+        ModelSpec(
+            name="particlenet_lite",
+            description="ParticleNet-like EdgeConv tagger over up to "
+            f"{PARTICLENET_MAX_CONSTITUENTS} PF constituents per jet (CMS input layout)",
+            inputs=(
+                TensorSpec("pf_points", "float32", (2, PARTICLENET_MAX_CONSTITUENTS)),
+                TensorSpec("pf_features", "float32",
+                           (len(PARTICLENET_FEATURES), PARTICLENET_MAX_CONSTITUENTS)),
+                TensorSpec("pf_mask", "float32", (1, PARTICLENET_MAX_CONSTITUENTS)),
+            ),
+            outputs=(TensorSpec("probs", "float32", (len(JET_CLASSES),)),),
+            max_batch_size=4096,
+            preferred_batch_sizes=(512, 2048),
+        ),
+        ModelSpec(
+            name="emtrk_cnn",
+            description="ProtoDUNE EmTrkMichelId CNN on 48x48 wire-plane patches "
+            "(3-class em/track/none softmax + Michel-electron sigmoid, ~11.9 M parameters)",
+            inputs=(TensorSpec("patch", "float32", (1, EMTRK_PATCH, EMTRK_PATCH)),),
+            outputs=(
+                TensorSpec("em_trk_none", "float32", (3,)),
+                TensorSpec("michel", "float32", (1,)),
+            ),
+            max_batch_size=4096,
+            preferred_batch_sizes=(256, 2048),
+            shipped=False,
+        ),
+    )
+}

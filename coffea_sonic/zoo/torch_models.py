@@ -1,0 +1,162 @@
+"""Torch definitions of the zoo models (needs the ``torch`` extra).
+
+Weights are drawn from numpy's PCG64 generator with a fixed seed, not from torch's RNG, so the same
+model comes out on every machine and torch version (the CPU box and the GPU machine alike).
+
+>>> from coffea_sonic.zoo.torch_models import build  # doctest: +SKIP
+>>> build("jet_tagger")(torch.zeros(2, 6)).shape      # doctest: +SKIP
+torch.Size([2, 3])
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import MissingDependencyError, ModelNotFoundError
+from .spec import (EMTRK_PATCH, JET_CLASSES, JET_TAGGER_FEATURES, PARTICLENET_FEATURES,
+                   PARTICLENET_MAX_CONSTITUENTS)
+
+try:
+    import torch
+    from torch import nn
+except ImportError as exc:  # pragma: no cover - exercised only without the torch extra
+    raise MissingDependencyError(
+        "coffea_sonic.zoo.torch_models needs torch: pip install 'coffea-sonic[torch]'"
+    ) from exc
+
+#: Seed of every zoo model's initial weights.
+WEIGHT_SEED = 20240917
+
+
+class JetTagger(nn.Module):
+    """Per-jet MLP: NanoAOD Jet features -> (b, c, light) probabilities.
+
+    The input scaling lives inside the network so that the served model takes raw NanoAOD values.
+    """
+
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        n_in, n_out = len(JET_TAGGER_FEATURES), len(JET_CLASSES)
+        self.net = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.ReLU(),
+            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(hidden, n_out),
+        )
+
+    def scale(self, features: "torch.Tensor") -> "torch.Tensor":
+        pt, eta, phi, mass, btag, n_const = features.unbind(dim=1)
+        return torch.stack([
+            torch.log(torch.clamp(pt, min=1.0)) - 3.5,
+            eta / 2.5,
+            phi / math.pi,
+            torch.log(torch.clamp(mass, min=0.0) + 1.0) - 2.0,
+            btag * 2.0 - 1.0,
+            n_const / 20.0 - 1.0,
+        ], dim=1)
+
+    def logits(self, features: "torch.Tensor") -> "torch.Tensor":
+        return self.net(self.scale(features))
+
+    def forward(self, features: "torch.Tensor") -> "torch.Tensor":
+        return torch.softmax(self.logits(features), dim=1)
+
+
+class EdgeConv(nn.Module):
+    """EdgeConv block of ParticleNet: k nearest neighbours in ``points``, shared MLP on edges."""
+
+    def __init__(self, k: int, in_features: int, widths: tuple[int, ...]) -> None:
+        super().__init__()
+        self.k = k
+        layers: list[nn.Module] = []
+        previous = 2 * in_features
+        for width in widths:
+            layers += [nn.Conv2d(previous, width, kernel_size=1), nn.ReLU()]
+            previous = width
+        self.mlp = nn.Sequential(*layers)
+        self.shortcut = nn.Conv1d(in_features, widths[-1], kernel_size=1)
+
+    def forward(self, points: "torch.Tensor", features: "torch.Tensor") -> "torch.Tensor":
+        # points [N, D, P], features [N, C, P]
+        n_rows, n_channels, n_points = features.shape
+        inner = -2 * torch.matmul(points.transpose(2, 1), points)
+        square = torch.sum(points * points, dim=1, keepdim=True)
+        distance = square.transpose(2, 1) + inner + square  # [N, P, P]
+        neighbours = (-distance).topk(self.k + 1, dim=-1)[1][:, :, 1:]  # [N, P, k], drop self
+        index = neighbours.reshape(n_rows, 1, n_points * self.k).expand(n_rows, n_channels, -1)
+        gathered = torch.gather(features, 2, index).reshape(n_rows, n_channels, n_points, self.k)
+        centre = features.unsqueeze(3).expand(-1, -1, -1, self.k)
+        edges = torch.cat([centre, gathered - centre], dim=1)  # [N, 2C, P, k]
+        return torch.relu(self.mlp(edges).mean(dim=3) + self.shortcut(features))
+
+
+class ParticleNetLite(nn.Module):
+    """ParticleNet-like constituent tagger with the CMS input layout.
+
+    Inputs ``pf_points [N,2,P]`` (deta, dphi), ``pf_features [N,F,P]``, ``pf_mask [N,1,P]``.
+    """
+
+    def __init__(self, k: int = 8) -> None:
+        super().__init__()
+        n_features = len(PARTICLENET_FEATURES)
+        self.input_scale = nn.Conv1d(n_features, n_features, kernel_size=1)
+        self.edge1 = EdgeConv(k, n_features, (32, 32, 32))
+        self.edge2 = EdgeConv(k, 32, (64, 64, 64))
+        self.head = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, len(JET_CLASSES)))
+
+    def forward(self, pf_points: "torch.Tensor", pf_features: "torch.Tensor",
+                pf_mask: "torch.Tensor") -> "torch.Tensor":
+        # Padded constituents are pushed far away so they are nobody's neighbour.
+        shift = (1.0 - pf_mask) * 1e4
+        points = pf_points + shift
+        features = self.input_scale(pf_features) * pf_mask
+        features = self.edge1(points, features) * pf_mask
+        features = self.edge2(features + shift, features) * pf_mask
+        counts = torch.clamp(pf_mask.sum(dim=2), min=1.0)  # [N, 1]
+        pooled = features.sum(dim=2) / counts
+        return torch.softmax(self.head(pooled), dim=1)
+
+
+class EmTrkMichelId(nn.Module):
+    """ProtoDUNE EmTrkMichelId CNN: [1,48,48] patch -> em/track/none softmax and Michel sigmoid."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 48, kernel_size=5)
+        flat = 48 * (EMTRK_PATCH - 4) * (EMTRK_PATCH - 4)
+        self.dense = nn.Sequential(nn.Linear(flat, 128), nn.ReLU(), nn.Linear(128, 32), nn.ReLU())
+        self.em_trk_none = nn.Linear(32, 3)
+        self.michel = nn.Linear(32, 1)
+
+    def forward(self, patch: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+        hidden = self.dense(torch.flatten(torch.relu(self.conv(patch)), start_dim=1))
+        return torch.softmax(self.em_trk_none(hidden), dim=1), torch.sigmoid(self.michel(hidden))
+
+
+_BUILDERS = {"jet_tagger": JetTagger, "particlenet_lite": ParticleNetLite, "emtrk_cnn": EmTrkMichelId}
+
+
+def deterministic_init(module: "nn.Module", seed: int = WEIGHT_SEED) -> "nn.Module":
+    """Fill every parameter from numpy's generator (He-like scale), independent of torch's RNG."""
+    rng = np.random.default_rng(seed)
+    with torch.no_grad():
+        for name, parameter in sorted(module.named_parameters()):
+            fan_in = int(np.prod(parameter.shape[1:])) if parameter.dim() > 1 else 1
+            scale = math.sqrt(2.0 / fan_in) if parameter.dim() > 1 else 0.01
+            values = rng.standard_normal(tuple(parameter.shape), dtype=np.float32) * np.float32(scale)
+            parameter.copy_(torch.from_numpy(values))
+    return module
+
+
+def build(name: str, state_dict: dict | None = None) -> "nn.Module":
+    """The torch module of zoo model ``name`` in eval mode, with deterministic or given weights."""
+    try:
+        module = _BUILDERS[name]()
+    except KeyError:
+        raise ModelNotFoundError(f"no zoo model {name!r}; known: {sorted(_BUILDERS)}") from None
+    if state_dict is None:
+        deterministic_init(module)
+    else:
+        module.load_state_dict(state_dict)
+    return module.eval()

@@ -1,0 +1,67 @@
+"""The ``coffea-sonic`` command: serve | models | demo | bench | sample | check | monitor.
+
+Each subcommand lives beside the code it drives and registers itself here; heavy imports happen
+only when a subcommand runs, so ``coffea-sonic --help`` is instant.
+
+>>> build_parser().prog
+'coffea-sonic'
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Modules that provide ``add_subparsers(subparsers)``; a missing one is skipped so the CLI keeps
+# working while a feature is absent from an installation.
+_SUBCOMMAND_MODULES = (
+    "coffea_sonic.server.cli",
+    "coffea_sonic.demo",
+    "coffea_sonic.bench.cli",
+    "coffea_sonic.data.cli",
+    "coffea_sonic.facility.cli",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coffea-sonic",
+        description=(
+            "SONIC-style inference as a service for coffea analyses: run the embedded Triton "
+            "server, the demo analysis, benchmarks, and facility checks.\n\n"
+            "first steps:\n"
+            "  coffea-sonic demo             # sample data + local server + Dask + plot, < 5 min\n"
+            "  coffea-sonic serve            # a real Triton server with the model zoo\n"
+            "  coffea-sonic bench --quick    # CPU vs served vs coffea's triton_wrapper\n"
+            "  coffea-sonic SUBCOMMAND --help"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-v info, -vv debug)")
+    subparsers = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
+    for module_name in _SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if not (error.name and module_name.startswith(error.name)):
+                raise
+            continue
+        register = getattr(module, "add_subparsers", None) or getattr(module, "add_subparser")
+        register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""In-process engines that run the zoo models without a server, on the same input dicts.
+
+* :class:`CpuEngine`: onnxruntime on CPU, on exactly the ONNX file the server serves (also the
+  fallback when no server can serve a model).
+* :class:`GpuEngine`: torch on CUDA (local-GPU baseline for benchmarks); only where a GPU exists.
+
+>>> from coffea_sonic import zoo
+>>> engine = CpuEngine("jet_tagger")
+>>> engine(zoo.example_inputs("jet_tagger", 4))["probs"].shape
+(4, 3)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping
+
+import numpy as np
+
+from .. import zoo
+from ..errors import InputValidationError, MissingDependencyError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CpuEngine", "GpuEngine"]
+
+
+def _check_inputs(name: str, inputs: Mapping[str, np.ndarray]) -> None:
+    expected = zoo.spec(name).input_names
+    missing = [key for key in expected if key not in inputs]
+    extra = [key for key in inputs if key not in expected]
+    if missing or extra:
+        raise InputValidationError(
+            f"model {name!r} takes inputs {list(expected)}; missing {missing}, unexpected {extra}")
+
+
+class CpuEngine:
+    """Run zoo model ``name`` (or any ONNX file via ``onnx_file``) in-process with onnxruntime.
+
+    ``threads`` = 0 lets onnxruntime use every core.
+
+    >>> CpuEngine("emtrk_cnn").output_names
+    ('em_trk_none', 'michel')
+    """
+
+    def __init__(self, name: str, *, threads: int = 0, onnx_file: str | os.PathLike | None = None):
+        import onnxruntime
+
+        self.name = name
+        self.model_spec = zoo.spec(name)
+        self.output_names = self.model_spec.output_names
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        self.session = onnxruntime.InferenceSession(
+            str(onnx_file or zoo.onnx_path(name)), sess_options=options,
+            providers=["CPUExecutionProvider"])
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        _check_inputs(self.name, inputs)
+        feed = {t.name: np.ascontiguousarray(inputs[t.name], dtype=t.dtype)
+                for t in self.model_spec.inputs}
+        return dict(zip(self.output_names, self.session.run(list(self.output_names), feed)))
+
+    def __repr__(self) -> str:
+        return f"CpuEngine({self.name!r})"
+
+    def __getstate__(self) -> dict:
+        # onnxruntime sessions do not pickle; the receiving process builds its own.
+        return {"name": self.name}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["name"])
+
+
+class GpuEngine:
+    """Run zoo model ``name`` in-process with torch on a CUDA device (weights = the ONNX's).
+
+    Inputs are numpy arrays on the host; the timing therefore includes host<->device copies,
+    as a local GPU in an analysis job would pay them.
+
+    >>> GpuEngine("jet_tagger")  # doctest: +SKIP
+    GpuEngine('jet_tagger', cuda:0)
+    """
+
+    def __init__(self, name: str, *, device: str = "cuda:0") -> None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise MissingDependencyError("GpuEngine needs torch: pip install 'coffea-sonic[torch]'") from exc
+        if not torch.cuda.is_available():
+            raise MissingDependencyError(
+                f"GpuEngine({name!r}) needs a CUDA GPU and none is visible; use CpuEngine instead")
+        self.torch = torch
+        self.name = name
+        self.model_spec = zoo.spec(name)
+        self.output_names = self.model_spec.output_names
+        self.device = torch.device(device)
+        self.module = zoo.torch_module(name).to(self.device).eval()
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        _check_inputs(self.name, inputs)
+        torch = self.torch
+        with torch.inference_mode():
+            tensors = [torch.from_numpy(np.ascontiguousarray(inputs[t.name], dtype=t.dtype))
+                       .pin_memory().to(self.device, non_blocking=True)
+                       for t in self.model_spec.inputs]
+            values = self.module(*tensors)
+            if not isinstance(values, (tuple, list)):
+                values = (values,)
+            return {name: value.cpu().numpy() for name, value in zip(self.output_names, values)}
+
+    def __repr__(self) -> str:
+        return f"GpuEngine({self.name!r}, {self.device})"

@@ -1,0 +1,352 @@
+"""Launch the real ``tritonserver`` binary shipped in the nvidia-pytriton wheel, directly.
+
+No PyTriton proxy: the binary serves a standard config.pbtxt repository with Triton's python
+backend. The launcher builds the backend folder with the python-backend stub that matches this
+interpreter, sets PATH / LD_LIBRARY_PATH itself, picks free ports, waits for readiness, and on stop
+leaves no child process and none of its ``/dev/shm`` regions behind.
+
+Environment overrides (for machines where the server comes from elsewhere, e.g. the GPU machine):
+``TRITONSERVER_BIN``, ``TRITON_BACKEND_DIR``, ``TRITON_SERVER_PATH``, ``TRITON_SERVER_LD_LIBRARY_PATH``.
+
+>>> with LocalTritonServer(models=["jet_tagger"]) as server:      # doctest: +SKIP
+...     server.url("jet_tagger")
+'triton+grpc://127.0.0.1:40123/jet_tagger'
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+import weakref
+from collections import deque
+from pathlib import Path
+from typing import Iterable, Literal, Sequence
+
+from ..errors import ConfigurationError, MissingDependencyError, ServerStartError
+from .repository import write_repository
+
+logger = logging.getLogger(__name__)
+
+DeviceChoice = Literal["auto", "cpu", "gpu"]
+#: How many lines of the server log a failed start reports.
+LOG_TAIL_LINES = 40
+
+
+def gpu_available() -> bool:
+    """Whether a CUDA GPU is visible (``nvidia-smi -L`` lists one).
+
+    >>> isinstance(gpu_available(), bool)
+    True
+    """
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return listing.returncode == 0 and "GPU" in listing.stdout
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _pytriton_server_dir() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingDependencyError(
+            "the embedded Triton server needs the nvidia-pytriton wheel, which ships the "
+            "tritonserver binary: pip install 'coffea-sonic[server]'")
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def server_binary() -> Path:
+    """Path of the tritonserver binary (``$TRITONSERVER_BIN`` or the nvidia-pytriton wheel's)."""
+    override = os.environ.get("TRITONSERVER_BIN")
+    path = Path(override) if override else _pytriton_server_dir() / "bin" / "tritonserver"
+    if not path.is_file():
+        raise MissingDependencyError(f"tritonserver binary not found at {path}")
+    return path
+
+
+def build_backend_dir(dest: Path) -> Path:
+    """Backend folder whose python backend uses the stub built for this interpreter's version.
+
+    ``$TRITON_BACKEND_DIR`` wins if set (it must already hold ``python/`` with a matching stub).
+    """
+    override = os.environ.get("TRITON_BACKEND_DIR")
+    if override:
+        return Path(override)
+    server_dir = _pytriton_server_dir()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        available = sorted(p.name for p in (server_dir / "python_backend_stubs").iterdir())
+        raise MissingDependencyError(
+            f"nvidia-pytriton has no python-backend stub for Python {version} "
+            f"(it has {available}); run coffea-sonic's server under one of those")
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    backend_files = server_dir / "backends" / "python"
+    for source in (backend_files / "libtriton_python.so",
+                   backend_files / "triton_python_backend_utils.py", stub):
+        target = python_dir / source.name
+        if not target.exists():
+            # Symlinks keep the binaries' RPATHs pointing at the wheel's bundled libraries.
+            target.symlink_to(source)
+    return dest
+
+
+def server_environment() -> dict[str, str]:
+    """Environment for tritonserver: this interpreter's python3 and libpython found first.
+
+    The python-backend stub embeds Python in isolated mode and locates it through ``python3`` on
+    PATH; without this interpreter's LIBDIR first it can load Debian's libpython against another
+    stdlib. ``$TRITON_SERVER_PATH`` / ``$TRITON_SERVER_LD_LIBRARY_PATH`` replace the computed values.
+    """
+    env = dict(os.environ)
+    interpreter_bin = os.path.dirname(sys.executable)
+    env["PATH"] = os.environ.get("TRITON_SERVER_PATH") or os.pathsep.join(
+        [interpreter_bin, os.environ.get("PATH", "")])
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.environ.get("TRITON_SERVER_LD_LIBRARY_PATH") or os.pathsep.join(
+        part for part in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if part)
+    # The model's Python must not pick up a user's PYTHONPATH with another numpy.
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def _stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        logger.warning("tritonserver %d ignored SIGTERM for %.0f s; killing it", process.pid, grace_s)
+    # Stubs are in the same session: make sure none outlives the server.
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _remove_shm_regions(prefix: str) -> list[str]:
+    removed = []
+    for region in glob.glob(f"/dev/shm/{prefix}*"):
+        try:
+            os.unlink(region)
+            removed.append(region)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _finalize(process: subprocess.Popen | None, shm_prefix: str, workdir: Path | None,
+              keep_workdir: bool, grace_s: float) -> None:
+    if process is not None:
+        _stop_process_group(process, grace_s)
+    _remove_shm_regions(shm_prefix)
+    if workdir is not None and not keep_workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+class LocalTritonServer:
+    """A real tritonserver on this machine, serving zoo models or an existing repository.
+
+    Ports given as 0 are picked free. Use it as a context manager (or ``start()`` / ``stop()``).
+
+    >>> server = LocalTritonServer(models=["jet_tagger"], grpc_port=0)
+    >>> server.running
+    False
+
+    Attributes once started: ``grpc_address`` ("127.0.0.1:PORT"), ``http_address``, ``metrics_url``,
+    ``url(model)`` (coffea's ``triton+grpc://`` form), ``pid``, ``log_path``, ``repository``.
+    """
+
+    def __init__(
+        self,
+        models: Iterable[str] | None = None,
+        repository: str | os.PathLike | None = None,
+        device: DeviceChoice = "auto",
+        grpc_port: int = 0,
+        http_port: int = 0,
+        metrics_port: int = 0,
+        *,
+        host: str = "127.0.0.1",
+        instances: int = 1,
+        startup_timeout_s: float = 120.0,
+        extra_args: Sequence[str] = (),
+        workdir: str | os.PathLike | None = None,
+        keep_workdir: bool = False,
+        log_verbose: int = 0,
+        repository_options: dict | None = None,
+    ) -> None:
+        if device not in ("auto", "cpu", "gpu"):
+            raise ConfigurationError(f"device must be auto, cpu or gpu, not {device!r}")
+        if models is not None and repository is not None:
+            raise ConfigurationError("give either models (from the zoo) or repository, not both")
+        self.models = list(models) if models is not None else None
+        self.repository = Path(repository).resolve() if repository is not None else None
+        self.requested_device = device
+        self.ports = {"grpc": grpc_port, "http": http_port, "metrics": metrics_port}
+        self.host = host
+        self.instances = instances
+        self.startup_timeout_s = startup_timeout_s
+        self.extra_args = list(extra_args)
+        self.workdir = Path(workdir) if workdir is not None else None
+        self.keep_workdir = keep_workdir
+        self.log_verbose = log_verbose
+        self.repository_options = dict(repository_options or {})
+        self.shm_prefix = f"csonic_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        self.device: str | None = None
+        self.process: subprocess.Popen | None = None
+        self.log_path: Path | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    # -- addresses -------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """Whether the server process is alive."""
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.host}:{self.ports['grpc']}"
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.host}:{self.ports['http']}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports['metrics']}/metrics"
+
+    def url(self, model: str, version: int | str | None = None) -> str:
+        """coffea's URL form for ``model`` on this server: ``triton+grpc://host:port/model[/v]``."""
+        suffix = f"/{version}" if version is not None else ""
+        return f"triton+grpc://{self.grpc_address}/{model}{suffix}"
+
+    def __repr__(self) -> str:
+        state = f"grpc={self.grpc_address}" if self.running else "stopped"
+        return f"LocalTritonServer({state}, device={self.device or self.requested_device})"
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> "LocalTritonServer":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _command(self, repository: Path, backend_dir: Path) -> list[str]:
+        ports = self.ports
+        return [
+            str(server_binary()),
+            f"--model-repository={repository}",
+            f"--backend-directory={backend_dir}",
+            f"--http-address={self.host}", f"--http-port={ports['http']}",
+            f"--grpc-address={self.host}", f"--grpc-port={ports['grpc']}",
+            f"--metrics-address={self.host}", f"--metrics-port={ports['metrics']}",
+            f"--allow-gpu-metrics={'true' if self.device == 'gpu' else 'false'}",
+            "--exit-timeout-secs=5",
+            f"--log-verbose={self.log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            *self.extra_args,
+        ]
+
+    def start(self) -> "LocalTritonServer":
+        """Start the server and wait until every model is ready; raise ``ServerStartError`` if not."""
+        if self.running:
+            return self
+        self.device = self.requested_device
+        if self.device == "auto":
+            self.device = "gpu" if gpu_available() else "cpu"
+        workdir = self.workdir or Path(tempfile.mkdtemp(prefix="coffea-sonic-server-"))
+        workdir.mkdir(parents=True, exist_ok=True)
+        repository = self.repository or write_repository(
+            workdir / "models", self.models, backend="python", device=self.device,
+            instances=self.instances, link=True, **self.repository_options)
+        backend_dir = build_backend_dir(workdir / "backends")
+        for kind, port in self.ports.items():
+            if port == 0:
+                self.ports[kind] = free_port(self.host)
+        self.log_path = workdir / "tritonserver.log"
+        command = self._command(repository, backend_dir)
+        logger.info("starting tritonserver (%s) on %s: %s", self.device, self.grpc_address,
+                    " ".join(command))
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=server_environment(), start_new_session=True)
+        self._finalizer = weakref.finalize(
+            self, _finalize, self.process, self.shm_prefix, workdir if self.workdir is None else None,
+            self.keep_workdir, 10.0)
+        atexit.register(self._finalizer)
+        self._workdir_in_use = workdir
+        self._wait_ready()
+        logger.info("tritonserver ready: grpc %s, http %s, metrics %s (pid %d)",
+                    self.grpc_address, self.http_address, self.metrics_url, self.pid)
+        return self
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the server log."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, errors="replace") as log:
+            return "".join(deque(log, maxlen=lines))
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        ready_url = f"http://{self.http_address}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_tail()
+                self.stop()
+                raise ServerStartError(
+                    f"tritonserver exited with code {self.process.returncode} during start-up. "
+                    f"Last lines of its log ({self.log_path}):\n{tail}")
+            try:
+                with urllib.request.urlopen(ready_url, timeout=1.0) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.1)
+        tail = self.log_tail()
+        self.stop()
+        raise ServerStartError(
+            f"tritonserver was not ready after {self.startup_timeout_s:.0f} s. "
+            f"Last lines of its log:\n{tail}")
+
+    def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL), its stubs and its shm regions. Idempotent."""
+        if self._finalizer is not None:
+            self._finalizer()
+            atexit.unregister(self._finalizer)
+            self._finalizer = None

@@ -1,0 +1,173 @@
+"""Write standard Triton model repositories (config.pbtxt + version folder) for the zoo models.
+
+Two variants:
+
+* ``python``: Triton's python backend runs the zoo ONNX with onnxruntime on CPU, or a TorchScript
+  export with torch on CUDA (``device="gpu"``). This is what the embedded server serves: the
+  ``tritonserver`` in the nvidia-pytriton wheel ships only the python backend.
+* ``onnxruntime``: ``platform: "onnxruntime_onnx"``, what a facility's official NVIDIA Triton
+  container serves (optionally with the TensorRT execution accelerator on GPU).
+
+Configs are built as ``model_config_pb2.ModelConfig`` messages and printed with protobuf's
+text_format, so every written config.pbtxt parses back with tritonclient's own schema.
+
+>>> import tempfile
+>>> repo = write_repository(tempfile.mkdtemp(), models=["jet_tagger"])
+>>> sorted(p.name for p in (repo / "jet_tagger").iterdir())
+['1', 'config.pbtxt']
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+from typing import Iterable, Literal
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from .. import zoo
+from ..errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+Backend = Literal["python", "onnxruntime"]
+Device = Literal["cpu", "gpu"]
+BACKENDS: tuple[str, ...] = ("python", "onnxruntime")
+DEVICES: tuple[str, ...] = ("cpu", "gpu")
+
+
+def model_config(
+    name: str,
+    *,
+    backend: Backend = "python",
+    device: Device = "cpu",
+    instances: int = 1,
+    max_queue_delay_microseconds: int | None = None,
+    preferred_batch_sizes: Iterable[int] | None = None,
+    max_queue_size: int | None = None,
+    intra_op_threads: int = 0,
+    tensorrt: bool = False,
+) -> model_config_pb2.ModelConfig:
+    """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device.
+
+    >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
+    >>> config.platform, config.instance_group[0].kind == config.instance_group[0].KIND_GPU
+    ('onnxruntime_onnx', True)
+    """
+    if backend not in BACKENDS:
+        raise ConfigurationError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    if device not in DEVICES:
+        raise ConfigurationError(f"device must be one of {DEVICES}, not {device!r}")
+    model_spec = zoo.spec(name)
+    config = model_config_pb2.ModelConfig(name=name, max_batch_size=model_spec.max_batch_size)
+    if backend == "python":
+        config.backend = "python"
+        config.parameters["device"].string_value = device
+        config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
+    else:
+        config.platform = "onnxruntime_onnx"
+        if device == "gpu" and tensorrt:
+            accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add()
+            accelerator.name = "tensorrt"
+            accelerator.parameters["precision_mode"] = "FP32"
+    for tensor, target in ((t, config.input.add()) for t in model_spec.inputs):
+        target.name, target.dims[:] = tensor.name, tensor.dims
+        target.data_type = model_config_pb2.DataType.Value(tensor.triton_dtype)
+    for tensor, target in ((t, config.output.add()) for t in model_spec.outputs):
+        target.name, target.dims[:] = tensor.name, tensor.dims
+        target.data_type = model_config_pb2.DataType.Value(tensor.triton_dtype)
+    batching = config.dynamic_batching
+    batching.preferred_batch_size[:] = list(preferred_batch_sizes or model_spec.preferred_batch_sizes)
+    batching.max_queue_delay_microseconds = (
+        model_spec.max_queue_delay_microseconds if max_queue_delay_microseconds is None
+        else max_queue_delay_microseconds)
+    if max_queue_size is not None:
+        batching.default_queue_policy.max_queue_size = max_queue_size
+    group = config.instance_group.add()
+    group.count = instances
+    group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
+    return config
+
+
+def config_text(config: model_config_pb2.ModelConfig) -> str:
+    """config.pbtxt text of a ``ModelConfig`` (parses back with ``text_format.Parse``)."""
+    return text_format.MessageToString(config)
+
+
+def parse_config(path: str | os.PathLike) -> model_config_pb2.ModelConfig:
+    """Parse a config.pbtxt with tritonclient's schema; raises ``ConfigurationError`` if invalid.
+
+    >>> import tempfile
+    >>> repo = write_repository(tempfile.mkdtemp(), models=["jet_tagger"])
+    >>> parse_config(repo / "jet_tagger" / "config.pbtxt").max_batch_size
+    65536
+    """
+    try:
+        return text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
+    except text_format.ParseError as error:
+        raise ConfigurationError(f"{path} is not a valid Triton model config: {error}") from error
+
+
+def _place(source: Path, target: Path, link: bool) -> None:
+    if link:
+        target.symlink_to(source.resolve())
+    else:
+        shutil.copyfile(source, target)
+
+
+def _export_torchscript(name: str, target: Path) -> None:
+    import torch
+
+    module = zoo.torch_module(name)
+    example = tuple(torch.from_numpy(value) for value in zoo.example_inputs(name, 2).values())
+    with torch.no_grad():
+        traced = torch.jit.trace(module, example, check_trace=False)
+    traced.save(str(target))
+
+
+def write_repository(
+    dest: str | os.PathLike,
+    models: Iterable[str] | None = None,
+    *,
+    backend: Backend = "python",
+    device: Device = "cpu",
+    instances: int = 1,
+    link: bool = False,
+    **config_options,
+) -> Path:
+    """Write a Triton model repository for zoo ``models`` (default: all) into ``dest``.
+
+    ``link=True`` symlinks the ONNX files instead of copying them (fast, for the embedded server);
+    leave it off for a repository you hand to a facility. Extra keyword arguments go to
+    :func:`model_config` (``max_queue_delay_microseconds``, ``max_queue_size``, ...).
+
+    >>> import tempfile
+    >>> repo = write_repository(tempfile.mkdtemp(), ["jet_tagger"], backend="onnxruntime")
+    >>> sorted(p.name for p in (repo / "jet_tagger" / "1").iterdir())
+    ['model.onnx']
+    """
+    dest = Path(dest)
+    names = list(models) if models is not None else zoo.names()
+    if not names:
+        raise ConfigurationError("no models to write; pick some of " + ", ".join(zoo.names()))
+    template = resources.files("coffea_sonic.server") / "model.py.tmpl"
+    for name in names:
+        config = model_config(name, backend=backend, device=device, instances=instances,
+                              **config_options)
+        version_dir = dest / name / "1"
+        if version_dir.parent.exists():
+            shutil.rmtree(version_dir.parent)
+        version_dir.mkdir(parents=True)
+        (dest / name / "config.pbtxt").write_text(config_text(config))
+        if backend == "onnxruntime" or device == "cpu":
+            _place(zoo.onnx_path(name), version_dir / "model.onnx", link)
+        if backend == "python":
+            (version_dir / "model.py").write_text(template.read_text())
+            if device == "gpu":
+                _export_torchscript(name, version_dir / "model.pt")
+        logger.info("wrote %s (%s backend, %s)", dest / name, backend, device)
+    return dest

@@ -321,16 +321,31 @@ class LocalTritonServer:
         with open(self.log_path, errors="replace") as log:
             return "".join(deque(log, maxlen=lines))
 
+    def log_errors(self, limit: int = 20) -> str:
+        """Error lines of the server log (config parse errors come long before its last lines)."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        noise = ("CudaDriverHelper", "cudaGetDeviceCount", "Unable to allocate pinned")
+        with open(self.log_path, errors="replace") as log:
+            errors = [line for line in log
+                      if (line[:1] == "E" and line[1:5].isdigit()) or "ERROR" in line
+                      if not any(text in line for text in noise)]
+        return "".join(errors[:limit])
+
+    def _failure_report(self) -> str:
+        return (f"Errors in its log ({self.log_path}):\n{self.log_errors()}"
+                f"Last lines of its log:\n{self.log_tail()}")
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         ready_url = f"http://{self.http_address}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = self.log_tail()
+                report = self._failure_report()
                 self.stop()
                 raise ServerStartError(
                     f"tritonserver exited with code {self.process.returncode} during start-up. "
-                    f"Last lines of its log ({self.log_path}):\n{tail}")
+                    f"{report}")
             try:
                 with urllib.request.urlopen(ready_url, timeout=1.0) as response:
                     if response.status == 200:
@@ -338,11 +353,10 @@ class LocalTritonServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.1)
-        tail = self.log_tail()
+        report = self._failure_report()
         self.stop()
         raise ServerStartError(
-            f"tritonserver was not ready after {self.startup_timeout_s:.0f} s. "
-            f"Last lines of its log:\n{tail}")
+            f"tritonserver was not ready after {self.startup_timeout_s:.0f} s. {report}")
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL), its stubs and its shm regions. Idempotent."""

@@ -41,3 +41,7 @@ class InferenceError(SonicError, RuntimeError):
 
 class MissingDependencyError(SonicError, ImportError):
     """An optional dependency (torch, nvidia-pytriton, dask-jobqueue) is needed but not installed."""
+
+
+class ClusterStartError(SonicError, RuntimeError):
+    """A Dask cluster (local, batch jobs or a scheduler address) did not get its workers in time."""

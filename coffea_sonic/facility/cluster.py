@@ -1,0 +1,322 @@
+"""Dask clusters as a facility runs them: local processes, SLURM or HTCondor batch jobs, or a scheduler.
+
+:func:`make_cluster` gives one object for all four, with ``.client`` ready and the requested number
+of single-core workers connected (or a :class:`~coffea_sonic.errors.ClusterStartError` that says
+why not). The model-server settings of this process reach the workers through their environment
+(:mod:`coffea_sonic.facility.environment`); secrets travel by variable name only, never in clear in
+a job script or a log.
+
+>>> with make_cluster("local", workers=1) as cluster:          # doctest: +SKIP
+...     cluster.client.submit(sum, [1, 2]).result()
+3
+
+At a SLURM site, from a login node (``SONIC_TOKEN`` exported beforehand)::
+
+    with make_cluster("slurm", workers=20, queue="cpu", walltime="02:00:00",
+                      env=["SONIC_TOKEN"]) as cluster:
+        run = processor.Runner(executor=processor.DaskExecutor(client=cluster.client), ...)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import ClusterStartError, ConfigurationError, MissingDependencyError
+from .environment import WorkerEnvironment, worker_environment
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["BATCH_KINDS", "FacilityCluster", "make_cluster", "slurm_is_single_node_here"]
+
+#: Kinds :func:`make_cluster` builds itself; anything else with a ``:`` is a scheduler address.
+BATCH_KINDS: tuple[str, ...] = ("local", "slurm", "htcondor")
+#: Seconds :func:`make_cluster` waits for the workers by default (batch queues may be slower).
+DEFAULT_WAIT_S = 180.0
+
+
+def slurm_is_single_node_here() -> bool:
+    """Whether every SLURM node is this host (then scheduler and workers can stay on loopback).
+
+    >>> isinstance(slurm_is_single_node_here(), bool)
+    True
+    """
+    sinfo = shutil.which("sinfo")
+    if not sinfo:
+        return False
+    try:
+        listing = subprocess.run([sinfo, "-h", "-N", "-o", "%N"], capture_output=True, text=True,
+                                 timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    nodes = {line.strip() for line in listing.stdout.splitlines() if line.strip()}
+    here = {socket.gethostname(), socket.gethostname().split(".")[0], "localhost"}
+    return listing.returncode == 0 and bool(nodes) and nodes <= here
+
+
+def _is_address(kind: str) -> bool:
+    return "://" in kind or ":" in kind
+
+
+class FacilityCluster:
+    """A Dask cluster with its client; a context manager that closes both (and cancels batch jobs).
+
+    ``kind``: local | slurm | htcondor | address. ``cluster`` is the underlying
+    ``LocalCluster``/``SLURMCluster``/``HTCondorCluster`` (None for an address). ``environment`` is
+    the :class:`WorkerEnvironment` the workers were given.
+
+    >>> FacilityCluster.__enter__.__doc__ is None
+    True
+    """
+
+    def __init__(self, kind: str, cluster: Any, client: Any, environment: WorkerEnvironment,
+                 workers: int) -> None:
+        self.kind = kind
+        self.cluster = cluster
+        self.client = client
+        self.environment = environment
+        self.workers_requested = workers
+
+    def __repr__(self) -> str:
+        return (f"FacilityCluster(kind={self.kind!r}, workers={self.n_workers()}/"
+                f"{self.workers_requested}, scheduler={self.client.scheduler.address})")
+
+    def __enter__(self) -> "FacilityCluster":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The Dask dashboard URL (None if the dashboard is off)."""
+        return getattr(self.client, "dashboard_link", None)
+
+    def n_workers(self) -> int:
+        """Workers connected to the scheduler now."""
+        return len(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def job_script(self) -> str:
+        """The batch job script (SLURM) or submit description (HTCondor) one worker is started with."""
+        script = getattr(self.cluster, "job_script", None)
+        if script is None:
+            raise ConfigurationError(f"a {self.kind} cluster has no job script; only slurm and "
+                                     "htcondor clusters submit jobs")
+        return script()
+
+    def worker_jobs(self) -> dict[str, str]:
+        """Batch job id of each connected worker, by worker address (batch kinds only).
+
+        dask-jobqueue names each worker after its job, which is how a worker is mapped to the
+        job to cancel or inspect (``scancel``, ``condor_rm``).
+        """
+        jobs_by_name = {str(name): getattr(job, "job_id", None)
+                        for name, job in getattr(self.cluster, "workers", {}).items()}
+        mapping = {}
+        for address, info in self.client.scheduler_info(n_workers=-1)["workers"].items():
+            name = str(info.get("name", ""))
+            # one worker per job: the worker name is the job name (or starts with it + "-<i>")
+            for job_name, job_id in jobs_by_name.items():
+                if job_id and (name == job_name or name.startswith(job_name + "-")):
+                    mapping[address] = str(job_id)
+        return mapping
+
+    def scale(self, workers: int) -> None:
+        """Ask for ``workers`` workers (batch jobs are submitted or cancelled)."""
+        if self.cluster is None:
+            raise ConfigurationError("a cluster reached through a scheduler address is scaled by "
+                                     "whoever runs it, not from here")
+        self.workers_requested = workers
+        self.cluster.scale(workers)
+
+    def wait_for_workers(self, workers: int | None = None, timeout_s: float = DEFAULT_WAIT_S) -> None:
+        """Block until ``workers`` (default: as requested) are connected; raise ClusterStartError."""
+        wanted = self.workers_requested if workers is None else workers
+        try:
+            self.client.wait_for_workers(wanted, timeout=timeout_s)
+        except TimeoutError:
+            raise ClusterStartError(self._timeout_report(wanted, timeout_s)) from None
+
+    def _timeout_report(self, wanted: int, timeout_s: float) -> str:
+        have = self.n_workers()
+        lines = [f"only {have} of {wanted} Dask workers connected to the {self.kind} cluster "
+                 f"within {timeout_s:.0f} s (scheduler {self.client.scheduler.address})."]
+        if self.kind == "slurm":
+            lines.append("What to do: check the jobs with `squeue --me` (pending: the queue is busy "
+                         "or the request exceeds the partition; pass queue=/memory=/walltime=), and "
+                         "the job logs (pass log_directory=); a worker that started but never "
+                         "connected usually cannot reach the scheduler's address from its node.")
+            lines.append(self._squeue())
+        elif self.kind == "htcondor":
+            lines.append("What to do: `condor_q -better-analyze` tells why jobs do not start; the "
+                         "worker logs are in log_directory=.")
+        elif self.kind == "local":
+            lines.append("What to do: the machine may be short of memory or cores; ask for fewer "
+                         "workers or less memory per worker.")
+        else:
+            lines.append("What to do: the scheduler at that address has fewer workers; ask the "
+                         "facility (or its dashboard) for more, or request fewer.")
+        return "\n".join(line for line in lines if line)
+
+    def _squeue(self) -> str:
+        job_ids = [str(job.job_id) for job in getattr(self.cluster, "workers", {}).values()
+                   if getattr(job, "job_id", None)]
+        if not job_ids or not shutil.which("squeue"):
+            return ""
+        listing = subprocess.run(["squeue", "-j", ",".join(job_ids), "-o", "%i %T %R"],
+                                 capture_output=True, text=True, timeout=20)
+        return "squeue: " + " | ".join(listing.stdout.strip().splitlines())
+
+    def close(self) -> None:
+        """Close the client and the cluster (batch jobs are cancelled). Idempotent."""
+        try:
+            self.client.close()
+        finally:
+            if self.cluster is not None:
+                self.cluster.close()
+
+
+def _jobqueue_cluster_class(kind: str) -> type:
+    try:
+        import dask_jobqueue
+    except ImportError:
+        raise MissingDependencyError(
+            f"a {kind} cluster needs dask-jobqueue: pip install 'coffea-sonic[facility]'") from None
+    return {"slurm": dask_jobqueue.SLURMCluster, "htcondor": dask_jobqueue.HTCondorCluster}[kind]
+
+
+def _batch_options(kind: str, environment: WorkerEnvironment, *, cores: int, memory: str,
+                   walltime: str | None, queue: str | None, account: str | None,
+                   log_directory: str | None, loopback: bool, kw: dict[str, Any]) -> dict[str, Any]:
+    options: dict[str, Any] = dict(cores=cores, processes=1, memory=memory,
+                                   log_directory=log_directory)
+    if loopback:
+        options["scheduler_options"] = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
+                                        **kw.pop("scheduler_options", {})}
+        options["worker_extra_args"] = ["--host", "127.0.0.1", *kw.pop("worker_extra_args", [])]
+    if kind == "slurm":
+        options.update(walltime=walltime, queue=queue, account=account)
+        options["job_script_prologue"] = [*environment.slurm_prologue(),
+                                          *kw.pop("job_script_prologue", [])]
+        directives = list(kw.pop("job_extra_directives", []))
+        if environment.forwarded:
+            # the default, made explicit: sites that set SBATCH_EXPORT=NONE would drop the secrets
+            directives.append("--export=ALL")
+        options["job_extra_directives"] = directives
+    else:
+        directives = dict(kw.pop("job_extra_directives", {}))
+        if environment.values or environment.forwarded:
+            directives.setdefault("environment", environment.htcondor_environment())
+        if walltime:
+            hours, minutes, seconds = (int(part) for part in walltime.split(":"))
+            directives.setdefault("+MaxRuntime", hours * 3600 + minutes * 60 + seconds)
+        if queue:
+            directives.setdefault("+JobFlavour", f'"{queue}"')
+        options["job_extra_directives"] = directives
+        options["disk"] = kw.pop("disk", "1GiB")
+    options.update(kw)
+    return options
+
+
+def make_cluster(
+    kind: str = "local",
+    workers: int = 2,
+    *,
+    cores_per_worker: int = 1,
+    memory: str = "2GiB",
+    walltime: str | None = "01:00:00",
+    env: Mapping[str, str] | Iterable[str] | None = None,
+    queue: str | None = None,
+    account: str | None = None,
+    log_directory: str | os.PathLike | None = None,
+    loopback: bool | None = None,
+    include_settings: bool = True,
+    wait: bool = True,
+    timeout_s: float = DEFAULT_WAIT_S,
+    **kw: Any,
+) -> FacilityCluster:
+    """Start (or connect to) a Dask cluster with ``workers`` single-core workers and return it.
+
+    ``kind``: ``"local"`` (processes on this machine), ``"slurm"`` / ``"htcondor"`` (one batch job
+    per worker through dask-jobqueue), or a scheduler address (``"tcp://host:8786"``, as given by
+    coffea-casa or a facility's Dask gateway). ``env``: plain variables for the workers (mapping)
+    or names of secret variables to forward from this environment (iterable); coffea-sonic's own
+    settings are included unless ``include_settings=False``. ``loopback`` binds scheduler and
+    workers to 127.0.0.1 (default: for local, and for SLURM when its only node is this host).
+    ``workers=0`` builds the cluster without submitting jobs (e.g. to inspect ``job_script()``).
+    Other keywords go to the cluster class.
+
+    >>> with make_cluster("local", workers=1, processes=False) as cluster:
+    ...     cluster.client.submit(sum, [1, 2]).result()
+    3
+    """
+    environment = worker_environment(env, include_settings=include_settings)
+    for name in environment.missing_here():
+        logger.warning("%s is to be forwarded to the workers but is not set here; export it "
+                       "before starting the cluster", name)
+    from distributed import Client
+
+    if kind == "local":
+        from distributed import LocalCluster
+
+        options: dict[str, Any] = dict(n_workers=workers, threads_per_worker=cores_per_worker,
+                                       memory_limit=memory)
+        if kw.get("processes", True):
+            # in-process workers share this environment; worker processes get the values here
+            options["env"] = dict(environment.values)
+            if loopback is not False:
+                options["host"] = "127.0.0.1"
+        options["dashboard_address"] = kw.pop("dashboard_address", ":0")
+        options.update(kw)
+        cluster = LocalCluster(**options)
+        client = Client(cluster)
+    elif kind in ("slurm", "htcondor"):
+        cluster_class = _jobqueue_cluster_class(kind)
+        if loopback is None:
+            loopback = kind == "slurm" and slurm_is_single_node_here()
+        options = _batch_options(
+            kind, environment, cores=cores_per_worker, memory=memory, walltime=walltime,
+            queue=queue, account=account,
+            log_directory=os.fspath(log_directory) if log_directory is not None else None,
+            loopback=bool(loopback), kw=kw)
+        cluster = cluster_class(**options)
+        client = Client(cluster)
+        if workers:
+            cluster.scale(workers)
+    elif _is_address(kind):
+        if kw:
+            raise ConfigurationError(f"connecting to scheduler {kind} takes no cluster options, "
+                                     f"got {sorted(kw)}")
+        cluster = None
+        try:
+            client = Client(kind, timeout=f"{min(timeout_s, 60):.0f}s")
+        except (OSError, TimeoutError) as error:
+            raise ClusterStartError(
+                f"cannot reach the Dask scheduler at {kind}: {error}. Check the address (coffea-"
+                f"casa shows it in its Dask panel; a gateway gives it with cluster.scheduler_address)"
+            ) from None
+        # Settings reach running workers by plugin; secrets are never sent over Dask.
+        client.register_plugin(environment.plugin())
+    else:
+        raise ConfigurationError(
+            f"cluster kind {kind!r} is not one of {', '.join(BATCH_KINDS)} nor a scheduler address "
+            "(tcp://host:port)")
+    facility_cluster = FacilityCluster(kind if cluster is not None else "address", cluster, client,
+                                       environment, workers)
+    logger.info("Dask %s cluster: scheduler %s, dashboard %s", facility_cluster.kind,
+                client.scheduler.address, facility_cluster.dashboard_link)
+    if wait and workers:
+        started = time.monotonic()
+        try:
+            facility_cluster.wait_for_workers(workers, timeout_s)
+        except ClusterStartError:
+            facility_cluster.close()
+            raise
+        logger.info("%d workers connected after %.1f s", workers, time.monotonic() - started)
+    return facility_cluster

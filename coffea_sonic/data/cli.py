@@ -1,0 +1,83 @@
+"""``coffea-sonic sample``: write the synthetic NanoAOD-like sample.
+
+The top-level CLI wires it in with :func:`add_subparser` and dispatches to :func:`run`.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic")
+>>> parser_for_sample = add_subparser(parser.add_subparsers(dest="command"))
+>>> args = parser.parse_args(["sample", "--events", "100", "/tmp/out"])
+>>> args.events, args.files, args.seed
+(100, 2, 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from .synthetic import (DATASETS, DEFAULT_EVENTS_PER_DATASET, DEFAULT_FILES_PER_DATASET,
+                        write_sample)
+
+logger = logging.getLogger(__name__)
+
+_DESCRIPTION = """\
+Write a synthetic NanoAOD-like sample: ROOT files with an `Events` tree that coffea reads with
+NanoAODSchema (or PFNanoAODSchema). Datasets: `ttbar` (b jets, hadronFlavour 5) and `qcd_light`
+(light and charm jets only). Jets carry pt, eta, phi, mass, btagDeepFlavB, nConstituents,
+hadronFlavour, partonFlavour and area; PF candidates come in the PFNano layout (PFCands and
+JetPFCands). The content depends only on --seed, --events and --files.
+
+Writes OUTDIR/<dataset>_<i>.root and OUTDIR/fileset.json (dataset -> file paths)."""
+
+_EPILOG = """\
+example:
+  coffea-sonic sample --events 20000 --files 2 ./sonic-sample
+  python -c "from coffea.nanoevents import NanoEventsFactory, NanoAODSchema; \\
+      print(NanoEventsFactory.from_root({'./sonic-sample/ttbar_0.root': 'Events'}, \\
+      schemaclass=NanoAODSchema).events().Jet.pt)"
+"""
+
+
+def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``sample`` on the CLI's ``subparsers``; the parsed args carry ``func=run``."""
+    parser = subparsers.add_parser(
+        "sample", help="write the synthetic NanoAOD-like sample (ttbar, qcd_light)",
+        description=_DESCRIPTION, epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("outdir", metavar="OUTDIR", help="directory to write into (created)")
+    parser.add_argument("--events", type=_non_negative_int, default=DEFAULT_EVENTS_PER_DATASET,
+                        help="events per dataset, split over the files (default: %(default)s)")
+    parser.add_argument("--files", type=_positive_int, default=DEFAULT_FILES_PER_DATASET,
+                        help="files per dataset (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed; same seed, same content (default: %(default)s)")
+    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS),
+                        metavar="NAME", help=f"datasets to write, from {', '.join(DATASETS)} "
+                        "(default: all)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the sample described by ``args``, log what was written, return exit status 0."""
+    fileset = write_sample(args.outdir, events=args.events, files=args.files, seed=args.seed,
+                           datasets=args.datasets)
+    n_files = sum(len(paths) for paths in fileset.values())
+    logger.info("wrote %d files of datasets %s; fileset: %s", n_files, ", ".join(fileset),
+                os.path.join(args.outdir, "fileset.json"))
+    return 0
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value

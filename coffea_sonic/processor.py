@@ -1,0 +1,256 @@
+"""``SonicMixin``: Triton inference as a service inside a coffea processor.
+
+Declare the models a processor uses by URL (coffea's ``triton+grpc://host:port/model[/version]``
+form), then call ``self.infer`` / ``self.infer_async`` with awkward or numpy columns inside
+``process``. Jagged inputs come back as jagged outputs aligned with them (``ak.num(out) ==
+ak.num(in)``); requests are split, pipelined and checked by :class:`~coffea_sonic.model.TritonModel`.
+
+>>> import awkward as ak
+>>> from coffea import processor
+>>> from coffea_sonic import SonicMixin
+>>> class Tagger(SonicMixin, processor.ProcessorABC):
+...     sonic_models = {"jet_tagger": "triton+grpc://127.0.0.1:8001/jet_tagger"}
+...     def process(self, events):
+...         jets = events.Jet
+...         features = columns.jet_features(jets)                  # [n_jets, 6] float32
+...         pending = self.infer_async("jet_tagger", {"features": features}, like=jets)
+...         ht = ak.sum(jets.pt, axis=1)                           # CPU work while it flies
+...         b_score = pending.result()["probs"][:, :, 0]           # [events][jets]
+...         return {"b_score_sum": ak.sum(b_score), "inference": self.sonic_stats()}
+...     def postprocess(self, accumulator):
+...         return accumulator
+>>> sorted(Tagger().sonic_model_urls())
+['jet_tagger']
+
+Where the servers are is decided on the worker at first use (:mod:`coffea_sonic.config`), so
+``COFFEA_SONIC_SERVERS=gpu1:8001`` (or Dask config ``coffea_sonic.servers``) moves the same
+processor to another facility's servers without code changes.
+
+For dask-awkward (``coffea.dataset_tools.apply_to_fileset``), wrap per-partition work in
+:meth:`SonicMixin.sonic_map`: it builds a ``map_partitions`` node and never runs an inference
+while the graph is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+import awkward as ak
+import numpy as np
+
+from . import columns, config
+from .errors import ConfigurationError, InputValidationError
+from .stats import InferenceStats
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SonicMixin", "SonicResult"]
+
+Inputs = Mapping[str, Any]
+
+
+def _is_dask_collection(value: Any) -> bool:
+    return type(value).__module__.startswith("dask_awkward")
+
+
+def _stats_difference(now: InferenceStats, before: InferenceStats) -> InferenceStats:
+    return InferenceStats(**{field.name: getattr(now, field.name) - getattr(before, field.name)
+                             for field in dataclasses.fields(InferenceStats)})
+
+
+class SonicResult:
+    """Handle of a request in flight; :meth:`result` gives the outputs, realigned if jagged.
+
+    >>> SonicResult(None, None, done_outputs={"y": np.zeros(2)}).result()["y"].shape
+    (2,)
+    """
+
+    def __init__(self, handle: Any, counts: Any, *, done_outputs: Mapping[str, Any] | None = None,
+                 on_done: Callable[[], None] | None = None) -> None:
+        self._handle = handle
+        self._counts = counts
+        self._outputs = dict(done_outputs) if done_outputs is not None else None
+        self._on_done = on_done
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the outputs are there: numpy rows, or awkward arrays aligned with ``like``."""
+        if self._outputs is None:
+            rows = self._handle.result(timeout)
+            self._outputs = (columns.unflatten(rows, self._counts)
+                             if self._counts is not None else rows)
+            if self._on_done is not None:
+                self._on_done()
+        return self._outputs
+
+    def done(self) -> bool:
+        return self._outputs is not None or bool(self._handle is None or self._handle.done())
+
+
+class SonicMixin:
+    """Mixin for ``coffea.processor.ProcessorABC``: declared Triton models, ``self.infer``, stats.
+
+    Class attributes (or the ``sonic_configure`` call in ``__init__``):
+
+    ``sonic_models``
+        ``{name: url or [urls]}``; ``name`` is how ``process`` refers to the model.
+    ``sonic_options``
+        keyword arguments for every :class:`~coffea_sonic.model.TritonModel` (``timeout_s``,
+        ``max_in_flight``, ``ssl``, ``headers``, ...).
+    """
+
+    sonic_models: ClassVar[Mapping[str, str | Sequence[str]]] = {}
+    sonic_options: ClassVar[Mapping[str, Any]] = {}
+
+    # -- configuration ---------------------------------------------------------------------
+    def sonic_configure(self, models: Mapping[str, str | Sequence[str]] | None = None,
+                        **options: Any) -> None:
+        """Override the declared models and/or TritonModel options for this instance.
+
+        >>> class P(SonicMixin):
+        ...     sonic_models = {"jet_tagger": "triton+grpc://localhost:8001/jet_tagger"}
+        >>> p = P(); p.sonic_configure({"jet_tagger": "triton+grpc://gpu1:8001/jet_tagger"})
+        >>> p.sonic_model_urls()["jet_tagger"]
+        ['triton+grpc://gpu1:8001/jet_tagger']
+        """
+        if models is not None:
+            self.sonic_models = dict(models)
+        if options:
+            self.sonic_options = {**self.sonic_options, **options}
+
+    def sonic_model_urls(self) -> dict[str, list[str]]:
+        """Where each declared model is requested from, after run-time overrides (env, Dask config)."""
+        return {name: config.model_urls(name, declared) for name, declared in self.sonic_models.items()}
+
+    def sonic_model(self, name: str):
+        """The :class:`~coffea_sonic.model.TritonModel` for declared model ``name`` (made on first use)."""
+        from .model import TritonModel
+
+        clients = self.__dict__.setdefault("_sonic_clients", {})
+        client = clients.get(name)
+        if client is None:
+            if name not in self.sonic_models:
+                raise ConfigurationError(
+                    f"model {name!r} is not declared by {type(self).__name__}; declared: "
+                    f"{sorted(self.sonic_models)}. Add it to sonic_models = {{name: url}}")
+            urls = config.model_urls(name, self.sonic_models[name])
+            target = urls[0] if len(urls) == 1 else urls
+            client = TritonModel(target, **dict(self.sonic_options))
+            clients[name] = client
+            self.__dict__.setdefault("_sonic_baseline", {})[name] = client.stats.copy()
+        return client
+
+    # -- inference -------------------------------------------------------------------------
+    def _prepare(self, name: str, inputs: Inputs, like: Any) -> tuple[dict[str, np.ndarray], Any, bool]:
+        """numpy rows per input, the counts to realign outputs with, and whether it is a meta pass."""
+        if not isinstance(inputs, Mapping) or not inputs:
+            raise InputValidationError(
+                f"model {name!r}: inputs must be a non-empty dict tensor name -> array, "
+                f"got {type(inputs).__name__}")
+        if any(_is_dask_collection(v) for v in inputs.values()) or _is_dask_collection(like):
+            raise InputValidationError(
+                f"model {name!r}: got dask-awkward collections; wrap the per-chunk work in "
+                "self.sonic_map(function, *collections) so inference runs per partition on the "
+                "workers, not while the graph is built")
+        rows: dict[str, np.ndarray] = {}
+        counts = None
+        meta_pass = False
+        for tensor, value in inputs.items():
+            if isinstance(value, np.ndarray):
+                rows[tensor] = value
+                continue
+            array = value if isinstance(value, ak.Array) else ak.Array(value)
+            meta_pass = meta_pass or columns.is_typetracer(array)
+            flat, tensor_counts = columns.flatten(array)
+            rows[tensor] = flat
+            if isinstance(tensor_counts, tuple) and not tensor_counts:
+                continue  # already flat
+            if counts is None:
+                counts = tensor_counts
+            elif not meta_pass and not _same_counts(counts, tensor_counts):
+                raise InputValidationError(
+                    f"model {name!r}: input {tensor!r} is jagged differently from the other inputs; "
+                    "all inputs of one call must describe the same objects")
+        if like is not None:
+            meta_pass = meta_pass or columns.is_typetracer(like)
+            like_counts = columns.jagged_counts(like)
+            if counts is not None and not meta_pass and not _same_counts(counts, like_counts):
+                raise InputValidationError(f"model {name!r}: `like` is jagged differently from the inputs")
+            counts = like_counts
+        return rows, counts, meta_pass
+
+    def _meta_outputs(self, name: str, counts: Any) -> dict[str, Any]:
+        """Zero-row outputs of the right trailing shape and dtype (no inference request)."""
+        info = self.sonic_model(name).info
+        rows = {tensor.name: np.empty((0, *tensor.dims), dtype=tensor.dtype)
+                for tensor in info.outputs}
+        return columns.unflatten(rows, counts) if counts is not None else rows
+
+    def infer_async(self, name: str, inputs: Inputs, *, like: Any = None) -> SonicResult:
+        """Send the request now and return a handle; call ``.result()`` when the outputs are needed.
+
+        ``inputs`` maps tensor names to numpy arrays or (jagged) awkward arrays; ``like`` is a
+        jagged array whose structure numpy inputs/outputs follow (e.g. ``events.Jet`` for rows
+        from :func:`coffea_sonic.columns.jet_features`).
+        """
+        rows, counts, meta_pass = self._prepare(name, inputs, like)
+        if meta_pass:
+            return SonicResult(None, None, done_outputs=self._meta_outputs(name, counts))
+        handle = self.sonic_model(name).infer_async(rows)
+        return SonicResult(handle, counts)
+
+    def infer(self, name: str, inputs: Inputs, *, like: Any = None) -> dict[str, Any]:
+        """Run model ``name`` on ``inputs`` and wait: outputs aligned with the inputs (or ``like``).
+
+        >>> class P(SonicMixin):
+        ...     sonic_models = {"jet_tagger": "triton+grpc://127.0.0.1:8001/jet_tagger"}
+        >>> P().infer("jet_tagger", {"features": np.zeros((0, 6), np.float32)})  # doctest: +SKIP
+        {'probs': array([], shape=(0, 3), dtype=float32)}
+        """
+        return self.infer_async(name, inputs, like=like).result()
+
+    def sonic_map(self, function: Callable[..., Any], *arrays: Any, label: str | None = None,
+                  **kwargs: Any) -> Any:
+        """Apply ``function(*arrays)`` per chunk: directly on concrete arrays, or as a
+        ``dask_awkward.map_partitions`` node on dask-awkward collections.
+
+        ``function`` may call ``self.infer``; during dask-awkward's meta pass it sees typetracers
+        and no request is sent, so building the graph never runs an inference.
+        """
+        if not any(_is_dask_collection(array) for array in arrays):
+            return function(*arrays, **kwargs)
+        import dask_awkward as dak
+
+        return dak.map_partitions(function, *arrays, label=label or getattr(function, "__name__", "sonic"),
+                                  **kwargs)
+
+    # -- statistics ------------------------------------------------------------------------
+    def sonic_stats(self) -> dict[str, InferenceStats]:
+        """Client statistics per model since the previous call (put them in ``process``'s output).
+
+        They add up under coffea's accumulator, so the final output holds the run's totals.
+        """
+        baselines = self.__dict__.setdefault("_sonic_baseline", {})
+        collected: dict[str, InferenceStats] = {}
+        for name, client in self.__dict__.get("_sonic_clients", {}).items():
+            now = client.stats.copy()
+            collected[name] = _stats_difference(now, baselines.get(name, InferenceStats()))
+            baselines[name] = now
+        return collected
+
+    # -- pickling --------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Clients are cheap to remake and hold per-process state; workers build their own.
+        state.pop("_sonic_clients", None)
+        state.pop("_sonic_baseline", None)
+        return state
+
+
+def _same_counts(first: Any, second: Any) -> bool:
+    first_levels = first if isinstance(first, tuple) else (first,)
+    second_levels = second if isinstance(second, tuple) else (second,)
+    return len(first_levels) == len(second_levels) and all(
+        np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(first_levels, second_levels))

@@ -1,0 +1,49 @@
+"""Benchmarks: in-process CPU / GPU vs our Triton client vs coffea's triton_wrapper, and scaling.
+
+``coffea-sonic bench`` drives this package; from Python:
+
+>>> from coffea_sonic.bench import BenchConfig, ScalingModel
+>>> BenchConfig.quick().modes
+('cpu', 'local-gpu', 'remote', 'remote-sync', 'coffea-wrapper')
+>>> ScalingModel(t_gpu=0.01, t_latency=0.0).saturation_clients()
+1.0
+
+A full run (starts the embedded server unless ``server="host:port"``)::
+
+    from coffea_sonic.bench import run_bench, write_outputs
+    results = run_bench(BenchConfig.quick())
+    write_outputs(results, "bench-output")     # results.json, *.png, results.md
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "BenchConfig": "coffea_sonic.bench.config",
+    "MODES": "coffea_sonic.bench.config",
+    "ScalingModel": "coffea_sonic.bench.scaling",
+    "ScalingFit": "coffea_sonic.bench.scaling",
+    "fit_scaling_model": "coffea_sonic.bench.scaling",
+    "machine_info": "coffea_sonic.bench.machine",
+    "run_bench": "coffea_sonic.bench.suite",
+    "write_outputs": "coffea_sonic.bench.report",
+    "markdown_report": "coffea_sonic.bench.report",
+    "run_end_to_end": "coffea_sonic.bench.e2e",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'coffea_sonic.bench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

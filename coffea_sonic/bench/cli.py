@@ -1,0 +1,156 @@
+"""``coffea-sonic bench``: measure in-process vs served inference on this machine, one command.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic")
+>>> add_subparsers(parser.add_subparsers())
+>>> args = parser.parse_args(["bench", "--quick", "--models", "jet_tagger"])
+>>> config_from_args(args).preset, config_from_args(args).models
+('quick', ('jet_tagger',))
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from .. import zoo
+from ..errors import ConfigurationError
+from .config import MODES, PRESETS
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OUTPUT_DIR = "bench-output"
+
+EXAMPLES = """\
+examples:
+  coffea-sonic bench --quick
+      all modes on jet_tagger with the embedded server; < 3 minutes on 2 cores
+  coffea-sonic bench
+      full preset: jet_tagger and emtrk_cnn, batch / in-flight / clients sweeps
+  coffea-sonic bench --server triton+grpc://gpu-node:8001 --clients 1 4 16 64
+      against your facility's server (it must serve the zoo models: coffea-sonic serve)
+  coffea-sonic bench --preset gpu --device gpu
+      the H100 sweeps of benchmarks/RESULTS.md (local-gpu mode needs torch with CUDA)
+  coffea-sonic bench --quick --e2e-events 20000 --e2e-workers 1 2
+      also the demo analysis end to end (CPU inference vs served), with 1 and 2 Dask workers
+  coffea-sonic bench --models emtrk_cnn --modes cpu remote --batch-sizes 64 256 --chunk-rows 1024
+
+outputs (in --output, default bench-output/): results.json (machine, versions, config, raw
+samples, equality, targets, scaling fit), results.md (tables), throughput_vs_batch.png,
+throughput_vs_clients.png (measured vs the fitted SONIC model), throughput_vs_in_flight.png.
+"""
+
+
+def _rows_per_event(text: str) -> tuple[str, float]:
+    try:
+        model, value = text.split("=", 1)
+        return model, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MODEL=ROWS, e.g. emtrk_cnn=2048, not {text!r}")
+
+
+def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``bench`` on the top-level CLI."""
+    bench = subparsers.add_parser(
+        "bench", help="benchmark CPU vs local GPU vs served (ours and coffea's wrapper) inference",
+        description=(
+            "Measure rows/s, events/s, latency percentiles, bytes, server queue vs compute time, "
+            "GPU utilisation and client memory for every inference mode on the same data, check "
+            "that all modes return the same outputs, fit the SONIC scaling model to the "
+            "concurrent-clients sweep, and write JSON, markdown and PNG plots.\n\n"
+            f"modes: {', '.join(MODES)} (local-gpu only where torch sees a GPU)\n\n" + EXAMPLES),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--quick", action="store_true",
+                       help="small sweeps (same as --preset quick)")
+    bench.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                       help="sweep sizes to start from (default: full, or quick with --quick)")
+    bench.add_argument("--models", nargs="+", choices=zoo.names(), metavar="MODEL",
+                       help=f"zoo models ({', '.join(zoo.names())})")
+    bench.add_argument("--modes", nargs="+", choices=MODES, metavar="MODE",
+                       help="modes to run (default: all)")
+    bench.add_argument("--batch-sizes", nargs="+", type=int, metavar="N",
+                       help="rows per request to sweep (every model)")
+    bench.add_argument("--in-flight", nargs="+", type=int, metavar="N",
+                       help="requests in flight to sweep (remote mode)")
+    bench.add_argument("--clients", nargs="+", type=int, metavar="N",
+                       help="concurrent client processes to sweep")
+    bench.add_argument("--client-modes", nargs="+", choices=MODES, metavar="MODE",
+                       help="modes that get the clients sweep (default: remote)")
+    bench.add_argument("--chunk-rows", type=int, metavar="N",
+                       help="rows per chunk (one client call; every model)")
+    bench.add_argument("--repetitions", type=int, metavar="N", help="timed chunks per configuration")
+    bench.add_argument("--warmup", type=int, metavar="N", help="untimed chunks first")
+    bench.add_argument("--rows-per-event", type=_rows_per_event, action="append", metavar="MODEL=N",
+                       help="model rows per event, to convert rows/s into events/s")
+    bench.add_argument("--server", metavar="URL",
+                       help="existing Triton server: host:port or triton+grpc://host:port "
+                            "(default: start the embedded one)")
+    bench.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None,
+                       help="device of the embedded server (default auto: GPU if present)")
+    bench.add_argument("--instances", type=int, metavar="N",
+                       help="model instances of the embedded server")
+    bench.add_argument("--link-gbps", nargs="+", type=float, metavar="GBPS",
+                       help="link speeds for the network bound of the scaling model")
+    bench.add_argument("--e2e-events", type=int, metavar="N",
+                       help="also run the demo analysis end to end over N events (0: skip)")
+    bench.add_argument("--e2e-workers", nargs="+", type=int, metavar="W",
+                       help="Dask worker counts of the end-to-end run")
+    bench.add_argument("--output", "-o", default=DEFAULT_OUTPUT_DIR, metavar="DIR",
+                       help=f"where to write results (default: {DEFAULT_OUTPUT_DIR}/)")
+    bench.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The :class:`BenchConfig` the command line asks for."""
+    preset = args.preset or ("quick" if args.quick else "full")
+    if args.quick and args.preset and args.preset != "quick":
+        raise ConfigurationError(f"--quick contradicts --preset {args.preset}; give one of them")
+    overrides: dict = {}
+    simple = {"models": "models", "modes": "modes", "in_flight": "in_flight",
+              "clients": "clients", "client_modes": "client_modes", "chunk_rows": "chunk_rows",
+              "repetitions": "repetitions", "warmup": "warmup", "server": "server",
+              "device": "device", "instances": "server_instances", "link_gbps": "link_gbps",
+              "e2e_events": "e2e_events", "e2e_workers": "e2e_workers"}
+    for attribute, field in simple.items():
+        value = getattr(args, attribute, None)
+        if value is not None:
+            overrides[field] = tuple(value) if isinstance(value, list) else value
+    if args.batch_sizes:
+        overrides["batch_sizes"] = tuple(args.batch_sizes)
+        overrides["batch_sizes_per_model"] = {}
+        overrides["reference_batch_per_model"] = {}
+    if args.chunk_rows:
+        overrides["chunk_rows_per_model"] = {}
+    config = PRESETS[preset](**overrides)
+    if args.rows_per_event:
+        config.rows_per_event.update(dict(args.rows_per_event))
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    from .report import write_outputs
+    from .suite import run_bench
+
+    config = config_from_args(args)
+    started = time.perf_counter()
+
+    def progress(message: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    results = run_bench(config, progress=progress)
+    written = write_outputs(results, args.output)
+    print(f"bench ({config.preset}) finished in {time.perf_counter() - started:.0f} s")
+    for target in results["targets"]:
+        measured = "–" if target["measured"] is None else f"{target['measured']:.2f}"
+        verdict = {True: "met", False: "MISSED", None: "info"}[target["met"]]
+        print(f"  {target['model']:>16}  {target['name']}: {measured} ({verdict})")
+    equality = results["equality"]
+    print(f"  outputs equal across modes (max |diff| {equality['worst']:.1e} "
+          f"<= {equality['tolerance']:g}): {'yes' if equality['all_equal'] else 'NO'}")
+    for skipped in results["skipped"]:
+        print(f"  skipped: {skipped}")
+    for name, path in written.items():
+        print(f"  {name}: {path}")
+    return 0 if equality["all_equal"] else 1

@@ -1,0 +1,202 @@
+"""Measure one configuration with one or several client processes.
+
+A client builds its runner, warms up, waits until every client is ready, then times
+``repetitions`` chunks, each under :class:`~coffea_sonic.bench.probes.PeakRss`. Several clients
+run as ``spawn``-ed processes (a gRPC channel made before a fork hangs the child; processes are not
+GIL-bound on large payloads); the parent snapshots the server's statistics and samples the GPU
+between the "all ready" and "all done" moments, so warm-up never pollutes the numbers.
+
+>>> job = ClientJob(mode="cpu", model="jet_tagger", batch_size=256, chunk_rows=512,
+...                 repetitions=2, warmup=1)
+>>> result = run_client(job)
+>>> len(result["chunk_seconds"]), result["rows_per_chunk"], result["requests_per_chunk"]
+(2, 512, 2)
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue as queue_module
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import zoo
+from ..errors import InferenceError
+from .modes import RunnerSpec, make_runner
+from .probes import PeakRss
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """One client's part of a measurement (picklable: sent to spawned processes)."""
+
+    mode: str
+    model: str
+    batch_size: int
+    chunk_rows: int
+    repetitions: int
+    warmup: int = 1
+    in_flight: int = 1
+    server_address: str | None = None
+    model_version: str = "1"
+    timeout_s: float = 120.0
+    cpu_threads: int = 0
+    seed: int = 0
+    keep_outputs: bool = False
+
+    def runner_spec(self) -> RunnerSpec:
+        return RunnerSpec(mode=self.mode, model=self.model, batch_size=self.batch_size,
+                          in_flight=self.in_flight, server_address=self.server_address,
+                          model_version=self.model_version, timeout_s=self.timeout_s,
+                          cpu_threads=self.cpu_threads)
+
+
+def _counter_delta(after: dict, before: dict) -> dict:
+    return {key: after[key] - before.get(key, 0) for key in after
+            if isinstance(after[key], (int, float))}
+
+
+def run_client(job: ClientJob, on_ready: Callable[[], None] | None = None) -> dict:
+    """Warm up, call ``on_ready`` (blocks until every client is ready), time the chunks.
+
+    Returns per-chunk seconds, per-request latencies, peak RSS growth per chunk, wall-clock
+    start/end (``time.time()``, comparable across processes), client counters, and with
+    ``job.keep_outputs`` the outputs of the last chunk.
+    """
+    inputs = zoo.example_inputs(job.model, job.chunk_rows, seed=job.seed)
+    runner = make_runner(job.runner_spec())
+    try:
+        for _ in range(job.warmup):
+            runner.run(inputs)
+        runner.latencies_s.clear()
+        counters_before = runner.client_counters()
+        if on_ready is not None:
+            on_ready()
+        chunk_seconds, rss_growth, outputs = [], [], None
+        started_wall = time.time()
+        for _ in range(job.repetitions):
+            with PeakRss() as rss:
+                started = time.perf_counter()
+                outputs = runner.run(inputs)
+                chunk_seconds.append(time.perf_counter() - started)
+            rss_growth.append(rss.growth_bytes)
+        finished_wall = time.time()
+        rows = len(next(iter(outputs.values())))
+        if rows != job.chunk_rows:
+            raise InferenceError(
+                f"mode {job.mode!r}, model {job.model!r}: got {rows} output rows for "
+                f"{job.chunk_rows} input rows")
+        return {
+            "chunk_seconds": chunk_seconds,
+            "latencies_s": list(runner.latencies_s),
+            "rss_growth_bytes": rss_growth,
+            "rows_per_chunk": job.chunk_rows,
+            "requests_per_chunk": len(runner.latencies_s) // job.repetitions,
+            "payload_bytes_per_chunk": runner.payload_bytes(job.chunk_rows),
+            "client_counters": _counter_delta(runner.client_counters(), counters_before),
+            "started_wall": started_wall,
+            "finished_wall": finished_wall,
+            "outputs": outputs if job.keep_outputs else None,
+        }
+    finally:
+        runner.close()
+
+
+def _client_process(job: ClientJob, ready, go, results) -> None:
+    """Entry point of a spawned client: report a result or the error, never hang the others."""
+    def wait_for_everyone() -> None:
+        ready.wait()
+        go.wait()
+
+    try:
+        results.put(run_client(job, on_ready=wait_for_everyone))
+    except BaseException:  # noqa: BLE001 - the parent must learn why, whatever it was
+        ready.abort()
+        go.abort()
+        results.put({"error": traceback.format_exc()})
+
+
+def run_clients(job: ClientJob, clients: int, *, on_start: Callable[[], None] | None = None,
+                on_stop: Callable[[], None] | None = None, timeout_s: float = 600.0) -> list[dict]:
+    """Run ``clients`` copies of ``job`` concurrently; one dict per client (see run_client).
+
+    ``on_start`` runs once everyone is warmed up, just before they start timing; ``on_stop`` once
+    they have all finished. One client runs in this process (no spawn cost).
+    """
+    if clients == 1:
+        def ready() -> None:
+            if on_start is not None:
+                on_start()
+        result = run_client(job, on_ready=ready)
+        if on_stop is not None:
+            on_stop()
+        return [result]
+    context = multiprocessing.get_context("spawn")
+    ready, go = context.Barrier(clients + 1), context.Barrier(clients + 1)
+    results = context.Queue()
+    processes = [context.Process(target=_client_process, args=(job, ready, go, results),
+                                 name=f"bench-client-{index}", daemon=True)
+                 for index in range(clients)]
+    for process in processes:
+        process.start()
+    collected: list[dict] = []
+    try:
+        try:
+            ready.wait(timeout=timeout_s)
+            if on_start is not None:
+                on_start()
+            go.wait(timeout=timeout_s)
+        except threading.BrokenBarrierError:
+            pass  # a client failed: its error is in the queue
+        deadline = time.monotonic() + timeout_s
+        while len(collected) < clients:
+            try:
+                collected.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
+            except queue_module.Empty:
+                raise InferenceError(
+                    f"{clients} bench clients ({job.mode}, {job.model}) did not finish in "
+                    f"{timeout_s:.0f} s; {len(collected)} reported") from None
+            if "error" in collected[-1]:
+                raise InferenceError(
+                    f"a bench client ({job.mode}, {job.model}, batch {job.batch_size}) failed:\n"
+                    f"{collected[-1]['error']}")
+        if on_stop is not None:
+            on_stop()
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+    return collected
+
+
+def job_fields(job: ClientJob) -> dict:
+    """The job as a plain dict (for the JSON record)."""
+    return {key: value for key, value in asdict(job).items() if key != "keep_outputs"}
+
+
+def max_abs_difference(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
+    """Largest |a - b| over every output element (inf if names or shapes differ).
+
+    >>> max_abs_difference({"y": np.array([1.0, 2.0])}, {"y": np.array([1.0, 2.5])})
+    0.5
+    """
+    if set(outputs) != set(reference):
+        return float("inf")
+    worst = 0.0
+    for name, expected in reference.items():
+        actual = np.asarray(outputs[name])
+        if actual.shape != expected.shape:
+            return float("inf")
+        if expected.size:
+            worst = max(worst, float(np.max(np.abs(actual.astype(np.float64) - expected))))
+    return worst

@@ -1,0 +1,165 @@
+"""What a benchmark run measures: modes, models, sweeps, repetitions, and the presets.
+
+A run has three sweeps per model, all on the same chunk of inputs (``zoo.example_inputs``, seed 0):
+
+* **batch**: every mode at every batch size (one client process, default requests in flight);
+* **in_flight**: the ``remote`` mode at the reference batch size, over requests in flight;
+* **clients**: concurrent client processes at the reference batch size (the scaling model's input).
+
+>>> config = BenchConfig.quick()
+>>> config.models, config.clients
+(('jet_tagger',), (1, 2))
+>>> config.reference_batch("jet_tagger") in config.batch_sizes_for("jet_tagger")
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .. import zoo
+from ..errors import ConfigurationError
+
+#: Every mode the suite knows, in the order they run and appear in tables.
+MODES: tuple[str, ...] = ("cpu", "local-gpu", "remote", "remote-sync", "coffea-wrapper")
+#: Modes that send requests to a Triton server.
+SERVED_MODES: frozenset[str] = frozenset({"remote", "remote-sync", "coffea-wrapper"})
+#: Modes that run the model in the client process.
+IN_PROCESS_MODES: frozenset[str] = frozenset({"cpu", "local-gpu"})
+
+#: Model rows per physics event, to turn rows/s into events/s. Assumptions, overridable per run:
+#: jets per event of a ttbar-like NanoAOD sample for the jet taggers; for the ProtoDUNE CNN one
+#: "event" here is a slice of 2048 wire-plane patches (a full ProtoDUNE event holds far more).
+DEFAULT_ROWS_PER_EVENT: dict[str, float] = {"jet_tagger": 4.0, "particlenet_lite": 4.0,
+                                            "emtrk_cnn": 2048.0}
+#: Outputs of all modes must agree to this (max |difference| over every output element).
+OUTPUT_TOLERANCE = 1e-5
+
+
+@dataclass
+class BenchConfig:
+    """Settings of one ``coffea-sonic bench`` run (JSON-serialisable with :meth:`to_dict`).
+
+    ``chunk_rows`` / ``batch_sizes`` may be overridden per model; values missing there fall back
+    to the shared ones. ``server`` is ``host:port`` of an existing Triton server (None: start the
+    embedded one on ``device``).
+
+    >>> BenchConfig(models=("emtrk_cnn",), chunk_rows=512).chunk_rows_for("emtrk_cnn")
+    512
+    """
+
+    models: tuple[str, ...] = ("jet_tagger", "emtrk_cnn")
+    modes: tuple[str, ...] = MODES
+    batch_sizes: tuple[int, ...] = (256, 1024, 4096, 16384)
+    batch_sizes_per_model: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    in_flight: tuple[int, ...] = (1, 2, 4, 8)
+    default_in_flight: int = 4
+    clients: tuple[int, ...] = (1, 2, 4)
+    #: modes that get the concurrent-clients sweep (in-process modes give the per-node baseline)
+    client_modes: tuple[str, ...] = ("remote",)
+    chunk_rows: int = 65536
+    chunk_rows_per_model: dict[str, int] = field(default_factory=dict)
+    reference_batch_per_model: dict[str, int] = field(default_factory=dict)
+    repetitions: int = 5
+    warmup: int = 1
+    rows_per_event: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_ROWS_PER_EVENT))
+    server: str | None = None
+    device: str = "auto"
+    server_instances: int = 1
+    #: threads of the in-process onnxruntime engine (0: all cores, as a user would run it)
+    cpu_threads: int = 0
+    link_gbps: tuple[float, ...] = (1.0, 10.0, 25.0, 100.0)
+    timeout_s: float = 120.0
+    e2e_events: int = 0
+    e2e_workers: tuple[int, ...] = (1, 2)
+    preset: str = "custom"
+
+    def __post_init__(self) -> None:
+        unknown = [mode for mode in self.modes if mode not in MODES]
+        if unknown:
+            raise ConfigurationError(f"unknown bench modes {unknown}; choose from {list(MODES)}")
+        for name in self.models:
+            zoo.spec(name)  # raises ModelNotFoundError naming the zoo
+        if self.repetitions < 1 or self.warmup < 0:
+            raise ConfigurationError(
+                f"repetitions must be >= 1 and warmup >= 0, got {self.repetitions}, {self.warmup}")
+        if not self.clients or min(self.clients) < 1:
+            raise ConfigurationError(f"clients must be positive counts, got {self.clients}")
+        self.models = tuple(self.models)
+        self.modes = tuple(mode for mode in MODES if mode in self.modes)
+
+    # -- per-model views ---------------------------------------------------------------------
+    def chunk_rows_for(self, model: str) -> int:
+        """Rows per chunk (one client call) for ``model``."""
+        return int(self.chunk_rows_per_model.get(model, self.chunk_rows))
+
+    def batch_sizes_for(self, model: str) -> tuple[int, ...]:
+        """Batch sizes swept for ``model``: within its max_batch_size and its chunk."""
+        sizes = self.batch_sizes_per_model.get(model, self.batch_sizes)
+        limit = min(zoo.spec(model).max_batch_size, self.chunk_rows_for(model))
+        kept = tuple(sorted({min(int(size), limit) for size in sizes}))
+        return kept
+
+    def reference_batch(self, model: str) -> int:
+        """Batch size of the in-flight and clients sweeps (default: the largest swept)."""
+        if model in self.reference_batch_per_model:
+            return int(self.reference_batch_per_model[model])
+        return self.batch_sizes_for(model)[-1]
+
+    def events_per_row(self, model: str) -> float:
+        return 1.0 / float(self.rows_per_event.get(model, 1.0))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    # -- presets -----------------------------------------------------------------------------
+    @classmethod
+    def quick(cls, **overrides) -> "BenchConfig":
+        """Small sweeps that finish in well under 3 minutes on a 2-core machine."""
+        settings = dict(
+            models=("jet_tagger",), batch_sizes=(256, 1024, 4096), in_flight=(1, 4),
+            clients=(1, 2), chunk_rows=16384, repetitions=3, warmup=1, preset="quick",
+        )
+        settings.update(overrides)
+        return cls(**settings)
+
+    @classmethod
+    def full(cls, **overrides) -> "BenchConfig":
+        """The default sweeps over jet_tagger and emtrk_cnn (minutes on a workstation)."""
+        settings = dict(
+            models=("jet_tagger", "emtrk_cnn"),
+            batch_sizes_per_model={"emtrk_cnn": (64, 256, 1024)},
+            chunk_rows_per_model={"emtrk_cnn": 2048}, preset="full",
+        )
+        settings.update(overrides)
+        return cls(**settings)
+
+    @classmethod
+    def gpu(cls, **overrides) -> "BenchConfig":
+        """Sweeps sized for a GPU node with 16 cores (the H100 machine of RESULTS.md)."""
+        settings = dict(
+            models=("jet_tagger", "emtrk_cnn"),
+            batch_sizes_per_model={"jet_tagger": (1024, 4096, 16384, 65536),
+                                   "emtrk_cnn": (256, 1024, 2048, 4096)},
+            chunk_rows_per_model={"jet_tagger": 262144, "emtrk_cnn": 8192},
+            reference_batch_per_model={"jet_tagger": 16384, "emtrk_cnn": 2048},
+            in_flight=(1, 2, 4, 8), clients=(1, 2, 4, 8, 12),
+            client_modes=("remote", "local-gpu"), repetitions=5, preset="gpu",
+        )
+        settings.update(overrides)
+        return cls(**settings)
+
+    @classmethod
+    def tiny(cls, **overrides) -> "BenchConfig":
+        """The smallest meaningful run (tests): every mode, two batch sizes, 1-2 clients."""
+        settings = dict(
+            models=("jet_tagger",), batch_sizes=(128, 512), in_flight=(2,), clients=(1, 2),
+            chunk_rows=1024, repetitions=2, warmup=1, link_gbps=(10.0,), preset="tiny",
+        )
+        settings.update(overrides)
+        return cls(**settings)
+
+
+PRESETS = {"quick": BenchConfig.quick, "full": BenchConfig.full, "gpu": BenchConfig.gpu,
+           "tiny": BenchConfig.tiny}

@@ -1,0 +1,103 @@
+"""Where a benchmark ran: CPU model, cores, memory, GPU, library versions, date.
+
+>>> info = machine_info()
+>>> sorted(info)[:4]
+['cpu_cores', 'cpu_model', 'date', 'gpus']
+>>> info["cpu_cores"] >= 1
+True
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import shutil
+import socket
+import subprocess
+
+#: Distributions whose versions every result records.
+RECORDED_PACKAGES: tuple[str, ...] = (
+    "coffea-sonic", "coffea", "awkward", "dask", "distributed", "numpy", "onnxruntime",
+    "tritonclient", "nvidia-pytriton", "grpcio", "torch",
+)
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (``/proc/cpuinfo``), or ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_names() -> list[str]:
+    """Names of the NVIDIA GPUs ``nvidia-smi`` sees (empty without a GPU or driver).
+
+    >>> isinstance(gpu_names(), list)
+    True
+    """
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    try:
+        listing = subprocess.run(
+            [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if listing.returncode != 0:
+        return []
+    return [line.strip() for line in listing.stdout.splitlines() if line.strip()]
+
+
+def package_versions(names: tuple[str, ...] = RECORDED_PACKAGES) -> dict[str, str | None]:
+    """Installed version of each distribution (None if absent)."""
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def machine_info() -> dict:
+    """A JSON-ready description of this machine and software, stamped with the UTC date."""
+    return {
+        "hostname": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count() or 1,
+        "memory_bytes": _memory_bytes(),
+        "gpus": gpu_names(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": package_versions(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def machine_label(info: dict) -> str:
+    """Short name for folders and titles: the first GPU's model, else ``cpu<cores>``.
+
+    >>> machine_label({"gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB, 550.54"], "cpu_cores": 16})
+    'nvidia-h100-80gb-hbm3'
+    >>> machine_label({"gpus": [], "cpu_cores": 2})
+    'cpu2'
+    """
+    if info.get("gpus"):
+        name = info["gpus"][0].split(",")[0].strip().lower()
+        return "-".join(part for part in name.replace("_", " ").split() if part)
+    return f"cpu{info.get('cpu_cores', 0)}"

@@ -1,0 +1,189 @@
+"""Probes a benchmark reads around its timed work: client memory, server statistics, GPU load.
+
+* :class:`PeakRss`: peak resident memory growth of this process during a block (Linux resets the
+  kernel's high-water mark through ``/proc/self/clear_refs``; elsewhere a sampling thread).
+* :func:`server_statistics`: Triton's cumulative per-model counters (queue, compute), to subtract.
+* :class:`GpuUtilisation`: ``nvidia-smi`` samples of GPU utilisation and memory while a block runs.
+
+>>> import numpy as np
+>>> with PeakRss() as rss:
+...     block = np.ones(4_000_000)          # 32 MB touched inside the block
+>>> rss.growth_bytes > 16_000_000
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import subprocess
+import threading
+import time
+
+from ..stats import ServerStatistics
+
+logger = logging.getLogger(__name__)
+
+_STATUS_FIELD = re.compile(r"^(VmRSS|VmHWM):\s+(\d+)\s+kB", re.MULTILINE)
+
+
+def _rss_and_peak() -> tuple[int, int]:
+    with open("/proc/self/status") as status:
+        fields = dict((name, int(kb) * 1024) for name, kb in _STATUS_FIELD.findall(status.read()))
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
+        return True
+    except OSError:
+        return False
+
+
+class PeakRss:
+    """Context manager: ``growth_bytes`` = peak RSS inside the block minus RSS at its start.
+
+    Allocations that the block frees again still count: that is the transient overhead a client
+    needs per chunk (serialised requests, response buffers, copies).
+    """
+
+    sample_interval_s = 0.001
+
+    def __init__(self) -> None:
+        self.start_bytes = 0
+        self.peak_bytes = 0
+        self._sampler: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    @property
+    def growth_bytes(self) -> int:
+        return max(0, self.peak_bytes - self.start_bytes)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.peak_bytes = max(self.peak_bytes, _rss_and_peak()[0])
+            time.sleep(self.sample_interval_s)
+
+    def __enter__(self) -> "PeakRss":
+        self._exact = _reset_peak()
+        self.start_bytes, _ = _rss_and_peak()
+        self.peak_bytes = self.start_bytes
+        if not self._exact:
+            logger.debug("no /proc/self/clear_refs: sampling RSS every %.0f ms",
+                         self.sample_interval_s * 1e3)
+            self._stop.clear()
+            self._sampler = threading.Thread(target=self._sample, daemon=True)
+            self._sampler.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        rss, peak = _rss_and_peak()
+        if self._sampler is not None:
+            self._stop.set()
+            self._sampler.join()
+            self._sampler = None
+        self.peak_bytes = max(self.peak_bytes, rss, peak if self._exact else 0)
+
+
+def server_statistics(client, model: str) -> ServerStatistics:
+    """Triton's cumulative statistics of ``model`` through a ``tritonclient.grpc`` client."""
+    response = client.get_inference_statistics(model_name=model, as_json=False)
+    return ServerStatistics.from_model_stats(response.model_stats)
+
+
+def server_statistics_summary(delta: ServerStatistics, wall_s: float) -> dict:
+    """Per-request server times (ms) and how busy the model was over ``wall_s`` seconds.
+
+    Triton charges every request of a dynamically batched execution that execution's full
+    duration, so the model's busy time is (compute per request) x (executions), not the sum.
+
+    >>> delta = ServerStatistics(success_count=10, inference_count=1000, execution_count=5,
+    ...                          queue_ns=20_000_000, compute_infer_ns=50_000_000)
+    >>> summary = server_statistics_summary(delta, wall_s=0.1)
+    >>> summary["queue_ms_per_request"], summary["compute_infer_ms_per_request"]
+    (2.0, 5.0)
+    >>> summary["busy_s"], summary["busy_fraction"]
+    (0.025, 0.25)
+    """
+    requests = max(delta.success_count, 1)
+    compute_s = delta.compute_input_s + delta.compute_infer_s + delta.compute_output_s
+    busy_s = compute_s / requests * delta.execution_count
+    summary = delta.to_dict()
+    summary.update(
+        wall_s=wall_s,
+        queue_ms_per_request=1e3 * delta.queue_s / requests,
+        compute_input_ms_per_request=1e3 * delta.compute_input_s / requests,
+        compute_infer_ms_per_request=1e3 * delta.compute_infer_s / requests,
+        compute_output_ms_per_request=1e3 * delta.compute_output_s / requests,
+        busy_s=busy_s,
+        busy_fraction=busy_s / wall_s if wall_s > 0 else 0.0,
+        busy_s_per_row=busy_s / delta.inference_count if delta.inference_count else None,
+    )
+    return summary
+
+
+class GpuUtilisation:
+    """Sample ``nvidia-smi`` every ``interval_ms`` while the block runs (no-op without a GPU).
+
+    >>> with GpuUtilisation() as gpu:
+    ...     pass
+    >>> sorted(gpu.summary())
+    ['available', 'max_percent', 'mean_percent', 'memory_used_max_mib', 'samples']
+    """
+
+    def __init__(self, interval_ms: int = 100) -> None:
+        self.interval_ms = interval_ms
+        self.utilisation: list[float] = []
+        self.memory_used_mib: list[float] = []
+        self._process: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self.available = shutil.which("nvidia-smi") is not None
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            parts = [part.strip() for part in line.split(",")]
+            try:
+                self.utilisation.append(float(parts[0]))
+                self.memory_used_mib.append(float(parts[1]))
+            except (ValueError, IndexError):
+                continue
+
+    def __enter__(self) -> "GpuUtilisation":
+        if self.available:
+            try:
+                self._process = subprocess.Popen(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                     "--format=csv,noheader,nounits", f"-lms={self.interval_ms}"],
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            except OSError:
+                self.available = False
+            else:
+                self._reader = threading.Thread(target=self._read, daemon=True)
+                self._reader.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+            self._process = None
+
+    def summary(self) -> dict:
+        samples = self.utilisation
+        return {
+            "available": self.available,
+            "samples": len(samples),
+            "mean_percent": sum(samples) / len(samples) if samples else None,
+            "max_percent": max(samples) if samples else None,
+            "memory_used_max_mib": max(self.memory_used_mib) if self.memory_used_mib else None,
+        }

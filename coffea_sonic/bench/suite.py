@@ -1,0 +1,523 @@
+"""Run every sweep of a :class:`~coffea_sonic.bench.config.BenchConfig` and collect one result dict.
+
+The result (``results.json``) holds: ``machine``, ``config``, ``server``, ``skipped`` (modes or
+models that could not run, with why), ``measurements`` (one record per configuration, raw samples
+included), ``equality`` (max |Δ| of every mode's outputs against in-process onnxruntime on the
+same inputs), ``targets`` (the issue's ratios, met or missed by how much), ``scaling`` (fitted
+SONIC model per model, with the network bound) and ``e2e`` (the demo analysis, when asked for).
+
+>>> results = run_bench(BenchConfig.tiny(modes=("cpu",), clients=(1,)))   # doctest: +SKIP
+>>> results["measurements"][0]["rows_per_s"]["median"] > 0                   # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Callable
+
+import numpy as np
+
+from .. import zoo
+from ..errors import ConfigurationError, ModelNotFoundError, ServerUnavailableError
+from .client import ClientJob, job_fields, max_abs_difference, run_clients
+from .config import OUTPUT_TOLERANCE, SERVED_MODES, BenchConfig
+from .machine import machine_info
+from .modes import output_row_bytes, row_bytes
+from .probes import GpuUtilisation, server_statistics, server_statistics_summary
+from .scaling import ScalingModel, fit_scaling_model
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = "coffea-sonic-bench/1"
+Progress = Callable[[str], None]
+
+
+def normalize_server_address(server: str) -> str:
+    """``host:port`` from ``host:port``, ``triton+grpc://host:port[/model...]`` or ``grpc://...``.
+
+    >>> normalize_server_address("triton+grpc://gpu.example.org:8001/jet_tagger")
+    'gpu.example.org:8001'
+    >>> normalize_server_address("localhost")
+    'localhost:8001'
+    """
+    address = server.split("://", 1)[-1].split("/", 1)[0]
+    if not address:
+        raise ConfigurationError(f"--server {server!r} names no host; use host:port")
+    return address if ":" in address else f"{address}:8001"
+
+
+def _summary(values: list[float]) -> dict:
+    array = np.asarray(values, dtype=float)
+    if array.size == 0:
+        return {"median": None, "min": None, "max": None, "p25": None, "p75": None,
+                "spread": None, "samples": []}
+    median = float(np.median(array))
+    return {
+        "median": median, "min": float(array.min()), "max": float(array.max()),
+        "p25": float(np.percentile(array, 25)), "p75": float(np.percentile(array, 75)),
+        # (max - min) / median: how far apart the repetitions were
+        "spread": float((array.max() - array.min()) / median) if median else None,
+        "samples": [float(v) for v in array],
+    }
+
+
+def _latency_summary(latencies_s: list[float]) -> dict:
+    array = np.asarray(latencies_s, dtype=float) * 1e3
+    if array.size == 0:
+        return {"count": 0}
+    return {"count": int(array.size), "mean_ms": float(array.mean()),
+            "p50_ms": float(np.percentile(array, 50)), "p90_ms": float(np.percentile(array, 90)),
+            "p99_ms": float(np.percentile(array, 99)), "max_ms": float(array.max())}
+
+
+class _ServerProbe:
+    """Snapshots of the server's statistics for one model around a measurement."""
+
+    def __init__(self, client, model: str) -> None:
+        self.client, self.model = client, model
+        self.before = self.after = None
+        self.started = self.stopped = 0.0
+
+    def start(self) -> None:
+        self.before = server_statistics(self.client, self.model)
+        self.started = time.perf_counter()
+
+    def stop(self) -> None:
+        self.stopped = time.perf_counter()
+        self.after = server_statistics(self.client, self.model)
+
+    def summary(self) -> dict | None:
+        if self.before is None or self.after is None:
+            return None
+        return server_statistics_summary(self.after - self.before, self.stopped - self.started)
+
+
+class BenchSuite:
+    """State of one run: config, server address, reference outputs, measurements so far."""
+
+    def __init__(self, config: BenchConfig, progress: Progress | None = None) -> None:
+        self.config = config
+        self.progress = progress or (lambda message: logger.info("%s", message))
+        self.measurements: list[dict] = []
+        self.skipped: list[dict] = []
+        self.server_info: dict = {}
+        self.server_address: str | None = None
+        self.stats_client = None
+        self.model_versions: dict[str, str] = {}
+        self.references: dict[str, dict[str, np.ndarray]] = {}
+        self.gpu = False
+        self._seen: dict[tuple, dict] = {}
+
+    # -- set-up ------------------------------------------------------------------------------
+    def available_modes(self) -> list[str]:
+        modes = list(self.config.modes)
+        if "local-gpu" in modes:
+            reason = _local_gpu_unavailable()
+            if reason:
+                modes.remove("local-gpu")
+                self.skipped.append({"mode": "local-gpu", "reason": reason})
+        return modes
+
+    def connect(self, stack: contextlib.ExitStack, modes: list[str]) -> list[str]:
+        """Start or reach the server when a served mode is asked for; drop modes that can't run."""
+        if not any(mode in SERVED_MODES for mode in modes):
+            return modes
+        import tritonclient.grpc as grpcclient
+
+        config = self.config
+        if config.server:
+            self.server_address = normalize_server_address(config.server)
+            self.server_info = {"address": self.server_address, "embedded": False}
+        else:
+            from ..server import LocalTritonServer
+
+            self.progress(f"starting the embedded Triton server ({config.device}) for "
+                          f"{', '.join(config.models)}")
+            started = time.perf_counter()
+            server = stack.enter_context(LocalTritonServer(
+                models=list(config.models), device=config.device,
+                instances=config.server_instances, startup_timeout_s=300))
+            self.server_address = server.grpc_address
+            self.server_info = {"address": self.server_address, "embedded": True,
+                                "device": server.device, "instances": config.server_instances,
+                                "startup_s": time.perf_counter() - started,
+                                "log": str(server.log_path)}
+        self.stats_client = grpcclient.InferenceServerClient(self.server_address)
+        stack.callback(self.stats_client.close)
+        try:
+            live = self.stats_client.is_server_live()
+        except Exception as error:  # noqa: BLE001 - any transport error means unreachable
+            raise ServerUnavailableError(
+                f"no Triton server answers at {self.server_address}: {error}. Start one with "
+                "`coffea-sonic serve` or leave out --server to use the embedded one") from None
+        if not live:
+            raise ServerUnavailableError(f"the Triton server at {self.server_address} is not live")
+        for model in config.models:
+            try:
+                metadata = self.stats_client.get_model_metadata(model)
+            except Exception as error:  # noqa: BLE001
+                self.skipped.append({"model": model, "modes": sorted(SERVED_MODES),
+                                     "reason": f"not served at {self.server_address}: {error}"})
+                continue
+            versions = sorted(metadata.versions, key=lambda v: int(v) if v.isdigit() else -1)
+            self.model_versions[model] = versions[-1] if versions else "1"
+        return modes
+
+    def reference_outputs(self, model: str) -> dict[str, np.ndarray]:
+        """In-process onnxruntime outputs on the benchmark chunk: what every mode must return."""
+        if model not in self.references:
+            from ..engines import CpuEngine
+
+            inputs = zoo.example_inputs(model, self.config.chunk_rows_for(model), seed=0)
+            self.references[model] = CpuEngine(model)(inputs)
+        return self.references[model]
+
+    # -- one measurement ---------------------------------------------------------------------
+    def measure(self, model: str, mode: str, batch_size: int, in_flight: int, clients: int,
+                sweep: str) -> dict | None:
+        in_flight = in_flight if mode == "remote" else 1
+        key = (model, mode, batch_size, in_flight, clients)
+        if key in self._seen:
+            record = self._seen[key]
+            if sweep not in record["sweeps"]:
+                record["sweeps"].append(sweep)
+            return record
+        served = mode in SERVED_MODES
+        if served and model not in self.model_versions:
+            return None
+        config = self.config
+        job = ClientJob(
+            mode=mode, model=model, batch_size=batch_size, chunk_rows=config.chunk_rows_for(model),
+            repetitions=config.repetitions, warmup=config.warmup, in_flight=in_flight,
+            server_address=self.server_address if served else None,
+            model_version=self.model_versions.get(model, "1"), timeout_s=config.timeout_s,
+            cpu_threads=config.cpu_threads, keep_outputs=clients == 1)
+        self.progress(f"{model:>16} {mode:<14} batch {batch_size:>6} in-flight {in_flight:>2} "
+                      f"clients {clients:>2}")
+        probe = _ServerProbe(self.stats_client, model) if served else None
+        gpu_sampler = GpuUtilisation() if self.gpu else None
+        stack = contextlib.ExitStack()
+
+        def on_start() -> None:
+            if probe is not None:
+                probe.start()
+            if gpu_sampler is not None:
+                stack.enter_context(gpu_sampler)
+
+        def on_stop() -> None:
+            stack.close()
+            if probe is not None:
+                probe.stop()
+
+        try:
+            with stack:
+                per_client = run_clients(job, clients, on_start=on_start, on_stop=on_stop,
+                                         timeout_s=max(600.0, config.timeout_s * 4))
+        except Exception as error:  # noqa: BLE001 - one broken configuration must not end the run
+            logger.exception("bench configuration %s failed", key)
+            self.skipped.append({"model": model, "mode": mode, "batch_size": batch_size,
+                                 "in_flight": in_flight, "clients": clients,
+                                 "reason": f"{type(error).__name__}: {error}"})
+            return None
+        record = self._record(job, clients, per_client, probe, gpu_sampler)
+        record["sweeps"] = [sweep]
+        self._seen[key] = record
+        self.measurements.append(record)
+        return record
+
+    def _record(self, job: ClientJob, clients: int, per_client: list[dict],
+                probe: _ServerProbe | None, gpu_sampler: GpuUtilisation | None) -> dict:
+        config = self.config
+        rows = job.chunk_rows
+        # repetition r of the aggregate = the sum over clients of their r-th chunk's rate
+        rep_rates = np.sum([[rows / seconds for seconds in result["chunk_seconds"]]
+                            for result in per_client], axis=0)
+        window_s = (max(r["finished_wall"] for r in per_client)
+                    - min(r["started_wall"] for r in per_client))
+        tensor_bytes = rows * row_bytes(job.model)
+        rss_growth = max(max(r["rss_growth_bytes"]) for r in per_client)
+        events_per_row = config.events_per_row(job.model)
+        latencies = [value for r in per_client for value in r["latencies_s"]]
+        counters: dict[str, float] = {}
+        for result in per_client:
+            for name, value in result["client_counters"].items():
+                counters[name] = counters.get(name, 0) + value
+        chunks = job.repetitions * clients
+        wire_sent = counters.get("bytes_sent")
+        record = {
+            **job_fields(job),
+            "clients": clients,
+            "rows_per_event": 1.0 / events_per_row,
+            "rows_per_s": _summary(list(rep_rates)),
+            "events_per_s": _summary(list(rep_rates * events_per_row)),
+            "window_rows_per_s": rows * chunks / window_s if window_s > 0 else None,
+            "chunk_seconds": [r["chunk_seconds"] for r in per_client],
+            "latency": _latency_summary(latencies),
+            "requests_per_chunk": per_client[0]["requests_per_chunk"],
+            "tensor_bytes_per_chunk": tensor_bytes,
+            "output_bytes_per_chunk": rows * output_row_bytes(job.model),
+            "payload_bytes_per_chunk": per_client[0]["payload_bytes_per_chunk"],
+            "wire_bytes_sent_per_chunk": wire_sent / chunks if wire_sent else None,
+            "wire_bytes_received_per_chunk": (counters["bytes_received"] / chunks
+                                              if counters.get("bytes_received") else None),
+            "client_counters": counters,
+            "client_rss": {
+                "peak_growth_bytes": int(rss_growth),
+                "per_client_max": [int(max(r["rss_growth_bytes"])) for r in per_client],
+                "bound_bytes": 2 * tensor_bytes,
+                "ratio_to_tensor_bytes": rss_growth / tensor_bytes,
+                "within_bound": bool(rss_growth <= 2 * tensor_bytes),
+            },
+            "server": probe.summary() if probe is not None else None,
+            "gpu": gpu_sampler.summary() if gpu_sampler is not None else None,
+            "max_abs_diff": None,
+        }
+        if per_client[0]["outputs"] is not None:
+            record["max_abs_diff"] = max_abs_difference(per_client[0]["outputs"],
+                                                        self.reference_outputs(job.model))
+        if wire_sent and counters.get("requests"):
+            # client-side view of a request: encode + wire + server + decode
+            record["client_profile"] = {
+                "round_trip_ms_mean": 1e3 * counters["latency_s"] / counters["requests"],
+            }
+        return record
+
+    # -- sweeps ------------------------------------------------------------------------------
+    def run_sweeps(self, modes: list[str]) -> None:
+        config = self.config
+        for model in config.models:
+            reference_batch = config.reference_batch(model)
+            for mode in modes:
+                for batch_size in config.batch_sizes_for(model):
+                    self.measure(model, mode, batch_size, config.default_in_flight, 1, "batch")
+            if "remote" in modes:
+                for in_flight in config.in_flight:
+                    self.measure(model, "remote", reference_batch, in_flight, 1, "in_flight")
+            for mode in config.client_modes:
+                if mode not in modes:
+                    continue
+                for clients in config.clients:
+                    self.measure(model, mode, reference_batch, config.default_in_flight, clients,
+                                 "clients")
+
+
+def _local_gpu_unavailable() -> str | None:
+    """Why the local-gpu mode can't run here (None if it can)."""
+    from ..server import gpu_available
+
+    if not gpu_available():
+        return "no CUDA GPU on this machine (nvidia-smi lists none)"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install 'coffea-sonic[torch]')"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} cannot use the GPU (a CPU-only build?)"
+    return None
+
+
+# -- derived results -------------------------------------------------------------------------
+def _median(record: dict | None) -> float:
+    return record["rows_per_s"]["median"] if record else 0.0
+
+
+def select(measurements: list[dict], **where) -> list[dict]:
+    """Records whose fields equal every ``where`` item (``sweep=`` matches membership).
+
+    >>> select([{"mode": "cpu", "sweeps": ["batch"]}, {"mode": "remote", "sweeps": []}],
+    ...        mode="cpu", sweep="batch")
+    [{'mode': 'cpu', 'sweeps': ['batch']}]
+    """
+    sweep = where.pop("sweep", None)
+    return [record for record in measurements
+            if all(record.get(key) == value for key, value in where.items())
+            and (sweep is None or sweep in record.get("sweeps", ()))]
+
+
+def _best(records: list[dict]) -> dict | None:
+    return max(records, key=_median, default=None)
+
+
+def equality_summary(measurements: list[dict]) -> dict:
+    """Per model and mode, the worst max |Δ| against in-process onnxruntime; all within 1e-5?"""
+    per_model: dict[str, dict[str, float]] = {}
+    for record in measurements:
+        if record.get("max_abs_diff") is None:
+            continue
+        modes = per_model.setdefault(record["model"], {})
+        modes[record["mode"]] = max(modes.get(record["mode"], 0.0), record["max_abs_diff"])
+    worst = max((value for modes in per_model.values() for value in modes.values()), default=0.0)
+    return {"reference": "in-process onnxruntime (CpuEngine) on the same inputs",
+            "tolerance": OUTPUT_TOLERANCE, "max_abs_diff": per_model, "worst": worst,
+            "all_equal": bool(per_model) and worst <= OUTPUT_TOLERANCE}
+
+
+#: Served aggregate / in-process on the same GPU (issue 6): model -> minimum ratio.
+SERVED_VS_LOCAL_GPU_TARGETS: dict[str, float] = {"emtrk_cnn": 0.9, "jet_tagger": 0.5}
+WRAPPER_RATIO_TARGET = 3.0
+GPU_UTILISATION_TARGET = 80.0
+
+
+def _target(name: str, model: str, target: float | None, measured: float | None,
+            detail: str, *, lower_is_better: bool = False, **extra) -> dict:
+    met = None
+    if target is not None and measured is not None:
+        met = bool(measured <= target) if lower_is_better else bool(measured >= target)
+    shortfall = None
+    if met is False:
+        if lower_is_better:
+            shortfall = f"over by {100 * (measured / target - 1):.0f} % ({measured:.2f} vs {target:g})"
+        else:
+            shortfall = f"missed by {100 * (1 - measured / target):.0f} % ({measured:.2f} vs {target:g})"
+    return {"name": name, "model": model, "target": target, "measured": measured, "met": met,
+            "lower_is_better": lower_is_better, "shortfall": shortfall, "detail": detail, **extra}
+
+
+def compute_targets(measurements: list[dict]) -> list[dict]:
+    """The issue's ratios from this run's measurements (same server, model and data)."""
+    targets = []
+    models = sorted({record["model"] for record in measurements})
+    for model in models:
+        ours = select(measurements, model=model, mode="remote", clients=1)
+        wrapper = select(measurements, model=model, mode="coffea-wrapper", clients=1)
+        if ours and wrapper:
+            best_ours, best_wrapper = _best(ours), _best(wrapper)
+            per_batch = {}
+            for record in wrapper:
+                same = [r for r in ours if r["batch_size"] == record["batch_size"]]
+                if same:
+                    per_batch[str(record["batch_size"])] = _median(_best(same)) / _median(record)
+            targets.append(_target(
+                "TritonModel / coffea triton_wrapper throughput", model, WRAPPER_RATIO_TARGET,
+                _median(best_ours) / _median(best_wrapper),
+                f"best of each over the batch sweep: remote batch {best_ours['batch_size']} "
+                f"in-flight {best_ours['in_flight']} vs wrapper batch {best_wrapper['batch_size']}",
+                ratio_per_batch=per_batch,
+                min_ratio_same_batch=min(per_batch.values()) if per_batch else None))
+        served = [r for r in select(measurements, model=model, mode="remote")
+                  if r["sweeps"] and "clients" in r["sweeps"]] or ours
+        local_gpu = select(measurements, model=model, mode="local-gpu", clients=1)
+        cpu = select(measurements, model=model, mode="cpu", clients=1)
+        best_served = _best(served)
+        if best_served and local_gpu:
+            best_local = _best(local_gpu)
+            targets.append(_target(
+                "served aggregate / in-process GPU (same GPU)", model,
+                SERVED_VS_LOCAL_GPU_TARGETS.get(model), _median(best_served) / _median(best_local),
+                f"remote {best_served['clients']} clients batch {best_served['batch_size']} vs "
+                f"local-gpu batch {best_local['batch_size']}"))
+            gpu = best_served.get("gpu") or {}
+            if gpu.get("mean_percent") is not None:
+                targets.append(_target(
+                    "GPU utilisation while served (%)", model, GPU_UTILISATION_TARGET,
+                    gpu["mean_percent"], f"nvidia-smi mean over the {best_served['clients']}-client "
+                    f"run (max {gpu['max_percent']:.0f} %)"))
+        elif best_served and cpu:
+            best_cpu = _best(cpu)
+            targets.append(_target(
+                "served aggregate / in-process CPU (no GPU here)", model, None,
+                _median(best_served) / _median(best_cpu),
+                f"remote {best_served['clients']} clients batch {best_served['batch_size']} vs "
+                f"cpu batch {best_cpu['batch_size']}; informational: server and clients share "
+                "this machine's cores"))
+        overheads = [r for r in measurements if r["model"] == model and r["mode"] in SERVED_MODES]
+        if overheads:
+            worst = max(overheads, key=lambda r: r["client_rss"]["ratio_to_tensor_bytes"])
+            targets.append(_target(
+                "client peak RSS growth per chunk / tensor bytes sent", model, 2.0,
+                worst["client_rss"]["ratio_to_tensor_bytes"],
+                f"worst served configuration: {worst['mode']} batch {worst['batch_size']} "
+                f"clients {worst['clients']}", lower_is_better=True))
+    return targets
+
+
+def compute_scaling(measurements: list[dict], config: BenchConfig) -> dict:
+    """Fit the SONIC scaling model per model to the clients sweep; add the network bound."""
+    fits = {}
+    for model in config.models:
+        for mode in ("remote",):
+            points = sorted(select(measurements, model=model, mode=mode, sweep="clients"),
+                            key=lambda r: r["clients"])
+            if len(points) < 2:
+                continue
+            clients = [r["clients"] for r in points]
+            events_per_s = [r["events_per_s"]["median"] for r in points]
+            rows_per_event = points[0]["rows_per_event"]
+            busy = [(r.get("server") or {}).get("busy_s_per_row") for r in points]
+            busy = [b for b in busy if b]
+            hint = busy[-1] * rows_per_event if busy else None
+            fit = fit_scaling_model(clients, events_per_s, p=1.0, t_cpu=0.0, t_gpu_hint=hint)
+            wire = points[0].get("wire_bytes_sent_per_chunk") or points[0]["tensor_bytes_per_chunk"]
+            received = (points[0].get("wire_bytes_received_per_chunk")
+                        or points[0]["output_bytes_per_chunk"])
+            bytes_per_event = (wire + received) / points[0]["chunk_rows"] * rows_per_event
+            model_fit: ScalingModel = fit.model
+            network = {f"{gbps:g}": model_fit.network_bound_clients(gbps, bytes_per_event)
+                       for gbps in config.link_gbps}
+            fits[model] = {
+                "mode": mode, "batch_size": points[0]["batch_size"],
+                "rows_per_event": rows_per_event, "bytes_per_event": bytes_per_event,
+                "t_gpu_hint_from_server": hint, **fit.to_dict(),
+                "t_gpu_per_row": model_fit.t_gpu / rows_per_event,
+                "t_latency_per_row": model_fit.t_latency / rows_per_event,
+                "network_bound_clients": network,
+                "recommendation": _recommendation(model_fit, network),
+            }
+    return fits
+
+
+def _recommendation(model: ScalingModel, network: dict[str, float]) -> str:
+    text = (f"one server saturates at {model.saturation_clients():.1f} pure-inference client "
+            f"processes (t_ideal {1e3 * model.t_ideal:.2f} ms / t_GPU {1e3 * model.t_gpu:.2f} ms "
+            f"per event): give it about {model.recommended_cpu_per_gpu()} such clients")
+    if network:
+        link, clients = min(network.items(), key=lambda item: float(item[0]))
+        text += f"; a {link} Gb/s link carries {clients:.0f} of them"
+    return text
+
+
+def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> dict:
+    """Run every sweep of ``config``; return the JSON-ready result dict (module docstring)."""
+    started = time.perf_counter()
+    suite = BenchSuite(config, progress)
+    from ..server import gpu_available
+
+    suite.gpu = gpu_available()
+    info = machine_info()
+    with contextlib.ExitStack() as stack:
+        modes = suite.available_modes()
+        modes = suite.connect(stack, modes)
+        for model in config.models:
+            suite.reference_outputs(model)
+        suite.run_sweeps(modes)
+        e2e = None
+        if config.e2e_events > 0:
+            from .e2e import run_end_to_end
+
+            e2e = run_end_to_end(config, server_address=suite.server_address,
+                                 progress=suite.progress)
+    if not suite.measurements:
+        raise ModelNotFoundError(
+            f"no benchmark configuration ran; skipped: {suite.skipped}")
+    scaling = compute_scaling(suite.measurements, config)
+    if e2e and e2e.get("scaling_inputs"):
+        from .e2e import analysis_scaling
+
+        scaling["analysis"] = analysis_scaling(e2e, scaling, config)
+    return {
+        "schema": SCHEMA,
+        "machine": info,
+        "config": config.to_dict(),
+        "server": suite.server_info,
+        "modes_run": modes,
+        "skipped": suite.skipped,
+        "measurements": suite.measurements,
+        "equality": equality_summary(suite.measurements),
+        "targets": compute_targets(suite.measurements),
+        "scaling": scaling,
+        "e2e": e2e,
+        "elapsed_s": time.perf_counter() - started,
+    }

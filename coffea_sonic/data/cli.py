@@ -52,9 +52,9 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
                         help="files per dataset (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed; same seed, same content (default: %(default)s)")
-    parser.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS),
-                        metavar="NAME", help=f"datasets to write, from {', '.join(DATASETS)} "
-                        "(default: all)")
+    parser.add_argument("--datasets", type=_dataset_list, default=list(DATASETS),
+                        metavar="NAME[,NAME]", help="comma-separated datasets to write, from "
+                        f"{', '.join(DATASETS)} (default: all)")
     parser.set_defaults(func=run)
     return parser
 
@@ -81,3 +81,12 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _dataset_list(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in DATASETS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown datasets {unknown or [text]}; choose from {', '.join(DATASETS)}")
+    return names

@@ -35,7 +35,7 @@ _SDIST_SAMPLE_DIR = "tests/samples"
 _PIP_TIMEOUT_S = 600
 
 
-def _download_sdist(version: str, into: Path) -> Path:
+def _download_sdist(version: str, into: Path, destination: Path) -> Path:
     command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                "--no-binary", ":all:", f"coffea=={version}", "-d", str(into)]
     logger.info("downloading the coffea %s sdist for its NanoAOD test files: %s",
@@ -50,8 +50,9 @@ def _download_sdist(version: str, into: Path) -> Path:
     if result.returncode != 0 or not archives:
         raise MissingDependencyError(
             f"`{' '.join(command)}` failed (exit {result.returncode}), so the real NanoAOD test "
-            f"files {list(REAL_SAMPLE_NAMES)} are unavailable; check that the package index is "
-            f"reachable, or copy them from a coffea checkout's tests/samples/. pip said:\n"
+            f"files are unavailable; check that the package index is reachable, or copy "
+            f"{', '.join(f'{name}.root' for name in REAL_SAMPLE_NAMES)} from a coffea "
+            f"checkout's tests/samples/ into {destination}. pip said:\n"
             f"{(result.stderr or result.stdout)[-2000:]}")
     return archives[0]
 
@@ -76,7 +77,7 @@ def fetch_coffea_test_samples(dest_dir: str | os.PathLike,
     version = coffea_version or metadata.version("coffea")
     destination.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="coffea-sdist-") as scratch:
-        archive = _download_sdist(version, Path(scratch))
+        archive = _download_sdist(version, Path(scratch), destination)
         with tarfile.open(archive, "r:gz") as sdist:
             members = {Path(member.name).relative_to(Path(member.name).parts[0]).as_posix(): member
                        for member in sdist.getmembers() if member.isfile()}

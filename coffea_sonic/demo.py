@@ -1,0 +1,262 @@
+"""``coffea-sonic demo``: the main job, end to end on one machine (or your facility).
+
+1. makes (or reuses) a synthetic NanoAOD-like sample, unless ``--files``/``--fileset`` name yours;
+2. starts the embedded real Triton server, unless ``--server`` names one;
+3. starts a Dask cluster (``--cluster local|slurm|htcondor|ADDRESS``, or ``--scheduler ADDRESS``);
+4. runs :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` through coffea's
+   ``Runner`` + ``DaskExecutor`` with a progress bar;
+5. prints a summary (events, objects inferred, events/s, share of time waiting on inference,
+   server-side queue and compute time) and writes ``scores.png`` and ``summary.json``.
+
+>>> args = build_parser().parse_args(["--events", "1000"])
+>>> args.events, args.workers, args.executor
+(1000, 2, 'dask')
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import time
+import warnings
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Mapping
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OUTPUT = "sonic-demo"
+DEFAULT_EVENTS = 20_000
+DEFAULT_CHUNKSIZE = 10_000
+DEMO_MODELS = ("jet_tagger", "particlenet_lite")
+
+_DESCRIPTION = """\
+Run the example jet-tagging analysis with inference as a service, end to end: synthetic
+NanoAOD-like sample -> embedded real Triton server -> Dask workers running a coffea processor
+that sends every chunk's jets to the server -> histograms, plot and summary.
+With no arguments everything runs on this machine (about a minute on 2 cores)."""
+
+_EPILOG = """\
+examples:
+  coffea-sonic demo                                   # everything local, default sizes
+  coffea-sonic demo --events 200000 --workers 4       # bigger sample, more workers
+  coffea-sonic demo --server triton+grpc://gpu1.example.org:8001   # your facility's server
+  coffea-sonic demo --scheduler tcp://10.0.0.5:8786   # an existing Dask cluster
+  coffea-sonic demo --cluster slurm --workers 8       # workers as SLURM jobs
+  coffea-sonic demo --files /data/nano/*.root         # your own CMS NanoAOD (Events tree)
+  coffea-sonic demo --fileset fileset.json            # {"dataset": ["file.root", ...]}
+
+outputs (in --output): scores.png, summary.json, and sample/ when the sample is generated."""
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="coffea-sonic demo", description=_DESCRIPTION,
+                                               epilog=_EPILOG,
+                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = parser.add_argument_group("data")
+    data.add_argument("--events", type=int, default=DEFAULT_EVENTS,
+                      help="synthetic events per dataset (default: %(default)s)")
+    data.add_argument("--sample-files", type=int, default=2,
+                      help="synthetic files per dataset (default: %(default)s)")
+    data.add_argument("--files", nargs="+", metavar="PATH",
+                      help="your own NanoAOD files (local paths or root:// URLs) instead of the sample")
+    data.add_argument("--fileset", metavar="JSON", help="a coffea fileset {dataset: [files]} as JSON")
+    data.add_argument("--treename", default="Events", help="TTree name (default: %(default)s)")
+    serving = parser.add_argument_group("inference")
+    serving.add_argument("--server", metavar="URL",
+                         help="existing Triton server, triton+grpc://host:port (default: start the "
+                              "embedded one)")
+    serving.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+                         help="device of the embedded server (default: %(default)s)")
+    serving.add_argument("--max-in-flight", type=int, default=4,
+                         help="requests in flight per model and worker (default: %(default)s)")
+    serving.add_argument("--no-constituents", action="store_true",
+                         help="skip the particlenet_lite constituent model")
+    compute = parser.add_argument_group("compute")
+    compute.add_argument("--executor", choices=("dask", "futures", "iterative"), default="dask",
+                         help="coffea executor (default: %(default)s)")
+    compute.add_argument("--workers", type=int, default=2,
+                         help="Dask workers / futures processes (default: %(default)s)")
+    compute.add_argument("--cluster", default="local", metavar="KIND",
+                         help="local | slurm | htcondor | scheduler address (default: %(default)s)")
+    compute.add_argument("--scheduler", metavar="ADDRESS",
+                         help="connect to an existing Dask scheduler (same as --cluster ADDRESS)")
+    compute.add_argument("--chunksize", type=int, default=DEFAULT_CHUNKSIZE,
+                         help="events per chunk (default: %(default)s)")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT,
+                        help="output directory (default: ./%(default)s)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``demo`` on the top-level CLI."""
+    parser = subparsers.add_parser("demo", help="run the example analysis end to end (the main job)",
+                                   description=_DESCRIPTION, epilog=_EPILOG,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    build_parser(parser)
+    parser.set_defaults(func=run)
+
+
+# -- pieces -----------------------------------------------------------------------------------
+def prepare_fileset(args: argparse.Namespace, output: Path) -> dict[str, list[str]]:
+    """The fileset to run on: the user's files, or a (reused) synthetic sample."""
+    if args.fileset:
+        with open(args.fileset) as handle:
+            loaded = json.load(handle)
+        return {name: list(files) if not isinstance(files, dict) else list(files.get("files", files))
+                for name, files in loaded.items()}
+    if args.files:
+        return {"user": list(args.files)}
+    from .data.synthetic import write_sample
+
+    sample_dir = output / "sample"
+    wanted = {"events": args.events, "files": args.sample_files, "seed": 0}
+    params_file = sample_dir / "params.json"
+    fileset_file = sample_dir / "fileset.json"
+    if params_file.exists() and fileset_file.exists() and json.loads(params_file.read_text()) == wanted:
+        fileset = json.loads(fileset_file.read_text())
+        if all(Path(path).exists() for files in fileset.values() for path in files):
+            print(f"reusing the sample in {sample_dir}", flush=True)
+            return fileset
+    print(f"writing the synthetic sample ({args.events} events per dataset) to {sample_dir}", flush=True)
+    fileset = write_sample(sample_dir, events=args.events, files=args.sample_files, seed=0)
+    params_file.write_text(json.dumps(wanted))
+    return fileset
+
+
+def _executor(args: argparse.Namespace, stack: ExitStack):
+    from coffea import processor
+
+    status = not args.no_progress
+    if args.executor == "iterative":
+        return processor.IterativeExecutor(status=status), 1
+    if args.executor == "futures":
+        return processor.FuturesExecutor(workers=args.workers, status=status), args.workers
+    kind = args.scheduler or args.cluster
+    from .facility.cluster import make_cluster
+
+    cluster = stack.enter_context(make_cluster(kind, workers=args.workers))
+    print(f"Dask cluster: {cluster!r}", flush=True)
+    return processor.DaskExecutor(client=cluster.client, status=status), max(cluster.n_workers(), 1)
+
+
+def _server_statistics(urls: Mapping[str, str]) -> dict[str, Any]:
+    from .model import TritonModel
+
+    snapshots = {}
+    for name, url in urls.items():
+        try:
+            snapshots[name] = TritonModel(url).server_statistics()
+        except Exception as error:  # statistics are optional (a gateway may hide them)
+            logger.info("no server statistics for %s: %s", name, error)
+    return snapshots
+
+
+def summarise(output: Mapping[str, Any], wall_s: float, workers: int,
+              server_delta: Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers the demo prints and writes to summary.json.
+
+    >>> from coffea_sonic.stats import InferenceStats
+    >>> out = {"cutflow": {"d": {"events": 10, "jets": 30}},
+    ...        "inference": {"jet_tagger": InferenceStats(rows=30, requests=1, wait_s=0.5)}}
+    >>> summary = summarise(out, wall_s=2.0, workers=1, server_delta={})
+    >>> summary["events"], summary["events_per_s"], summary["inference_wait_share"]
+    (10, 5.0, 0.25)
+    """
+    events = sum(int(entry["events"]) for entry in output["cutflow"].values())
+    jets = sum(int(entry["jets"]) for entry in output["cutflow"].values())
+    inference = output.get("inference", {})
+    wait_s = sum(stats.wait_s for stats in inference.values())
+    return {
+        "events": events,
+        "jets": jets,
+        "wall_s": round(wall_s, 3),
+        "events_per_s": round(events / wall_s, 1) if wall_s > 0 else None,
+        "workers": workers,
+        "inference_wait_share": round(wait_s / (wall_s * max(workers, 1)), 4) if wall_s > 0 else None,
+        "client": {name: stats.to_dict() for name, stats in inference.items()},
+        "server": {name: delta.to_dict() for name, delta in server_delta.items()},
+        "cutflow": {name: {key: int(value) for key, value in entry.items()}
+                    for name, entry in output["cutflow"].items()},
+    }
+
+
+def print_summary(summary: Mapping[str, Any]) -> None:
+    print("\n=== coffea-sonic demo summary ===")
+    print(f"events            {summary['events']:>12,d}   ({summary['events_per_s']:,.0f} events/s, "
+          f"{summary['wall_s']:.1f} s wall, {summary['workers']} workers)")
+    print(f"jets              {summary['jets']:>12,d}")
+    for name, stats in summary["client"].items():
+        print(f"{name:18s}{int(stats['rows']):>12,d} objects inferred in {int(stats['requests'])} "
+              f"requests, {stats['bytes_sent'] / 1e6:.1f} MB sent, "
+              f"{int(stats.get('fallback_rows', 0))} by fallback")
+    share = summary["inference_wait_share"]
+    if share is not None:
+        print(f"waiting on inference: {100 * share:.1f} % of worker wall time "
+              "(the rest overlapped with CPU work or was CPU work)")
+    for name, stats in summary["server"].items():
+        count = stats.get("inference_count", 0)
+        executions = stats.get("execution_count", 0) or 1
+        per_request = 1e3 / max(stats.get("request_count", executions), 1)
+        print(f"server {name:11s} {int(count):,d} rows in {int(executions)} executions "
+              f"(avg batch {count / executions:,.0f}); queue {stats.get('queue_s', 0) * per_request:.2f} ms, "
+              f"compute {stats.get('compute_infer_s', 0) * per_request:.2f} ms per request")
+
+
+def run(args: argparse.Namespace) -> int:
+    from coffea import processor
+    from coffea.nanoevents import NanoAODSchema
+
+    from .examples.jet_tagging import JetTaggingProcessor, plot_scores
+
+    warnings.filterwarnings("ignore", message="Missing cross-reference index")
+    if not logging.getLogger().isEnabledFor(logging.INFO):
+        # distributed logs every worker start/stop at INFO (its import sets that level, so
+        # import it first); keep the demo's output readable.
+        import distributed  # noqa: F401
+
+        for name in ("distributed", "dask_jobqueue"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    output = Path(args.output).resolve()
+    output.mkdir(parents=True, exist_ok=True)
+    fileset = prepare_fileset(args, output)
+    with ExitStack() as stack:
+        if args.server:
+            base = args.server.rstrip("/")
+        else:
+            from .server import LocalTritonServer
+
+            models = ["jet_tagger"] if args.no_constituents else list(DEMO_MODELS)
+            started = time.monotonic()
+            server = stack.enter_context(LocalTritonServer(models=models, device=args.device))
+            print(f"embedded Triton server ready in {time.monotonic() - started:.1f} s at "
+                  f"{server.grpc_address} ({server.device})", flush=True)
+            base = f"triton+grpc://{server.grpc_address}"
+        analysis = JetTaggingProcessor(base, use_constituents=False if args.no_constituents else "auto",
+                                       max_in_flight=args.max_in_flight)
+        urls = {name: analysis.sonic_model_urls()[name][0] for name in analysis.sonic_models}
+        executor, workers = _executor(args, stack)
+        runner = processor.Runner(executor=executor, schema=NanoAODSchema, chunksize=args.chunksize,
+                                  savemetrics=False)
+        before = _server_statistics(urls)
+        started = time.monotonic()
+        result = runner({name: {"files": {path: args.treename for path in files}}
+                         for name, files in fileset.items()},
+                        treename=args.treename, processor_instance=analysis)
+        wall_s = time.monotonic() - started
+        after = _server_statistics(urls)
+    delta = {name: after[name] - before[name] for name in before if name in after}
+    summary = summarise(result, wall_s, workers, delta)
+    summary.update({"plot": str(output / "scores.png"), "server": summary["server"],
+                    "machine": {"host": platform.node(), "cpus": os.cpu_count(),
+                                "python": platform.python_version()},
+                    "executor": args.executor, "fileset": fileset})
+    plot_scores(result, str(output / "scores.png"))
+    (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print_summary(summary)
+    print(f"\nplot:    {output / 'scores.png'}\nsummary: {output / 'summary.json'}")
+    return 0

@@ -34,6 +34,16 @@ _EXPORTS: dict[str, str] = {
     "GpuEngine": "coffea_sonic.engines",
     "TritonModel": "coffea_sonic.model",
     "SonicMixin": "coffea_sonic.processor",
+    "flatten": "coffea_sonic.columns",
+    "unflatten": "coffea_sonic.columns",
+    "jagged_counts": "coffea_sonic.columns",
+    "jet_features": "coffea_sonic.columns",
+    "jet_constituents": "coffea_sonic.columns",
+    "pad_constituents": "coffea_sonic.columns",
+    "write_sample": "coffea_sonic.data",
+    "draw_labelled_jets": "coffea_sonic.data",
+    "fetch_coffea_test_samples": "coffea_sonic.data",
+    "train_jet_tagger": "coffea_sonic.zoo.train",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

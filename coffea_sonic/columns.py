@@ -150,7 +150,7 @@ def _levels_to_counts(levels: list[Any], what: str) -> Counts:
 
 
 def jagged_counts(array: Any) -> Counts:
-    """Counts of every variable-length axis of ``array`` (records allowed), as :func:`flatten` gives.
+    """Counts of every variable-length axis of ``array`` (records allowed), like :func:`flatten`.
 
     >>> jagged_counts(ak.Array([[{"pt": 1.0}], [], [{"pt": 2.0}, {"pt": 3.0}]])).tolist()
     [1, 0, 2]
@@ -363,7 +363,9 @@ def pad_constituents(constituents: Any, jets: Any = None, *,
     for _ in range(depth - 1):
         per_jet = ak.flatten(per_jet, axis=1)
     candidate_counts = ak.num(per_jet, axis=1)
-    columns = {name: _field_rows(per_jet, name, "PFCands", defaults, None,
+    n_rows = (_n_objects(per_jet) if not typetracer
+              and any(name not in ak.fields(per_jet) for name in CONSTITUENT_FIELDS) else None)
+    columns = {name: _field_rows(per_jet, name, "PFCands", defaults, n_rows,
                                  np.dtype(np.float64)) for name in CONSTITUENT_FIELDS}
     jet_columns = None
     if jets is not None:

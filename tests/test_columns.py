@@ -1,4 +1,4 @@
-"""awkward <-> numpy columns: eager arrays, real coffea NanoEvents, and real dask-awkward partitions."""
+"""awkward <-> numpy columns: eager arrays, real coffea NanoEvents, real dask-awkward partitions."""
 
 from __future__ import annotations
 
@@ -262,6 +262,15 @@ def test_pad_constituents_without_jets_uses_the_constituent_sum_axis():
     axis_eta = np.arcsinh(np.sinh(0.5) / np.cos(0.2))
     assert np.allclose(features["deta"][:2], 0.5 - axis_eta, atol=1e-6)
     assert np.allclose(sorted(features["dphi"][:2]), [-0.2, 0.2], atol=1e-6)
+
+
+def test_pad_constituents_fills_a_missing_field_only_from_an_explicit_default():
+    constituents = ak.Array([[[{"pt": 5.0, "eta": 0.0, "phi": 0.0, "mass": 0.0}] * 3]])
+    with pytest.raises(InputValidationError, match="PFCands_charge"):
+        pad_constituents(constituents)
+    inputs = pad_constituents(constituents, defaults={"charge": 0})
+    assert inputs["pf_mask"].sum() == 3
+    assert not inputs["pf_features"][:, PARTICLENET_FEATURES.index("charge")].any()
 
 
 def test_pad_constituents_of_empty_inputs_and_jets_without_constituents():

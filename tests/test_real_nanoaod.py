@@ -54,7 +54,8 @@ def test_failed_download_raises_an_actionable_error(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution")
 
     monkeypatch.setattr(subprocess, "run", failing_pip)
-    with pytest.raises(MissingDependencyError, match=r"(?s)tests/samples/ into .*nowhere.*No matching distribution"):
+    with pytest.raises(MissingDependencyError,
+                       match=r"(?s)tests/samples/ into .*nowhere.*No matching distribution"):
         fetch_coffea_test_samples(tmp_path / "nowhere")
 
 

@@ -1,9 +1,9 @@
-"""Synthetic NanoAOD-like samples: ROOT files coffea reads with ``NanoAODSchema``, and labelled jets.
+"""Synthetic NanoAOD-like samples: ROOT files coffea reads with ``NanoAODSchema``; labelled jets.
 
 Two processes (datasets) are simulated, deterministically from a seed:
 
-* ``ttbar``: two b jets (each reconstructed with probability 0.8), a charm jet from W -> cs in about a
-  third of the events, and a Poisson number of light jets; ``genWeight`` is +-1.
+* ``ttbar``: two b jets (each reconstructed with probability 0.8), a charm jet from W -> cs in
+  about a third of the events, and a Poisson number of light jets; ``genWeight`` is +-1.
 * ``qcd_light``: an over-dispersed (negative-binomial-like) number of light and charm jets, so that
   some events have no jet at all and some have many; ``genWeight`` varies around 1.
 
@@ -350,7 +350,8 @@ def write_sample(
     directory.mkdir(parents=True, exist_ok=True)
     fileset: dict[str, list[str]] = {}
     for dataset in wanted:
-        per_file = [events // files + (1 if index < events % files else 0) for index in range(files)]
+        per_file = [events // files + (1 if index < events % files else 0)
+                    for index in range(files)]
         first_event = 1
         paths = []
         for index, n_events in enumerate(per_file):

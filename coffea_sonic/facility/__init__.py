@@ -1,0 +1,42 @@
+"""Running at an analysis facility: batch Dask clusters, server checks, live server monitoring.
+
+* :func:`make_cluster` -- Dask workers as local processes, SLURM or HTCondor jobs, or an existing
+  scheduler; model-server settings reach the workers, secrets by variable name only.
+* :func:`check_servers` / ``coffea-sonic check`` -- can this node use the Triton servers?
+* :func:`monitor` / ``coffea-sonic monitor`` -- throughput, batch, queue and compute time per model.
+* :class:`TokenGateway` -- a loopback bearer-token gRPC gateway for tests and demos.
+
+>>> from coffea_sonic import facility
+>>> facility.parse_target("gpu1:8001").address
+'gpu1:8001'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "FacilityCluster": "cluster", "make_cluster": "cluster",
+    "WorkerEnvironment": "environment", "worker_environment": "environment",
+    "CheckOptions": "check", "ServerReport": "check", "check_server": "check",
+    "check_servers": "check", "check_on_workers": "check", "parse_target": "check",
+    "render_reports": "check", "configured_targets": "check",
+    "monitor": "monitor", "scrape": "monitor", "figures": "monitor", "render_frame": "monitor",
+    "TokenGateway": "gateway",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'coffea_sonic.facility' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

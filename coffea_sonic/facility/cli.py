@@ -1,0 +1,127 @@
+"""``coffea-sonic check`` and ``coffea-sonic monitor``: the facility commands.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic")
+>>> add_subparsers(parser.add_subparsers(dest="command"))
+>>> parser.parse_args(["monitor", "127.0.0.1:8002", "--once"]).once
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["add_subparsers", "run_check", "run_monitor"]
+
+_CHECK_HELP = """\
+Check, from this machine, every Triton server a worker would use: reachability (DNS, TCP),
+protocol (gRPC, TLS, or a wrong port such as Triton's HTTP or metrics port), TLS configuration
+and certificate, token authentication, server health and version, the models and versions it
+serves (and whether the model in the URL is READY), and round-trip latency of health calls and of
+a tiny inference. Every failure says what to do. Exit code 0: all good; 1: something is wrong.
+
+Without URLs, the servers configured for this environment are checked (COFFEA_SONIC_MODEL_<NAME>,
+COFFEA_SONIC_SERVERS, dask config coffea_sonic.models, the facility file).
+
+examples:
+  coffea-sonic check triton+grpc://127.0.0.1:8001/jet_tagger
+  coffea-sonic check                                   # what this environment is configured with
+  coffea-sonic check triton+grpcs://triton.example.org:443/jet_tagger --ssl-ca ca.pem \\
+                     --token-env SONIC_TOKEN            # TLS + bearer token (value never printed)
+  coffea-sonic check gpu1:8001 gpu2:8001 --pings 20     # several servers, more latency samples
+  coffea-sonic check --on-workers slurm                 # run the check inside a SLURM job
+"""
+
+_MONITOR_HELP = """\
+A live terminal view of Triton servers from their Prometheus metrics endpoint (Triton's
+--metrics-port, 8002 by default): per model, inferences/s and requests/s, average batch
+(inferences per execution), queue and compute time per request, queue time per execution
+(SuperSONIC's autoscaling metric), failures and pending requests; CPU and GPU utilisation.
+
+examples:
+  coffea-sonic monitor http://127.0.0.1:8002/metrics
+  coffea-sonic monitor gpu1:8002 gpu2:8002 --interval 5
+  coffea-sonic monitor 127.0.0.1:8002 --once           # one frame over one interval, then exit
+"""
+
+
+def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``check`` and ``monitor`` on the top-level CLI."""
+    check = subparsers.add_parser(
+        "check", help="diagnose access to Triton servers from this machine (or a worker)",
+        description=_CHECK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    check.add_argument("urls", nargs="*", metavar="URL",
+                       help="host:port or triton+grpc[s]://host:port[/model[/version]]")
+    check.add_argument("--token-env", metavar="NAME",
+                       help="environment variable holding the bearer token (default: "
+                            "$COFFEA_SONIC_TOKEN_ENV names it)")
+    check.add_argument("--token-file", metavar="PATH", help="file holding the bearer token")
+    check.add_argument("--ssl", action="store_true", default=None,
+                       help="use TLS even for triton+grpc:// or host:port targets")
+    check.add_argument("--ssl-ca", metavar="FILE", help="PEM bundle of the CA(s) to trust")
+    check.add_argument("--ssl-cert", metavar="FILE", help="client certificate (mutual TLS)")
+    check.add_argument("--ssl-key", metavar="FILE", help="client private key (mutual TLS)")
+    check.add_argument("--ssl-target-name", metavar="NAME",
+                       help="name to verify the server certificate against (tunnels)")
+    check.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
+                       help="per-step timeout (default 5)")
+    check.add_argument("--pings", type=int, default=5,
+                       help="health calls and tiny inferences timed per server (default 5)")
+    check.add_argument("--on-workers", metavar="CLUSTER",
+                       help="run the check on one Dask worker of this cluster instead: local, "
+                            "slurm, htcondor or a scheduler address (the token variable is "
+                            "forwarded by name)")
+    check.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
+    check.set_defaults(func=run_check)
+
+    monitor = subparsers.add_parser(
+        "monitor", help="live view of Triton server metrics (throughput, queue, batch, GPU)",
+        description=_MONITOR_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    monitor.add_argument("urls", nargs="+", metavar="URL",
+                         help="metrics endpoint: http://host:8002/metrics or host:port")
+    monitor.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                         help="seconds between scrapes (default 2)")
+    monitor.add_argument("--once", action="store_true",
+                         help="print one frame (over one interval) and exit")
+    monitor.add_argument("--frames", type=int, metavar="N", help="stop after N frames")
+    monitor.add_argument("--no-color", action="store_true", help="no ANSI colours")
+    monitor.set_defaults(func=run_monitor)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from ..errors import SonicError
+    from .check import CheckOptions, check_on_workers, check_servers, render_reports
+
+    options = CheckOptions(tls=args.ssl, ca_file=args.ssl_ca, cert_file=args.ssl_cert,
+                           key_file=args.ssl_key, server_name=args.ssl_target_name,
+                           token_env=args.token_env, token_file=args.token_file,
+                           timeout_s=args.timeout, pings=args.pings)
+    color = sys.stdout.isatty() and not args.no_color
+    try:
+        if args.on_workers:
+            from .cluster import make_cluster
+
+            forwarded = [args.token_env] if args.token_env else None
+            with make_cluster(args.on_workers, workers=1, env=forwarded) as cluster:
+                by_worker = check_on_workers(cluster.client, args.urls or None, options)
+            reports = [report for reports in by_worker.values() for report in reports]
+        else:
+            reports = check_servers(args.urls or None, options)
+    except SonicError as error:
+        print(f"coffea-sonic check: {error}", file=sys.stderr)
+        return 2
+    print(render_reports(reports, color=color))
+    return 0 if all(report.ok for report in reports) else 1
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    from ..errors import SonicError
+    from .monitor import monitor
+
+    try:
+        return monitor(args.urls, interval_s=args.interval, once=args.once, frames=args.frames,
+                       color=False if args.no_color else None)
+    except SonicError as error:
+        print(f"coffea-sonic monitor: {error}", file=sys.stderr)
+        return 2

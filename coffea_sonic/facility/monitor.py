@@ -1,0 +1,331 @@
+"""``coffea-sonic monitor``: a live terminal view of Triton servers' Prometheus metrics.
+
+Every ``interval`` seconds each server's metrics endpoint (``http://host:8002/metrics``) is scraped
+and parsed with ``prometheus_client``'s parser; the difference to the previous scrape gives, per
+model and version:
+
+* throughput: inferences (rows) per second, ``Δnv_inference_count / Δt``, and requests per second;
+* average batch: ``Δnv_inference_count / Δnv_inference_exec_count`` (rows per model execution);
+* queue and compute time per request: ``Δnv_inference_queue_duration_us`` and
+  ``Δnv_inference_compute_infer_duration_us`` over ``Δnv_inference_request_success``;
+* queue time per execution, ``Δqueue_us / Δexec_count``: SuperSONIC's autoscaling metric (it
+  scales out when ``rate(queue_us) / (rate(exec_count) * 1000)``, i.e. this in ms, passes a
+  threshold, 100 by default);
+* failures (``nv_inference_request_failure``, all reasons), pending requests;
+* per GPU (where the server exports it): utilisation and memory; the server's CPU utilisation.
+
+The first frame has no previous scrape: it shows figures since the server started.
+
+>>> text = '''# TYPE nv_inference_count counter
+... nv_inference_count{model="m",version="1"} 1000
+... # TYPE nv_inference_exec_count counter
+... nv_inference_exec_count{model="m",version="1"} 10
+... '''
+>>> snapshot = parse_metrics(text, "http://h:8002/metrics", taken_at=0.0)
+>>> figures(None, snapshot)[0].average_batch
+100.0
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import IO
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..errors import ConfigurationError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GpuGauges", "ModelCounters", "ModelFigures", "Snapshot", "figures", "metrics_url",
+           "monitor", "parse_metrics", "render_frame", "scrape"]
+
+# metric family -> ModelCounters field
+_COUNTERS = {
+    "nv_inference_count": "inferences",
+    "nv_inference_exec_count": "executions",
+    "nv_inference_request_success": "successes",
+    "nv_inference_request_failure": "failures",
+    "nv_inference_queue_duration_us": "queue_us",
+    "nv_inference_compute_input_duration_us": "compute_input_us",
+    "nv_inference_compute_infer_duration_us": "compute_infer_us",
+    "nv_inference_compute_output_duration_us": "compute_output_us",
+    "nv_inference_request_duration_us": "request_us",
+    "nv_inference_pending_request_count": "pending",
+}
+_GPU_GAUGES = {
+    "nv_gpu_utilization": "utilization",
+    "nv_gpu_memory_used_bytes": "memory_used",
+    "nv_gpu_memory_total_bytes": "memory_total",
+    "nv_gpu_power_usage": "power_w",
+}
+
+
+def metrics_url(text: str) -> str:
+    """Normalise ``host:port`` or an URL without path to ``http://host:port/metrics``.
+
+    >>> metrics_url("gpu1:8002"), metrics_url("http://gpu1:8002")
+    ('http://gpu1:8002/metrics', 'http://gpu1:8002/metrics')
+    """
+    if text.startswith(("triton+grpc", "grpc")):
+        raise ConfigurationError(
+            f"{text!r} is a gRPC address; monitor reads the Prometheus metrics endpoint: give "
+            "http://host:8002/metrics (Triton's --metrics-port, 8002 by default)")
+    url = text if "://" in text else f"http://{text}"
+    scheme, _, rest = url.partition("://")
+    if "/" not in rest:
+        url += "/metrics"
+    return url
+
+
+@dataclass
+class ModelCounters:
+    """Cumulative counters (and the pending gauge) of one model version at one scrape."""
+
+    model: str
+    version: str
+    inferences: float = 0.0
+    executions: float = 0.0
+    successes: float = 0.0
+    failures: float = 0.0
+    queue_us: float = 0.0
+    compute_input_us: float = 0.0
+    compute_infer_us: float = 0.0
+    compute_output_us: float = 0.0
+    request_us: float = 0.0
+    pending: float = 0.0
+
+
+@dataclass
+class GpuGauges:
+    """One GPU's gauges (utilisation 0..1, bytes, watts); NaN where not exported."""
+
+    gpu: str
+    utilization: float = math.nan
+    memory_used: float = math.nan
+    memory_total: float = math.nan
+    power_w: float = math.nan
+
+
+@dataclass
+class Snapshot:
+    """One scrape of one server: per (model, version) counters, GPUs, CPU, or the error."""
+
+    url: str
+    taken_at: float
+    models: dict[tuple[str, str], ModelCounters] = field(default_factory=dict)
+    gpus: list[GpuGauges] = field(default_factory=list)
+    cpu_utilization: float = math.nan
+    error: str = ""
+
+
+def parse_metrics(text: str, url: str, taken_at: float) -> Snapshot:
+    """Parse Triton's Prometheus text into a :class:`Snapshot` (failures summed over reasons)."""
+    snapshot = Snapshot(url=url, taken_at=taken_at)
+    gpus: dict[str, GpuGauges] = {}
+    for family in text_string_to_metric_families(text):
+        field_name = _COUNTERS.get(family.name)
+        gpu_field = _GPU_GAUGES.get(family.name)
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            if field_name is not None:
+                key = (sample.labels.get("model", "?"), sample.labels.get("version", ""))
+                counters = snapshot.models.setdefault(key, ModelCounters(*key))
+                setattr(counters, field_name, getattr(counters, field_name) + sample.value)
+            elif gpu_field is not None:
+                gpu = sample.labels.get("gpu_uuid") or sample.labels.get("gpu", "gpu")
+                setattr(gpus.setdefault(gpu, GpuGauges(gpu)), gpu_field, sample.value)
+            elif family.name == "nv_cpu_utilization":
+                snapshot.cpu_utilization = sample.value
+    snapshot.gpus = list(gpus.values())
+    return snapshot
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> Snapshot:
+    """Fetch and parse one server's metrics; a failure is recorded in ``Snapshot.error``."""
+    url = metrics_url(url)
+    taken_at = time.monotonic()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            text = response.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        return Snapshot(url=url, taken_at=taken_at,
+                        error=f"cannot read {url}: {reason} (is this the server's --metrics-port?)")
+    try:
+        return parse_metrics(text, url, taken_at)
+    except ValueError as error:
+        return Snapshot(url=url, taken_at=taken_at,
+                        error=f"{url} does not serve Prometheus metrics: {error}")
+
+
+@dataclass(frozen=True)
+class ModelFigures:
+    """What the monitor shows for one model version over a window (or since server start).
+
+    Times are µs; rates per second; None where the window has no requests/executions.
+    """
+
+    model: str
+    version: str
+    window_s: float | None
+    inferences: float
+    requests: float
+    executions: float
+    inferences_per_s: float | None
+    requests_per_s: float | None
+    average_batch: float | None
+    queue_us_per_request: float | None
+    compute_us_per_request: float | None
+    queue_us_per_execution: float | None
+    failures: float
+    pending: float
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+def figures(previous: Snapshot | None, current: Snapshot) -> list[ModelFigures]:
+    """Per-model figures from two scrapes (``previous`` None: cumulative since server start)."""
+    window = (current.taken_at - previous.taken_at) if previous is not None else None
+    results = []
+    for key, now in sorted(current.models.items()):
+        before = (previous.models.get(key) if previous is not None else None) or ModelCounters(*key)
+        if any(getattr(now, name) < getattr(before, name) for name in ("inferences", "executions")):
+            before = ModelCounters(*key)  # the server restarted: its counters began again
+        inferences = now.inferences - before.inferences
+        executions = now.executions - before.executions
+        requests = now.successes - before.successes
+        results.append(ModelFigures(
+            model=now.model, version=now.version, window_s=window,
+            inferences=inferences, requests=requests, executions=executions,
+            inferences_per_s=inferences / window if window else None,
+            requests_per_s=requests / window if window else None,
+            average_batch=_ratio(inferences, executions),
+            queue_us_per_request=_ratio(now.queue_us - before.queue_us, requests),
+            compute_us_per_request=_ratio(now.compute_infer_us - before.compute_infer_us, requests),
+            queue_us_per_execution=_ratio(now.queue_us - before.queue_us, executions),
+            failures=now.failures - before.failures,
+            pending=now.pending,
+        ))
+    return results
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:.{digits}f}M"
+    if abs(value) >= 1e4:
+        return f"{value / 1e3:.{digits}f}k"
+    return f"{value:.{digits}f}"
+
+
+_COLUMNS = ("MODEL", "VER", "INF/S", "REQ/S", "AVG BATCH", "QUEUE us/REQ", "COMPUTE us/REQ",
+            "QUEUE us/EXEC", "FAILED", "PENDING")
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i])
+                      for i, cell in enumerate(row)) for row in rows]
+
+
+def render_frame(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *, color: bool = False) -> str:
+    """One frame of the view for (previous, current) scrapes of each server."""
+    bold, dim, red, reset = ("\033[1m", "\033[2m", "\033[31m", "\033[0m") if color else ("",) * 4
+    lines = [f"{bold}coffea-sonic monitor{reset}  {time.strftime('%H:%M:%S')}"]
+    for previous, current in pairs:
+        lines.append("")
+        if current.error:
+            lines.append(f"{bold}{current.url}{reset}")
+            lines.append(f"  {red}{current.error}{reset}")
+            continue
+        window = (f"last {current.taken_at - previous.taken_at:.1f} s" if previous is not None
+                  else "since server start")
+        extras = []
+        if not math.isnan(current.cpu_utilization):
+            extras.append(f"CPU {current.cpu_utilization * 100:.0f}%")
+        for gpu in current.gpus:
+            memory = (f" mem {gpu.memory_used / 2**30:.1f}/{gpu.memory_total / 2**30:.1f} GiB"
+                      if not math.isnan(gpu.memory_total) else "")
+            extras.append(f"GPU {gpu.gpu[:12]} {gpu.utilization * 100:.0f}%{memory}")
+        lines.append(f"{bold}{current.url}{reset}  {dim}({window}){reset}  " + "  ".join(extras))
+        rows = [list(_COLUMNS)]
+        for figure in figures(previous, current):
+            rows.append([figure.model, figure.version,
+                         _number(figure.inferences_per_s), _number(figure.requests_per_s),
+                         _number(figure.average_batch), _number(figure.queue_us_per_request),
+                         _number(figure.compute_us_per_request),
+                         _number(figure.queue_us_per_execution),
+                         _number(figure.failures, 0), _number(figure.pending, 0)])
+        if len(rows) == 1:
+            lines.append("  (no models reported)")
+        else:
+            lines += ["  " + line for line in _table(rows)]
+    lines.append("")
+    lines.append(f"{dim}QUEUE us/EXEC is SuperSONIC's autoscaling load (it scales out above 100 ms "
+                 f"per execution by default); Ctrl-C to quit{reset}")
+    return "\n".join(lines)
+
+
+def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
+            frames: int | None = None, out: IO[str] | None = None, color: bool | None = None) -> int:
+    """Scrape ``urls`` every ``interval_s`` and redraw the view; returns an exit code.
+
+    ``once``: scrape twice, ``interval_s`` apart, print one frame and return (1 if any server
+    could not be read). ``frames`` stops after that many frames. On a terminal the screen is
+    cleared between frames; otherwise frames are printed one after the other.
+    """
+    targets = [metrics_url(url) for url in urls]
+    if not targets:
+        raise ConfigurationError("give at least one metrics URL, e.g. http://127.0.0.1:8002/metrics")
+    out = out or sys.stdout
+    is_tty = hasattr(out, "isatty") and out.isatty()
+    color = is_tty if color is None else color
+    previous: dict[str, Snapshot] = {}
+    if once:
+        previous = {url: scrape(url) for url in targets}
+        time.sleep(interval_s)
+        frames = 1
+    shown = 0
+    try:
+        while True:
+            current = {url: scrape(url) for url in targets}
+            pairs = [(previous.get(url) if not previous.get(url, current[url]).error else None,
+                      current[url]) for url in targets]
+            frame = render_frame(pairs, color=color)
+            out.write(("\033[H\033[2J" if is_tty else "") + frame + "\n")
+            out.flush()
+            previous = current
+            shown += 1
+            if frames is not None and shown >= frames:
+                break
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return 0
+    return 1 if any(snapshot.error for snapshot in current.values()) else 0
+
+
+def sum_over_servers(snapshots: Sequence[Snapshot]) -> dict[str, float]:
+    """Counters summed over servers, by field name (what a load balancer's pool serves).
+
+    >>> sum_over_servers([Snapshot("a", 0.0, {("m", "1"): ModelCounters("m", "1", inferences=2)})])["inferences"]
+    2.0
+    """
+    totals: dict[str, float] = defaultdict(float)
+    for snapshot in snapshots:
+        for counters in snapshot.models.values():
+            for name in _COUNTERS.values():
+                totals[name] += getattr(counters, name)
+    return dict(totals)

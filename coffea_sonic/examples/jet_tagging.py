@@ -98,7 +98,12 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
     def process(self, events: ak.Array) -> dict[str, Any]:
         dataset = events.metadata.get("dataset", "unknown")
         tagged = self.sonic_map(self.tag_jets, events, label="tag_jets")
-        histogram = hist.dask.Hist if _is_dask(tagged) else hist.Hist
+        if _is_dask(tagged):
+            import hist.dask as dask_hist
+
+            histogram = dask_hist.Hist
+        else:
+            histogram = hist.Hist
         dataset_axis = hist.axis.StrCategory([], growth=True, name="dataset")
         flavour_axis = hist.axis.IntCategory(list(FLAVOURS), name="flavour", label="hadron flavour")
         b_score = histogram(dataset_axis, flavour_axis,

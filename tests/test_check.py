@@ -1,0 +1,245 @@
+"""``coffea-sonic check`` against real servers: the embedded Triton (plain and TLS) and a token gateway.
+
+Each case the issue names gets a clear verdict and advice: all good; server down; wrong port;
+model missing; TLS required but not configured; token rejected (and missing).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from coffea_sonic.cli import main as cli_main
+from coffea_sonic.facility.check import (CheckOptions, check_on_workers, check_server,
+                                         check_servers, configured_targets, parse_target,
+                                         render_reports)
+from coffea_sonic.facility.cluster import make_cluster
+from coffea_sonic.facility.gateway import TokenGateway
+from coffea_sonic.server import LocalTritonServer, free_port
+
+TOKEN_ENV = "COFFEA_SONIC_CHECK_TEST_TOKEN"
+TOKEN = "t0ken-value-that-must-never-be-printed"
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
+    """A private CA and a server certificate for 127.0.0.1 signed by it."""
+    directory = tmp_path_factory.mktemp("tls")
+    ca_key, ca, key, csr, cert = (directory / name for name in
+                                  ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out",
+             str(ca), "-days", "2", "-subj", "/CN=coffea-sonic test CA")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+             "-subj", "/CN=localhost")
+    extensions = directory / "san.cnf"
+    extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions))
+    return {"ca": str(ca), "cert": str(cert), "key": str(key)}
+
+
+@pytest.fixture(scope="module")
+def tls_server(certificates):
+    """A real Triton serving jet_tagger over gRPC with TLS only."""
+    with LocalTritonServer(models=["jet_tagger"], device="cpu", extra_args=[
+            "--grpc-use-ssl=true", f"--grpc-server-cert={certificates['cert']}",
+            f"--grpc-server-key={certificates['key']}",
+            f"--grpc-root-cert={certificates['ca']}"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def gateway(triton_server):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TOKEN_ENV, TOKEN)
+        with TokenGateway(triton_server.grpc_address, token_env=TOKEN_ENV) as running:
+            yield running
+
+
+def _statuses(report) -> dict[str, str]:
+    return {finding.aspect: finding.status for finding in report.findings}
+
+
+def test_all_good_reports_server_models_versions_and_latency(triton_server):
+    report = check_server(triton_server.url("jet_tagger"), pings=3)
+    assert report.ok, render_reports([report])
+    assert _statuses(report) == {aspect: "ok" for aspect in
+                                 ("reachable", "protocol", "tls", "auth", "server", "model", "latency")}
+    assert report.server_version.startswith("triton ")
+    served = {(model.name, model.version, model.state) for model in report.models}
+    assert {("jet_tagger", "1", "READY"), ("particlenet_lite", "1", "READY"),
+            ("emtrk_cnn", "1", "READY")} <= served
+    assert len(report.health_ms) == 3 and len(report.inference_ms) == 3
+    assert all(0 < ms < 5000 for ms in report.health_ms + report.inference_ms)
+    text = render_reports([report])
+    assert "features FP32[6] -> probs[3]" in text and "all good" in text
+
+
+def test_server_down_says_nothing_listens_and_how_to_fix():
+    port = free_port()
+    report = check_server(f"127.0.0.1:{port}")
+    assert not report.ok
+    finding = report.finding("reachable")
+    assert finding.status == "fail" and "connection refused" in finding.summary
+    assert "server is down" in finding.advice and "8001" in finding.advice
+    assert len(report.findings) == 1  # nothing after an unreachable server
+
+
+def test_unresolvable_host_is_reported_as_dns_problem():
+    finding = check_server("no-such-host.invalid:8001").finding("reachable")
+    assert finding.status == "fail" and "does not resolve" in finding.summary
+
+
+@pytest.mark.parametrize("port_kind, expected", [("http", "HTTP/REST port"),
+                                                 ("metrics", "Prometheus metrics port")])
+def test_wrong_port_names_which_triton_port_it_is(triton_server, port_kind, expected):
+    port = triton_server.ports[port_kind]
+    report = check_server(f"triton+grpc://127.0.0.1:{port}/jet_tagger")
+    finding = report.finding("protocol")
+    assert finding.status == "fail" and expected in finding.summary, render_reports([report])
+    assert "gRPC port" in finding.advice
+
+
+def test_non_triton_listener_is_not_grpc():
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def answer_garbage() -> None:
+        connection, _ = listener.accept()
+        connection.recv(64)
+        connection.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+        connection.close()
+
+    threading.Thread(target=answer_garbage, daemon=True).start()
+    report = check_server(f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=2)
+    listener.close()
+    finding = report.finding("protocol")
+    assert finding.status == "fail" and "does not speak gRPC" in finding.summary
+
+
+def test_model_missing_lists_what_the_server_has(triton_server):
+    report = check_server(triton_server.url("no_such_model"))
+    finding = report.finding("model")
+    assert finding.status == "fail"
+    assert "'no_such_model' is not in the server's repository" in finding.summary
+    assert "jet_tagger" in finding.summary and "model name" in finding.advice
+    assert report.finding("server").status == "ok"
+
+
+def test_missing_model_version_is_not_ready(triton_server):
+    finding = check_server(triton_server.url("jet_tagger", 7)).finding("model")
+    assert finding.status == "fail" and "version 7 is not ready" in finding.summary
+    assert "v1 READY" in finding.summary
+
+
+def test_tls_required_but_not_configured(tls_server):
+    report = check_server(f"triton+grpc://{tls_server.grpc_address}/jet_tagger")
+    assert report.finding("protocol").summary.startswith("TLS")
+    finding = report.finding("tls")
+    assert finding.status == "fail" and "requires TLS" in finding.summary
+    assert "triton+grpcs://" in finding.advice and "--ssl-ca" in finding.advice
+
+
+def test_tls_with_untrusted_certificate_asks_for_the_ca(tls_server):
+    finding = check_server(f"triton+grpcs://{tls_server.grpc_address}/jet_tagger").finding("tls")
+    assert finding.status == "fail" and "not trusted" in finding.summary
+    assert "--ssl-ca" in finding.advice
+
+
+def test_tls_with_the_right_ca_is_all_good(tls_server, certificates):
+    report = check_server(f"triton+grpcs://{tls_server.grpc_address}/jet_tagger",
+                          ca_file=certificates["ca"], pings=2)
+    assert report.ok, render_reports([report])
+    assert "verified" in report.finding("tls").summary
+    assert report.finding("model").status == "ok"
+
+
+def test_tls_requested_from_plaintext_server(triton_server):
+    finding = check_server(f"triton+grpcs://{triton_server.grpc_address}/jet_tagger").finding("tls")
+    assert finding.status == "fail" and "plaintext" in finding.summary
+
+
+def test_token_missing_is_reported_with_how_to_pass_one(gateway):
+    report = check_server(gateway.url("jet_tagger"))
+    finding = report.finding("auth")
+    assert finding.status == "fail" and "requires a token" in finding.summary
+    assert "--token-env" in finding.advice
+
+
+def test_token_rejected_is_reported_without_revealing_it(gateway, monkeypatch):
+    monkeypatch.setenv("WRONG_TOKEN", "not-the-right-one")
+    report = check_server(gateway.url("jet_tagger"), token_env="WRONG_TOKEN")
+    finding = report.finding("auth")
+    assert finding.status == "fail" and "$WRONG_TOKEN was rejected" in finding.summary
+    assert "UNAUTHENTICATED" in finding.summary and "fresh one" in finding.advice
+    assert "not-the-right-one" not in render_reports([report])
+
+
+def test_token_accepted_through_gateway(gateway):
+    rejected_before = gateway.rejected
+    report = check_server(gateway.url("jet_tagger"), token_env=TOKEN_ENV, pings=2)
+    assert report.ok, render_reports([report])
+    assert report.finding("auth").summary == f"token from ${TOKEN_ENV} accepted"
+    assert gateway.rejected == rejected_before
+    assert TOKEN not in render_reports([report])
+
+
+def test_cli_exit_codes_and_report_text(triton_server, gateway, capsys):
+    assert cli_main(["check", triton_server.url("jet_tagger"), "--pings", "1"]) == 0
+    good = capsys.readouterr().out
+    assert "all good" in good and "1 of 1 server(s) OK" in good
+    assert cli_main(["check", gateway.url("jet_tagger"), "--token-env", TOKEN_ENV]) == 0
+    assert TOKEN not in capsys.readouterr().out
+    down = f"127.0.0.1:{free_port()}"
+    assert cli_main(["check", triton_server.url("jet_tagger"), down]) == 1
+    mixed = capsys.readouterr().out
+    assert "1 of 2 server(s) OK" in mixed and "what to do:" in mixed
+    assert cli_main(["check", "http://127.0.0.1:8000"]) == 2
+    assert "talks gRPC" in capsys.readouterr().err
+
+
+def test_cli_entry_point_runs_as_a_program(triton_server):
+    result = subprocess.run([sys.executable, "-m", "coffea_sonic.cli", "check",
+                             triton_server.url("no_such_model")], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 1
+    assert "no_such_model" in result.stdout and "[FAIL] model" in result.stdout
+
+
+def test_without_urls_checks_the_configured_servers(triton_server, monkeypatch, tmp_path):
+    for name in ("COFFEA_SONIC_CONFIG", "COFFEA_SONIC_SERVERS"):
+        monkeypatch.delenv(name, raising=False)
+    facility_file = tmp_path / "endpoints.toml"
+    facility_file.write_text(f'[models]\nparticlenet_lite = ["{triton_server.url("particlenet_lite")}"]\n')
+    monkeypatch.setenv("COFFEA_SONIC_CONFIG", str(facility_file))
+    monkeypatch.setenv("COFFEA_SONIC_MODEL_JET_TAGGER", triton_server.url("jet_tagger"))
+    expected = [triton_server.url("jet_tagger"), triton_server.url("particlenet_lite")]
+    assert configured_targets() == expected
+    reports = check_servers(pings=1)
+    assert [report.target for report in reports] == expected
+    assert all(report.ok for report in reports)
+
+
+def test_check_runs_on_dask_workers_with_token_forwarded_by_name(gateway, monkeypatch):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    with make_cluster("local", workers=1, env=[TOKEN_ENV], include_settings=False) as cluster:
+        by_worker = check_on_workers(cluster.client, [gateway.url("jet_tagger")],
+                                     CheckOptions(token_env=TOKEN_ENV, pings=1))
+    (reports,) = by_worker.values()
+    assert reports[0].ok and reports[0].where, render_reports(reports)
+
+
+def test_parse_target_forms():
+    assert parse_target("triton+grpc://h:9001/m/3") == parse_target("grpc://h:9001/m/3")
+    assert parse_target("h").port == 8001
+    assert parse_target("[::1]:8001").host == "::1"

@@ -1,0 +1,186 @@
+"""The facility path on a real SLURM: Dask workers as SLURM jobs run the example analysis.
+
+A session fixture starts a single-node SLURM with the project's own ``scripts/slurm/start.sh``
+(as root; installs slurm-wlm and munge with apt if missing) and stops it afterwards only if it
+started it. The analysis is ``coffea_sonic.examples.jet_tagging.JetTaggingProcessor`` through
+``coffea.processor.Runner`` + ``DaskExecutor`` against the embedded Triton server; the SLURM
+workers reach it through a bearer-token gateway, the token forwarded by variable name only.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coffea_sonic.errors import ClusterStartError
+from coffea_sonic.facility.check import CheckOptions, check_on_workers
+from coffea_sonic.facility.cluster import make_cluster
+from coffea_sonic.facility.gateway import TokenGateway
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "coffea-sonic-slurm-tests"
+TOKEN_ENV = "COFFEA_SONIC_TEST_TOKEN"
+EVENTS_PER_DATASET = 3000
+CHUNKSIZE = 750
+
+
+def _slurm_up() -> bool:
+    if not shutil.which("scontrol"):
+        return False
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+    return "UP" in ping.stdout
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A working SLURM controller and node on this machine (started here if needed)."""
+    started = False
+    if not _slurm_up():
+        if os.geteuid() != 0:
+            pytest.skip("no SLURM running and not root: scripts/slurm/start.sh must run as root "
+                        "to install slurm-wlm/munge and start the daemons")
+        if not (shutil.which("slurmctld") or shutil.which("apt-get")):
+            pytest.skip("no SLURM installed and no apt-get to install slurm-wlm/munge")
+        env = {**os.environ, "SLURM_DIR": str(SLURM_DIR)}
+        result = subprocess.run([str(REPO / "scripts/slurm/start.sh")], capture_output=True,
+                                text=True, timeout=600, env=env)
+        assert result.returncode == 0, f"scripts/slurm/start.sh failed:\n{result.stdout}\n{result.stderr}"
+        started = True
+    yield
+    if started:
+        subprocess.run([str(REPO / "scripts/slurm/stop.sh")], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "SLURM_DIR": str(SLURM_DIR)})
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    from coffea_sonic.data.synthetic import write_sample
+
+    return write_sample(tmp_path_factory.mktemp("slurm-sample"), events=EVENTS_PER_DATASET,
+                        files=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def token(monkeypatch_module):
+    value = secrets.token_urlsafe(24)
+    monkeypatch_module.setenv(TOKEN_ENV, value)
+    return value
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(scope="module")
+def gateway(triton_server, token):
+    with TokenGateway(triton_server.grpc_address, token_env=TOKEN_ENV) as running:
+        yield running
+
+
+def _run_analysis(client, fileset, server_base: str, *, with_token: bool) -> dict:
+    from coffea import processor
+    from coffea.nanoevents import NanoAODSchema
+
+    from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
+    from coffea_sonic.transport.secrets import Secret
+
+    options = {"headers": {"authorization": Secret.bearer_from_env(TOKEN_ENV)}} if with_token else {}
+    analysis = JetTaggingProcessor(server_base, **options)
+    runner = processor.Runner(
+        executor=processor.DaskExecutor(client=client, status=False, retries=3),
+        schema=NanoAODSchema, chunksize=CHUNKSIZE, savemetrics=False)
+    return runner(fileset, processor_instance=analysis, treename="Events")
+
+
+def _comparable(output: dict) -> dict:
+    """Exact, order-independent content of an output: cutflow and histogram bin counts."""
+    return {"cutflow": output["cutflow"],
+            **{name: np.asarray(histogram.values(flow=True)).tolist()
+               for name, histogram in sorted(output["histograms"].items())
+               if name != "particlenet_b"},
+            "particlenet_b_entries": float(output["histograms"]["particlenet_b"].sum(flow=True))}
+
+
+@pytest.fixture(scope="module")
+def local_reference(triton_server, sample):
+    """The same analysis on a LocalCluster, straight to the server (no gateway, no token)."""
+    with make_cluster("local", workers=2, include_settings=False) as cluster:
+        return _run_analysis(cluster.client, sample, f"triton+grpc://{triton_server.grpc_address}",
+                             with_token=False)
+
+
+def test_slurm_workers_run_example_analysis_with_forwarded_token_like_local_cluster(
+        slurm, sample, gateway, token, local_reference, tmp_path):
+    logs = tmp_path / "jobs"
+    with make_cluster("slurm", workers=2, env=[TOKEN_ENV], log_directory=logs,
+                      timeout_s=120) as cluster:
+        script = cluster.job_script()
+        assert TOKEN_ENV in script and token not in script
+        assert len(cluster.worker_jobs()) == 2, "each worker must be its own SLURM job"
+        output = _run_analysis(cluster.client, sample, f"triton+grpc://{gateway.address}",
+                               with_token=True)
+        # the check, run from inside a SLURM job, sees the same healthy path
+        reports = check_on_workers(cluster.client, [gateway.url("jet_tagger")],
+                                   CheckOptions(token_env=TOKEN_ENV, pings=2))
+    assert _comparable(output) == _comparable(local_reference)
+    assert sum(entry["events"] for entry in output["cutflow"].values()) == 2 * EVENTS_PER_DATASET
+    assert gateway.accepted > 0
+    assert all(report.ok for per_worker in reports.values() for report in per_worker), reports
+    for log in logs.iterdir():
+        assert token not in log.read_text(errors="replace"), f"token leaked into {log}"
+
+
+def test_scancelled_worker_job_loses_nothing(slurm, sample, triton_server, local_reference):
+    from coffea_sonic.examples.jet_tagging import JetTaggingProcessor  # noqa: F401 (fail early)
+
+    with make_cluster("slurm", workers=2, include_settings=False, timeout_s=120) as cluster:
+        client = cluster.client
+        result: dict = {}
+
+        def run() -> None:
+            try:
+                result["output"] = _run_analysis(
+                    client, sample, f"triton+grpc://{triton_server.grpc_address}", with_token=False)
+            except BaseException as error:  # surfaced below
+                result["error"] = error
+
+        runner = threading.Thread(target=run)
+        runner.start()
+        # wait until a worker is busy with a chunk, then kill its batch job
+        victim = None
+        deadline = time.monotonic() + 60
+        while victim is None and time.monotonic() < deadline and runner.is_alive():
+            busy = [address for address, keys in client.processing().items()
+                    if any(str(key).startswith("JetTaggingProcessor") for key in keys)]
+            jobs = cluster.worker_jobs()
+            victim = next((jobs[address] for address in busy if address in jobs), None)
+            time.sleep(0.05)
+        assert victim is not None, "no worker was ever busy: the run finished too fast to test"
+        subprocess.run(["scancel", victim], check=True, timeout=30)
+        runner.join(timeout=300)
+        assert not runner.is_alive(), "the run did not finish after a worker job was cancelled"
+        assert "error" not in result, f"the run failed after scancel: {result.get('error')!r}"
+        queue = subprocess.run(["squeue", "-h", "-j", victim, "-o", "%T"], capture_output=True,
+                               text=True, timeout=30).stdout.strip()
+        assert queue in ("", "CANCELLED", "COMPLETING"), f"job {victim} still {queue}"
+    assert _comparable(result["output"]) == _comparable(local_reference)
+
+
+def test_unstartable_workers_raise_cluster_start_error_with_queue_state(slurm):
+    # a job that may not start for an hour: the wait must end with an explanation, not hang
+    with pytest.raises(ClusterStartError) as raised:
+        make_cluster("slurm", workers=1, include_settings=False, timeout_s=4,
+                     job_extra_directives=["--begin=now+3600"])
+    message = str(raised.value)
+    assert "only 0 of 1 Dask workers" in message
+    assert "squeue" in message and "PENDING" in message

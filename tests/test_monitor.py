@@ -1,0 +1,244 @@
+"""``coffea-sonic monitor`` against the embedded Triton: figures equal the server's own statistics,
+and a real Prometheus (Debian's package) scrapes the server with deploy/prometheus.yml."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from coffea_sonic.cli import main as cli_main
+from coffea_sonic.errors import ConfigurationError
+from coffea_sonic.facility.monitor import figures, metrics_url, monitor, render_frame, scrape
+from coffea_sonic.server import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "jet_tagger"
+
+
+def _client(server):
+    import tritonclient.grpc as triton_grpc
+
+    return triton_grpc.InferenceServerClient(server.grpc_address)
+
+
+def _infer(client, rows: int) -> None:
+    import tritonclient.grpc as triton_grpc
+
+    features = np.random.default_rng(rows).normal(size=(rows, 6)).astype(np.float32)
+    tensor = triton_grpc.InferInput("features", list(features.shape), "FP32")
+    tensor.set_data_from_numpy(features)
+    client.infer(MODEL, [tensor])
+
+
+def _statistics(client) -> dict[str, float]:
+    stats = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
+    inference = stats["inference_stats"]
+    return {"inferences": float(stats.get("inference_count", 0)),
+            "executions": float(stats.get("execution_count", 0)),
+            "requests": float(inference["success"].get("count", 0)),
+            "failures": float(inference["fail"].get("count", 0)),
+            "queue_us": float(inference["queue"].get("ns", 0)) / 1e3,
+            "compute_us": float(inference["compute_infer"].get("ns", 0)) / 1e3}
+
+
+def _consistent_pair(server, client):
+    """A scrape and the statistics taken when both have seen the same requests."""
+    for _ in range(50):
+        stats = _statistics(client)
+        snapshot = scrape(server.metrics_url)
+        if snapshot.models[(MODEL, "1")].successes == stats["requests"] == _statistics(client)["requests"]:
+            return snapshot, stats
+        time.sleep(0.1)
+    raise AssertionError("metrics and statistics never agreed on the request count")
+
+
+def _assert_figures_match(figure, before: dict, after: dict) -> None:
+    delta = {key: after[key] - before[key] for key in after}
+    assert figure.inferences == delta["inferences"]
+    assert figure.executions == delta["executions"]
+    assert figure.requests == delta["requests"]
+    assert figure.failures == delta["failures"] == 0
+    assert figure.average_batch == pytest.approx(delta["inferences"] / delta["executions"])
+    # metrics are whole microseconds per request, statistics nanoseconds: allow 1 us per request
+    assert figure.queue_us_per_request == pytest.approx(delta["queue_us"] / delta["requests"], abs=1.0)
+    assert figure.compute_us_per_request == pytest.approx(delta["compute_us"] / delta["requests"],
+                                                          abs=1.0)
+    assert figure.queue_us_per_execution == pytest.approx(
+        delta["queue_us"] / delta["executions"], abs=1.0 * delta["requests"] / delta["executions"])
+
+
+def test_frame_figures_match_server_statistics(triton_server):
+    client = _client(triton_server)
+    before_snapshot, before = _consistent_pair(triton_server, client)
+    for rows in (1, 7, 64, 300, 1024, 5):
+        _infer(client, rows)
+    after_snapshot, after = _consistent_pair(triton_server, client)
+
+    (figure,) = [f for f in figures(before_snapshot, after_snapshot) if f.model == MODEL]
+    assert figure.inferences == 1 + 7 + 64 + 300 + 1024 + 5
+    _assert_figures_match(figure, before, after)
+    window = after_snapshot.taken_at - before_snapshot.taken_at
+    assert figure.inferences_per_s == pytest.approx(figure.inferences / window)
+
+    frame = render_frame([(before_snapshot, after_snapshot)])
+    row = next(line for line in frame.splitlines() if line.strip().startswith(MODEL))
+    assert f"{figure.average_batch:.1f}" in row.split()
+    assert f"{figure.queue_us_per_request:.1f}" in row.split()
+    assert "QUEUE us/EXEC" in frame and triton_server.metrics_url in frame
+
+    # the first frame (no previous scrape) shows figures since the server started
+    (cumulative,) = [f for f in figures(None, after_snapshot) if f.model == MODEL]
+    zero = {key: 0.0 for key in after}
+    _assert_figures_match(cumulative, zero, after)
+    client.close()
+
+
+def test_monitor_once_shows_live_numbers_while_requests_flow(triton_server):
+    client = _client(triton_server)
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            _infer(client, 256)
+
+    sender = threading.Thread(target=traffic)
+    sender.start()
+    out = io.StringIO()
+    try:
+        code = monitor([triton_server.metrics_url], interval_s=0.5, once=True, out=out)
+    finally:
+        stop.set()
+        sender.join()
+        client.close()
+    assert code == 0
+    row = next(line for line in out.getvalue().splitlines() if line.strip().startswith(MODEL))
+    inferences_per_s = row.split()[2]
+    assert inferences_per_s not in ("0.0", "-"), out.getvalue()
+    assert "(last 0.5 s)" in out.getvalue() or "(last 0." in out.getvalue()
+
+
+def test_unreachable_endpoint_is_reported_and_exit_code_is_one():
+    out = io.StringIO()
+    url = f"http://127.0.0.1:{free_port()}/metrics"
+    assert monitor([url], interval_s=0.01, once=True, out=out) == 1
+    assert "cannot read" in out.getvalue() and "--metrics-port" in out.getvalue()
+
+
+def test_grpc_address_is_refused_with_the_metrics_port_hint():
+    with pytest.raises(ConfigurationError, match="metrics endpoint"):
+        metrics_url("triton+grpc://127.0.0.1:8001/jet_tagger")
+
+
+def test_cli_monitor_frames(triton_server, capsys):
+    host_port = triton_server.metrics_url.split("//")[1].split("/")[0]
+    assert cli_main(["monitor", host_port, "--frames", "2", "--interval", "0.2", "--no-color"]) == 0
+    output = capsys.readouterr().out
+    assert output.count("coffea-sonic monitor") == 2
+    assert "since server start" in output and "(last 0.2 s)" in output
+
+
+# -- real Prometheus ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def prometheus_binary():
+    binary = shutil.which("prometheus")
+    if binary:
+        return binary
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("Debian's prometheus package is not installed and this machine cannot install "
+                    "it (needs root and apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    installed = subprocess.run(
+        ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-qq",
+         "--no-install-recommends", "prometheus"], capture_output=True, text=True, env=env,
+        timeout=600)
+    if installed.returncode != 0:
+        update = subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=300", "update", "-qq"],
+                                capture_output=True, text=True, env=env, timeout=600)
+        installed = subprocess.run(
+            ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-qq",
+             "--no-install-recommends", "prometheus"], capture_output=True, text=True, env=env,
+            timeout=600)
+        assert installed.returncode == 0, f"apt-get install prometheus failed:\n{update.stderr}\n{installed.stderr}"
+    return shutil.which("prometheus")
+
+
+def _query(base: str, expression: str) -> list[dict]:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expression})
+    with urllib.request.urlopen(url, timeout=10) as response:
+        answer = json.load(response)
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+@pytest.fixture
+def prometheus(prometheus_binary, triton_server, tmp_path):
+    """Real Prometheus on loopback, scraping the embedded server every 0.5 s with our config."""
+    config = yaml.safe_load((REPO / "deploy/prometheus.yml").read_text())
+    config["global"]["scrape_interval"] = "500ms"
+    job = config["scrape_configs"][0]
+    metrics_host = urllib.parse.urlsplit(triton_server.metrics_url).netloc
+    job["static_configs"][0]["targets"] = [metrics_host]
+    config_path = tmp_path / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    process = subprocess.Popen(
+        [prometheus_binary, f"--config.file={config_path}",
+         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("prometheus did not become ready:\n"
+                                 + (tmp_path / "prometheus.log").read_text()[-2000:])
+        # target discovery is throttled (about 5 s) before the first scrape
+        for _ in range(300):
+            if [r for r in _query(base, 'up{job="triton"}') if r["value"][1] == "1"]:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("prometheus never scraped the server:\n"
+                                 + (tmp_path / "prometheus.log").read_text()[-2000:])
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_real_prometheus_scrapes_server_and_computes_the_queue_metric(prometheus, triton_server):
+    client = _client(triton_server)
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        _infer(client, 512)
+    # two more scrapes after the traffic: Prometheus's latest sample equals a direct scrape
+    time.sleep(1.5)
+    direct = scrape(triton_server.metrics_url).models[(MODEL, "1")]
+    stored = _query(prometheus, f'nv_inference_queue_duration_us{{model="{MODEL}"}}')
+    assert stored and float(stored[0]["value"][1]) == direct.queue_us
+    assert stored[0]["metric"]["release"] == "coffea-sonic"
+    load = _query(prometheus,
+                  'sum by (release) (increase(nv_inference_queue_duration_us[30s])) / '
+                  'sum by (release) (increase(nv_inference_exec_count[30s]) * 1000 + 0.001)')
+    assert load, "the SuperSONIC load query returned nothing"
+    value = float(load[0]["value"][1])
+    assert math.isfinite(value) and value > 0
+    client.close()

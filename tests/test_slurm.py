@@ -173,6 +173,7 @@ def test_scancelled_worker_job_loses_nothing(slurm, sample, triton_server, local
         queue = subprocess.run(["squeue", "-h", "-j", victim, "-o", "%T"], capture_output=True,
                                text=True, timeout=30).stdout.strip()
         assert queue in ("", "CANCELLED", "COMPLETING"), f"job {victim} still {queue}"
+        assert victim not in cluster.worker_jobs().values(), "the cancelled worker is still there"
     assert _comparable(result["output"]) == _comparable(local_reference)
 
 

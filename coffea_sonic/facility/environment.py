@@ -41,16 +41,24 @@ __all__ = ["EnvironmentPlugin", "WorkerEnvironment", "is_secret_name", "worker_e
 #: A variable whose name contains one of these words is treated as a secret: forwarded by name only.
 SECRET_NAME_WORDS: tuple[str, ...] = (
     "TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "COOKIE", "JWT")
+_REFERENCE_SUFFIXES = ("_ENV", "_FILE", "_PATH")
 _VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def is_secret_name(name: str) -> bool:
     """Whether a variable called ``name`` is treated as holding a secret.
 
+    Names that end in ``_ENV``, ``_FILE`` or ``_PATH`` hold a variable name or a path, not the
+    secret itself, and are plain settings.
+
     >>> is_secret_name("SONIC_TOKEN"), is_secret_name("COFFEA_SONIC_SERVERS")
     (True, False)
+    >>> is_secret_name("COFFEA_SONIC_TOKEN_ENV"), is_secret_name("COFFEA_SONIC_TOKEN_FILE")
+    (False, False)
     """
     upper = name.upper()
+    if upper.endswith(_REFERENCE_SUFFIXES):
+        return False
     return any(word in upper for word in SECRET_NAME_WORDS)
 
 

@@ -44,6 +44,10 @@ _EXPORTS: dict[str, str] = {
     "draw_labelled_jets": "coffea_sonic.data",
     "fetch_coffea_test_samples": "coffea_sonic.data",
     "train_jet_tagger": "coffea_sonic.zoo.train",
+    "ClusterStartError": "coffea_sonic.errors",
+    "make_cluster": "coffea_sonic.facility.cluster",
+    "check_servers": "coffea_sonic.facility.check",
+    "TokenGateway": "coffea_sonic.facility.gateway",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

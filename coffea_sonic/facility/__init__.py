@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 _EXPORTS: dict[str, str] = {
-    "FacilityCluster": "cluster", "make_cluster": "cluster",
+    "FacilityCluster": "cluster", "make_cluster": "cluster", "deliver_settings": "cluster",
     "WorkerEnvironment": "environment", "worker_environment": "environment",
     "CheckOptions": "check", "ServerReport": "check", "check_server": "check",
     "check_servers": "check", "check_on_workers": "check", "parse_target": "check",

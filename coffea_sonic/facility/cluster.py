@@ -33,7 +33,8 @@ from .environment import WorkerEnvironment, worker_environment
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BATCH_KINDS", "FacilityCluster", "make_cluster", "slurm_is_single_node_here"]
+__all__ = ["BATCH_KINDS", "FacilityCluster", "deliver_settings", "make_cluster",
+           "slurm_is_single_node_here"]
 
 #: Kinds :func:`make_cluster` builds itself; anything else with a ``:`` is a scheduler address.
 BATCH_KINDS: tuple[str, ...] = ("local", "slurm", "htcondor")
@@ -182,6 +183,25 @@ class FacilityCluster:
                 self.cluster.close()
 
 
+def deliver_settings(client: Any, env: Mapping[str, str] | Iterable[str] | None = None, *,
+                     include_settings: bool = True) -> WorkerEnvironment:
+    """Give every worker of ``client`` (now and later) this process's plain coffea-sonic settings.
+
+    For clusters made elsewhere (lpcjobqueue's ``LPCCondorCluster``, coffea-casa, a Dask
+    gateway): a worker plugin sets the variables on each worker. Secret values are never sent
+    over Dask; names in ``env`` are only checked on the workers (a warning names missing ones).
+    Returns the environment that was sent.
+
+    >>> from distributed import Client
+    >>> with Client(processes=False, n_workers=1, dashboard_address=":0") as client:
+    ...     sorted(deliver_settings(client, {"COFFEA_SONIC_SERVERS": "gpu1:8001"}).values)
+    ['COFFEA_SONIC_SERVERS']
+    """
+    environment = worker_environment(env, include_settings=include_settings)
+    client.register_plugin(environment.plugin())
+    return environment
+
+
 def _jobqueue_cluster_class(kind: str) -> type:
     try:
         import dask_jobqueue
@@ -302,7 +322,7 @@ def make_cluster(
                 f"casa shows it in its Dask panel; a gateway gives it with cluster.scheduler_address)"
             ) from None
         # Settings reach running workers by plugin; secrets are never sent over Dask.
-        client.register_plugin(environment.plugin())
+        deliver_settings(client, env, include_settings=include_settings)
     else:
         raise ConfigurationError(
             f"cluster kind {kind!r} is not one of {', '.join(BATCH_KINDS)} nor a scheduler address "

@@ -147,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
         verdict = {True: "met", False: "MISSED", None: "info"}[target["met"]]
         print(f"  {target['model']:>16}  {target['name']}: {measured} ({verdict})")
     equality = results["equality"]
-    print(f"  outputs equal across modes (max |diff| {equality['worst']:.1e} "
-          f"<= {equality['tolerance']:g}): {'yes' if equality['all_equal'] else 'NO'}")
+    print(f"  outputs equal across modes (worst max |diff| {equality['worst']:.1e}; tolerance "
+          f"{equality['tolerance']:g}, {equality['gpu_tolerance']:g} on GPU): "
+          f"{'yes' if equality['all_equal'] else 'NO'}")
     for skipped in results["skipped"]:
         print(f"  skipped: {skipped}")
     for name, path in written.items():

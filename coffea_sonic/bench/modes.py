@@ -44,6 +44,8 @@ class RunnerSpec:
 
     mode: str
     model: str
+    #: rows per request; 0 = the tool's own default (whole chunk in one call for the engines and
+    #: TritonModel, which splits by max_batch_size; the server's preferred size for the wrapper)
     batch_size: int
     in_flight: int = 1
     #: ``host:port`` of the Triton gRPC endpoint (served modes only)
@@ -79,6 +81,8 @@ def output_row_bytes(model: str) -> int:
 
 
 def _slices(rows: int, batch_size: int) -> list[slice]:
+    if batch_size <= 0:
+        return [slice(0, rows)]
     return [slice(start, min(start + batch_size, rows)) for start in range(0, rows, batch_size)]
 
 
@@ -220,7 +224,7 @@ class CoffeaWrapperRunner(ChunkRunner):
         # The wrapper defaults to TLS for gRPC; the benchmark server speaks plain gRPC.
         self.wrapper = wrapper_class(
             f"triton+grpc://{spec.server_address}/{spec.model}/{spec.model_version}",
-            client_args={"ssl": False}, batch_size=spec.batch_size)
+            client_args={"ssl": False}, batch_size=spec.batch_size if spec.batch_size > 0 else -1)
         self.latencies_s = self.wrapper.latencies_s
         self.output_names = list(zoo.spec(spec.model).output_names)
 
@@ -228,9 +232,11 @@ class CoffeaWrapperRunner(ChunkRunner):
         return self.wrapper.numpy_call(self.output_names, dict(inputs))
 
     def payload_bytes(self, rows: int) -> int:
-        # The wrapper pads every request to batch_size rows.
-        requests = -(-rows // self.spec.batch_size)
-        return requests * self.spec.batch_size * row_bytes(self.spec.model)
+        # The wrapper pads every request to batch_size rows (resolved from the server's config
+        # on first use when left at its default).
+        batch_size = self.wrapper.batch_size
+        requests = -(-rows // batch_size)
+        return requests * batch_size * row_bytes(self.spec.model)
 
     def close(self) -> None:
         client = getattr(self.wrapper, "_client", None)

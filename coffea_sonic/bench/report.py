@@ -77,6 +77,14 @@ def _sweep(results: dict, sweep: str) -> list[dict]:
     return _sorted([r for r in results["measurements"] if sweep in r.get("sweeps", ())])
 
 
+def batch_cell(record: dict) -> str:
+    """``4096``, or ``default (65536)`` for a mode's own batching (batch_size 0)."""
+    if record["batch_size"] == 0:
+        effective = record.get("effective_batch")
+        return f"default ({effective:.0f})" if effective else "default"
+    return str(record["batch_size"])
+
+
 def _server_cell(record: dict) -> str:
     server = record.get("server")
     if not server:
@@ -116,7 +124,7 @@ def markdown_report(results: dict) -> str:
         rate = r["rows_per_s"]
         diff = r.get("max_abs_diff")
         lines.append(
-            f"| {r['model']} | {r['mode']} | {r['batch_size']} | {r['in_flight']} | "
+            f"| {r['model']} | {r['mode']} | {batch_cell(r)} | {r['in_flight']} | "
             f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–{format_rate(rate['max'])} | "
             f"{format_rate(r['events_per_s']['median'])} | "
             f"{_ms(r['latency'].get('p50_ms'))} / {_ms(r['latency'].get('p99_ms'))} | "
@@ -130,7 +138,7 @@ def markdown_report(results: dict) -> str:
         for r in in_flight:
             rate = r["rows_per_s"]
             lines.append(
-                f"| {r['model']} | {r['batch_size']} | {r['in_flight']} | "
+                f"| {r['model']} | {batch_cell(r)} | {r['in_flight']} | "
                 f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–"
                 f"{format_rate(rate['max'])} | {_ms(r['latency'].get('p50_ms'))} / "
                 f"{_ms(r['latency'].get('p99_ms'))} | {_server_cell(r)} |")
@@ -147,7 +155,7 @@ def markdown_report(results: dict) -> str:
             gpu_cell = ("–" if gpu.get("mean_percent") is None
                         else f"{gpu['mean_percent']:.0f} / {gpu['max_percent']:.0f}")
             lines.append(
-                f"| {r['model']} | {r['mode']} | {r['batch_size']} | {r['clients']} | "
+                f"| {r['model']} | {r['mode']} | {batch_cell(r)} | {r['clients']} | "
                 f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–"
                 f"{format_rate(rate['max'])} | {format_rate(r['events_per_s']['median'])} | "
                 f"{'–' if busy is None else f'{100 * busy:.0f} %'} | {gpu_cell} | "
@@ -191,7 +199,8 @@ def markdown_report(results: dict) -> str:
     equality = results.get("equality") or {}
     if equality.get("max_abs_diff"):
         lines += ["", "## Outputs equal across modes", "",
-                  f"Reference: {equality['reference']}; tolerance {equality['tolerance']:g}; "
+                  f"Reference: {equality['reference']}; tolerance {equality['tolerance']:g} "
+                  f"({equality.get('gpu_tolerance', 1e-4):g} where the model ran on a GPU); "
                   f"all equal: **{'yes' if equality['all_equal'] else 'NO'}**.", "",
                   "| model | " + " | ".join(MODES) + " |", "|---|" + "---:|" * len(MODES)]
         for name, per_mode in equality["max_abs_diff"].items():
@@ -225,7 +234,14 @@ def _plot_batch(results: dict, path: Path) -> bool:
     figure, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
     for axis, model in zip(axes[0], models):
         for mode in MODES:
-            points = [r for r in records if r["model"] == model and r["mode"] == mode]
+            points = [r for r in records if r["model"] == model and r["mode"] == mode
+                      and r["batch_size"] > 0]
+            defaults = [r for r in records if r["model"] == model and r["mode"] == mode
+                        and r["batch_size"] == 0 and r.get("effective_batch")]
+            for record in defaults:
+                axis.plot([record["effective_batch"]], [record["rows_per_s"]["median"]],
+                          marker="*", markersize=14, linestyle="none",
+                          color=MODE_COLOURS.get(mode))
             if not points:
                 continue
             x = [r["batch_size"] for r in points]
@@ -235,7 +251,8 @@ def _plot_batch(results: dict, path: Path) -> bool:
             axis.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=mode,
                           color=MODE_COLOURS.get(mode))
         axis.set(xscale="log", yscale="log", xlabel="batch size (rows per request)",
-                 ylabel="rows / s (median, min–max)", title=f"{model}: one client process")
+                 ylabel="rows / s (median, min–max)",
+                 title=f"{model}: one client process (★ = tool's default batching)")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()
     figure.suptitle(f"{machine_label(results['machine'])}, {results['machine']['date'][:10]}")

@@ -23,7 +23,7 @@ import numpy as np
 from .. import zoo
 from ..errors import ConfigurationError, ModelNotFoundError, ServerUnavailableError
 from .client import ClientJob, job_fields, max_abs_difference, run_clients
-from .config import OUTPUT_TOLERANCE, SERVED_MODES, BenchConfig
+from .config import GPU_OUTPUT_TOLERANCE, OUTPUT_TOLERANCE, SERVED_MODES, BenchConfig
 from .machine import machine_info
 from .modes import output_row_bytes, row_bytes
 from .probes import GpuUtilisation, server_statistics, server_statistics_summary
@@ -123,7 +123,7 @@ class BenchSuite:
 
     def connect(self, stack: contextlib.ExitStack, modes: list[str]) -> list[str]:
         """Start or reach the server when a served mode is asked for; drop modes that can't run."""
-        if not any(mode in SERVED_MODES for mode in modes):
+        if not any(mode in SERVED_MODES for mode in modes) and not self.config.e2e_events:
             return modes
         import tritonclient.grpc as grpcclient
 
@@ -134,14 +134,21 @@ class BenchSuite:
         else:
             from ..server import LocalTritonServer
 
+            served_models = list(config.models)
+            if config.e2e_events > 0:
+                from .e2e import E2E_MODELS
+
+                served_models += [name for name in E2E_MODELS if name not in served_models]
             self.progress(f"starting the embedded Triton server ({config.device}) for "
-                          f"{', '.join(config.models)}")
+                          f"{', '.join(served_models)}")
             started = time.perf_counter()
             server = stack.enter_context(LocalTritonServer(
-                models=list(config.models), device=config.device,
+                models=served_models, device=config.device,
                 instances=config.server_instances, startup_timeout_s=300))
             self.server_address = server.grpc_address
-            self.server_info = {"address": self.server_address, "embedded": True,
+            instance_lines = [line.strip() for line in server.log_tail(400).splitlines()
+                              if "ModelInstanceInitialize" in line or "GPU device" in line]
+            self.server_info = {"instance_log": instance_lines[:20],"address": self.server_address, "embedded": True,
                                 "device": server.device, "instances": config.server_instances,
                                 "startup_s": time.perf_counter() - started,
                                 "log": str(server.log_path)}
@@ -247,6 +254,9 @@ class BenchSuite:
                 counters[name] = counters.get(name, 0) + value
         chunks = job.repetitions * clients
         wire_sent = counters.get("bytes_sent")
+        # requests actually sent per chunk: TritonModel counts its own split; else one per call
+        requests_per_chunk = (counters["requests"] / chunks if counters.get("requests")
+                              else per_client[0]["requests_per_chunk"])
         record = {
             **job_fields(job),
             "clients": clients,
@@ -256,7 +266,8 @@ class BenchSuite:
             "window_rows_per_s": rows * chunks / window_s if window_s > 0 else None,
             "chunk_seconds": [r["chunk_seconds"] for r in per_client],
             "latency": _latency_summary(latencies),
-            "requests_per_chunk": per_client[0]["requests_per_chunk"],
+            "requests_per_chunk": requests_per_chunk,
+            "effective_batch": rows / requests_per_chunk if requests_per_chunk else None,
             "tensor_bytes_per_chunk": tensor_bytes,
             "output_bytes_per_chunk": rows * output_row_bytes(job.model),
             "payload_bytes_per_chunk": per_client[0]["payload_bytes_per_chunk"],
@@ -291,7 +302,7 @@ class BenchSuite:
         for model in config.models:
             reference_batch = config.reference_batch(model)
             for mode in modes:
-                for batch_size in config.batch_sizes_for(model):
+                for batch_size in config.batch_sweep_for(model):
                     self.measure(model, mode, batch_size, config.default_in_flight, 1, "batch")
             if "remote" in modes:
                 for in_flight in config.in_flight:
@@ -337,22 +348,43 @@ def select(measurements: list[dict], **where) -> list[dict]:
             and (sweep is None or sweep in record.get("sweeps", ()))]
 
 
+def _batch_label(record: dict) -> str:
+    if record["batch_size"] == 0:
+        effective = record.get("effective_batch")
+        return f"default batch ({effective:.0f} rows)" if effective else "default batch"
+    return f"batch {record['batch_size']}"
+
+
 def _best(records: list[dict]) -> dict | None:
     return max(records, key=_median, default=None)
 
 
-def equality_summary(measurements: list[dict]) -> dict:
-    """Per model and mode, the worst max |Δ| against in-process onnxruntime; all within 1e-5?"""
+def equality_summary(measurements: list[dict], server_device: str | None = None) -> dict:
+    """Per model and mode, the worst max |Δ| against in-process onnxruntime; all within tolerance?
+
+    Outputs computed on a GPU (local-gpu, or served by a GPU server) get ``GPU_OUTPUT_TOLERANCE``.
+
+    >>> equality_summary([{"model": "m", "mode": "remote", "max_abs_diff": 3e-5}], "gpu")["all_equal"]
+    True
+    >>> equality_summary([{"model": "m", "mode": "remote", "max_abs_diff": 3e-5}], "cpu")["all_equal"]
+    False
+    """
     per_model: dict[str, dict[str, float]] = {}
     for record in measurements:
         if record.get("max_abs_diff") is None:
             continue
         modes = per_model.setdefault(record["model"], {})
         modes[record["mode"]] = max(modes.get(record["mode"], 0.0), record["max_abs_diff"])
+    tolerances = {mode: (GPU_OUTPUT_TOLERANCE if mode == "local-gpu"
+                         or (mode in SERVED_MODES and server_device == "gpu") else OUTPUT_TOLERANCE)
+                  for modes in per_model.values() for mode in modes}
     worst = max((value for modes in per_model.values() for value in modes.values()), default=0.0)
+    all_equal = bool(per_model) and all(value <= tolerances[mode] for modes in per_model.values()
+                                        for mode, value in modes.items())
     return {"reference": "in-process onnxruntime (CpuEngine) on the same inputs",
-            "tolerance": OUTPUT_TOLERANCE, "max_abs_diff": per_model, "worst": worst,
-            "all_equal": bool(per_model) and worst <= OUTPUT_TOLERANCE}
+            "tolerance": OUTPUT_TOLERANCE, "gpu_tolerance": GPU_OUTPUT_TOLERANCE,
+            "tolerance_per_mode": tolerances, "max_abs_diff": per_model, "worst": worst,
+            "all_equal": all_equal}
 
 
 #: Served aggregate / in-process on the same GPU (issue 6): model -> minimum ratio.
@@ -383,18 +415,30 @@ def compute_targets(measurements: list[dict]) -> list[dict]:
     for model in models:
         ours = select(measurements, model=model, mode="remote", clients=1)
         wrapper = select(measurements, model=model, mode="coffea-wrapper", clients=1)
+        ours_default = [r for r in ours if r["batch_size"] == 0]
+        wrapper_default = [r for r in wrapper if r["batch_size"] == 0]
+        if ours_default and wrapper_default:
+            mine, theirs = ours_default[0], wrapper_default[0]
+            targets.append(_target(
+                "TritonModel / coffea triton_wrapper throughput, both at their defaults", model,
+                WRAPPER_RATIO_TARGET, _median(mine) / _median(theirs),
+                f"what a user gets switching tools: TritonModel splits by max_batch_size with "
+                f"{mine['in_flight']} in flight ({mine['effective_batch']:.0f} rows/request); the "
+                f"wrapper sends the server's preferred batch ({theirs['effective_batch']:.0f} "
+                "rows/request) one at a time"))
         if ours and wrapper:
             best_ours, best_wrapper = _best(ours), _best(wrapper)
             per_batch = {}
             for record in wrapper:
                 same = [r for r in ours if r["batch_size"] == record["batch_size"]]
-                if same:
+                if same and record["batch_size"] > 0:
                     per_batch[str(record["batch_size"])] = _median(_best(same)) / _median(record)
             targets.append(_target(
-                "TritonModel / coffea triton_wrapper throughput", model, WRAPPER_RATIO_TARGET,
-                _median(best_ours) / _median(best_wrapper),
-                f"best of each over the batch sweep: remote batch {best_ours['batch_size']} "
-                f"in-flight {best_ours['in_flight']} vs wrapper batch {best_wrapper['batch_size']}",
+                "TritonModel / coffea triton_wrapper throughput, each at its best batch", model,
+                WRAPPER_RATIO_TARGET, _median(best_ours) / _median(best_wrapper),
+                f"remote {_batch_label(best_ours)} in-flight {best_ours['in_flight']} vs wrapper "
+                f"{_batch_label(best_wrapper)}; same-batch ratios: "
+                + ", ".join(f"{batch}: {ratio:.2f}" for batch, ratio in per_batch.items()),
                 ratio_per_batch=per_batch,
                 min_ratio_same_batch=min(per_batch.values()) if per_batch else None))
         served = [r for r in select(measurements, model=model, mode="remote")
@@ -407,8 +451,8 @@ def compute_targets(measurements: list[dict]) -> list[dict]:
             targets.append(_target(
                 "served aggregate / in-process GPU (same GPU)", model,
                 SERVED_VS_LOCAL_GPU_TARGETS.get(model), _median(best_served) / _median(best_local),
-                f"remote {best_served['clients']} clients batch {best_served['batch_size']} vs "
-                f"local-gpu batch {best_local['batch_size']}"))
+                f"remote {best_served['clients']} clients {_batch_label(best_served)} vs "
+                f"local-gpu {_batch_label(best_local)}"))
             gpu = best_served.get("gpu") or {}
             if gpu.get("mean_percent") is not None:
                 targets.append(_target(
@@ -420,8 +464,8 @@ def compute_targets(measurements: list[dict]) -> list[dict]:
             targets.append(_target(
                 "served aggregate / in-process CPU (no GPU here)", model, None,
                 _median(best_served) / _median(best_cpu),
-                f"remote {best_served['clients']} clients batch {best_served['batch_size']} vs "
-                f"cpu batch {best_cpu['batch_size']}; informational: server and clients share "
+                f"remote {best_served['clients']} clients {_batch_label(best_served)} vs "
+                f"cpu {_batch_label(best_cpu)}; informational: server and clients share "
                 "this machine's cores"))
         overheads = [r for r in measurements if r["model"] == model and r["mode"] in SERVED_MODES]
         if overheads:
@@ -429,7 +473,7 @@ def compute_targets(measurements: list[dict]) -> list[dict]:
             targets.append(_target(
                 "client peak RSS growth per chunk / tensor bytes sent", model, 2.0,
                 worst["client_rss"]["ratio_to_tensor_bytes"],
-                f"worst served configuration: {worst['mode']} batch {worst['batch_size']} "
+                f"worst served configuration: {worst['mode']} {_batch_label(worst)} "
                 f"clients {worst['clients']}", lower_is_better=True))
     return targets
 
@@ -515,7 +559,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None) -> dict:
         "modes_run": modes,
         "skipped": suite.skipped,
         "measurements": suite.measurements,
-        "equality": equality_summary(suite.measurements),
+        "equality": equality_summary(suite.measurements, suite.server_info.get("device")),
         "targets": compute_targets(suite.measurements),
         "scaling": scaling,
         "e2e": e2e,

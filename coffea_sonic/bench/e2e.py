@@ -1,0 +1,278 @@
+"""End to end: the demo analysis with inference in-process on CPU vs on the server, 1..W workers.
+
+The analysis is :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` on the synthetic
+NanoAOD sample, run by ``processor.Runner`` with a local Dask cluster of W single-core workers.
+For the in-process variant, :class:`InProcessJetTagging` swaps each served model for
+:class:`~coffea_sonic.engines.CpuEngine` (one onnxruntime thread per worker), so the analysis code,
+data and chunking are identical; the time spent in the engine gives the inference share ``p``.
+
+From the runs: ``p`` and ``t_CPU`` (per event, one worker, all on CPU), the server's busy time per
+event (``t_GPU``), and the served time per event with one worker give the SONIC scaling model of
+the analysis, which predicts the served throughput for any number of workers.
+
+>>> model = _EngineModel("jet_tagger")
+>>> from coffea_sonic import zoo
+>>> model.infer_async(zoo.example_inputs("jet_tagger", 3)).result()["probs"].shape
+(3, 3)
+>>> model.stats.rows
+3
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+import warnings
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .. import zoo
+from ..examples.jet_tagging import JetTaggingProcessor
+from ..stats import InferenceStats
+from .config import BenchConfig
+from .scaling import ScalingModel
+
+logger = logging.getLogger(__name__)
+
+#: Models the demo analysis calls (on the synthetic sample, which has PF candidates).
+E2E_MODELS: tuple[str, ...] = ("jet_tagger", "particlenet_lite")
+_ENGINES: dict[str, Any] = {}
+
+
+def _engine(name: str):
+    # One engine per model and worker process: the processor is unpickled for every chunk.
+    if name not in _ENGINES:
+        from ..engines import CpuEngine
+
+        _ENGINES[name] = CpuEngine(name, threads=1)
+    return _ENGINES[name]
+
+
+class _Done:
+    def __init__(self, outputs: dict[str, np.ndarray]) -> None:
+        self.outputs = outputs
+
+    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+        return self.outputs
+
+    def done(self) -> bool:
+        return True
+
+
+class _ModelInfo:
+    def __init__(self, name: str) -> None:
+        self.outputs = zoo.spec(name).outputs
+        self.output_names = zoo.spec(name).output_names
+
+
+class _EngineModel:
+    """In-process stand-in for a TritonModel: same call surface, engine seconds in ``latency_s``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.info = _ModelInfo(name)
+        self.stats = InferenceStats()
+
+    def infer_async(self, inputs: Mapping[str, np.ndarray]) -> _Done:
+        started = time.perf_counter()
+        outputs = _engine(self.name)(inputs)
+        elapsed = time.perf_counter() - started
+        rows = len(next(iter(inputs.values())))
+        self.stats += InferenceStats(calls=1, requests=1, rows=rows, latency_s=elapsed,
+                                     wait_s=elapsed)
+        return _Done(outputs)
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.infer_async(inputs).result()
+
+
+class InProcessJetTagging(JetTaggingProcessor):
+    """The demo analysis with every model run in-process by onnxruntime (the all-CPU baseline).
+
+    >>> sorted(InProcessJetTagging().sonic_models)
+    ['jet_tagger', 'particlenet_lite']
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__("triton+grpc://in-process:1", **options)
+
+    def sonic_model(self, name: str):
+        clients = self.__dict__.setdefault("_sonic_clients", {})
+        if name not in clients:
+            clients[name] = _EngineModel(name)
+            self.__dict__.setdefault("_sonic_baseline", {})[name] = clients[name].stats.copy()
+        return clients[name]
+
+
+def _write_sample(directory: str, events: int, files: int, seed: int = 0) -> dict[str, list[str]]:
+    from ..data.synthetic import write_sample
+
+    # events are split over the two datasets of the sample
+    return write_sample(directory, events=max(events // 2, 1), files=files, seed=seed)
+
+
+def _as_runner_fileset(fileset: Mapping[str, list[str]]) -> dict:
+    return {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()}
+
+
+def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[str]], workers: int,
+              chunksize: int, measure_server: Callable | None) -> dict:
+    from coffea import processor
+    from coffea.nanoevents import NanoAODSchema
+
+    from ..facility.cluster import make_cluster
+
+    with make_cluster("local", workers=workers, timeout_s=120) as cluster:
+        runner = processor.Runner(executor=processor.DaskExecutor(client=cluster.client, status=False),
+                                  schema=NanoAODSchema, chunksize=chunksize, savemetrics=False)
+        # Warm-up on other files: every worker loads its engine / opens its channel once, as in a
+        # long job. (Same files would reuse the cached results: coffea submits pure tasks.)
+        runner(_as_runner_fileset(warmup), treename="Events", processor_instance=analysis)
+        before = measure_server() if measure_server else None
+        started = time.perf_counter()
+        output = runner(_as_runner_fileset(fileset), treename="Events", processor_instance=analysis)
+        wall_s = time.perf_counter() - started
+        after = measure_server() if measure_server else None
+    events = sum(int(entry["events"]) for entry in output["cutflow"].values())
+    jets = sum(int(entry["jets"]) for entry in output["cutflow"].values())
+    inference: dict[str, InferenceStats] = output.get("inference", {})
+    row = {
+        "workers": workers, "events": events, "jets": jets, "wall_s": wall_s,
+        "events_per_s": events / wall_s,
+        "inference_seconds": sum(stats.wait_s for stats in inference.values()),
+        "inference_rows": {name: int(stats.rows) for name, stats in inference.items()},
+        "bytes_sent": sum(int(stats.bytes_sent) for stats in inference.values()),
+    }
+    row["inference_share"] = row["inference_seconds"] / (wall_s * workers)
+    if before is not None and after is not None:
+        busy = 0.0
+        for name in before:
+            delta = after[name] - before[name]
+            requests = max(delta.success_count, 1)
+            compute = delta.compute_input_s + delta.compute_infer_s + delta.compute_output_s
+            busy += compute / requests * delta.execution_count
+        row["server_busy_s"] = busy
+    return row
+
+
+def run_end_to_end(config: BenchConfig, *, server_address: str | None,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """Run the demo analysis in-process and served with each worker count; see the module doc."""
+    progress = progress or (lambda message: logger.info("%s", message))
+    warnings.filterwarnings("ignore", message="Missing cross-reference index")
+    import distributed  # noqa: F401 - its import sets its loggers to INFO; quiet them after
+
+    for name in ("distributed", "dask_jobqueue"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    workers_list = sorted(set(config.e2e_workers))
+    events = config.e2e_events
+    chunksize = max(1000, events // (4 * max(workers_list)))
+    directory = tempfile.mkdtemp(prefix="coffea-sonic-bench-e2e-")
+    rows: list[dict] = []
+    try:
+        progress(f"e2e: writing the synthetic sample ({events} events)")
+        files = max(1, min(4, max(workers_list)))
+        fileset = _write_sample(directory + "/sample", events, files=files)
+        warmup = _write_sample(directory + "/warmup", 2 * chunksize * max(workers_list),
+                               files=files, seed=1)
+        stats_client = None
+        if server_address:
+            import tritonclient.grpc as grpcclient
+
+            stats_client = grpcclient.InferenceServerClient(server_address)
+        from .probes import server_statistics
+
+        def measure_server() -> dict:
+            return {name: server_statistics(stats_client, name) for name in E2E_MODELS}
+
+        for workers in workers_list:
+            progress(f"e2e: in-process CPU inference, {workers} worker(s)")
+            row = _run_once(InProcessJetTagging(), fileset, warmup, workers, chunksize, None)
+            rows.append({"inference": "cpu", **row})
+            if server_address:
+                progress(f"e2e: served inference ({server_address}), {workers} worker(s)")
+                analysis = JetTaggingProcessor(f"triton+grpc://{server_address}")
+                row = _run_once(analysis, fileset, warmup, workers, chunksize, measure_server)
+                rows.append({"inference": "served", **row})
+        if stats_client is not None:
+            stats_client.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    cpu_wall = {row["workers"]: row["wall_s"] for row in rows if row["inference"] == "cpu"}
+    for row in rows:
+        if row["inference"] == "served" and row["workers"] in cpu_wall:
+            row["speedup"] = cpu_wall[row["workers"]] / row["wall_s"]
+        else:
+            row["speedup"] = 1.0 if row["inference"] == "cpu" else None
+    result: dict = {"events": events, "chunksize": chunksize, "workers": workers_list,
+                    "models": list(E2E_MODELS), "rows": rows}
+    cpu_one = next((row for row in rows if row["inference"] == "cpu"
+                    and row["workers"] == workers_list[0]), None)
+    served_one = next((row for row in rows if row["inference"] == "served"
+                       and row["workers"] == workers_list[0]), None)
+    if cpu_one and served_one and served_one.get("server_busy_s") is not None:
+        n_events = cpu_one["events"]
+        p = min(max(cpu_one["inference_share"], 0.0), 1.0)
+        t_cpu = cpu_one["wall_s"] * cpu_one["workers"] / n_events
+        t_gpu = max(served_one["server_busy_s"] / served_one["events"], 1e-12)
+        t_served = served_one["wall_s"] * served_one["workers"] / served_one["events"]
+        t_latency = max(0.0, t_served - (1 - p) * t_cpu - t_gpu)
+        result["scaling_inputs"] = {"p": p, "t_cpu": t_cpu, "t_gpu": t_gpu,
+                                    "t_served_one_worker": t_served, "t_latency": t_latency}
+    result["summary"] = _summary_text(result)
+    return result
+
+
+def analysis_model(e2e: dict) -> ScalingModel | None:
+    inputs = e2e.get("scaling_inputs")
+    if not inputs:
+        return None
+    return ScalingModel(t_gpu=inputs["t_gpu"], t_latency=inputs["t_latency"], p=inputs["p"],
+                        t_cpu=inputs["t_cpu"])
+
+
+def analysis_scaling(e2e: dict, bench_scaling: dict, config: BenchConfig) -> dict:
+    """The SONIC model of the demo analysis (measured p, t_CPU, t_GPU, t_latency) and its advice."""
+    model = analysis_model(e2e)
+    assert model is not None
+    measured = {row["workers"]: row["events_per_s"] for row in e2e["rows"]
+                if row["inference"] == "served"}
+    top = max(max(measured, default=1) * 2, int(model.saturation_clients() * 1.5) + 1)
+    predicted = [{"workers": n, "events_per_s": model.throughput(n)} for n in range(1, top + 1)]
+    e2e["predicted"] = predicted
+    served = [row for row in e2e["rows"] if row["inference"] == "served"]
+    bytes_per_event = (served[0]["bytes_sent"] / served[0]["events"]) if served else 0.0
+    network = ({f"{gbps:g}": model.network_bound_clients(gbps, bytes_per_event)
+                for gbps in config.link_gbps} if bytes_per_event else {})
+    summary = (
+        f"p = {model.p:.2f} of a worker's time is inference when it runs in-process "
+        f"(t_CPU {1e3 * model.t_cpu:.3f} ms/event); the server needs t_GPU "
+        f"{1e3 * model.t_gpu:.4f} ms/event and the client-side transport adds t_latency "
+        f"{1e3 * model.t_latency:.3f} ms/event. One server saturates at "
+        f"{model.saturation_clients():.0f} such workers: recommended CPU:GPU ≈ "
+        f"{model.recommended_cpu_per_gpu()}:1; asymptotic speedup per worker "
+        f"{model.speedup_over_cpu(1):.2f}× (Amdahl limit 1/(1−p) = "
+        f"{1 / max(1 - model.p, 1e-9):.2f}×)")
+    if network:
+        summary += "; network bound (clients per link): " + ", ".join(
+            f"{gbps} Gb/s: {count:.0f}" for gbps, count in network.items())
+    return {"model": model.to_dict(), "bytes_per_event": bytes_per_event,
+            "network_bound_clients": network, "measured_served_events_per_s": measured,
+            "predicted": predicted, "summary": summary + "."}
+
+
+def _summary_text(result: dict) -> str:
+    rows = result["rows"]
+    parts = [f"{result['events']} events of the synthetic sample, chunks of {result['chunksize']}, "
+             f"models {', '.join(result['models'])}."]
+    for row in rows:
+        if row["inference"] == "served" and row.get("speedup") is not None:
+            cpu = next(r for r in rows if r["inference"] == "cpu" and r["workers"] == row["workers"])
+            parts.append(
+                f"{row['workers']} worker(s): in-process CPU {cpu['events_per_s']:.0f} events/s "
+                f"(inference share p = {cpu['inference_share']:.2f}), served "
+                f"{row['events_per_s']:.0f} events/s: speedup {row['speedup']:.2f}×.")
+    return " ".join(parts)

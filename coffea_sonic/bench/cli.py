@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 
 from .. import zoo
 from ..errors import ConfigurationError
@@ -139,8 +140,12 @@ def run(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(f"[{time.perf_counter() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
 
-    results = run_bench(config, progress=progress)
-    written = write_outputs(results, args.output)
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    checkpoint = output / "results.partial.json"
+    results = run_bench(config, progress=progress, checkpoint=str(checkpoint))
+    written = write_outputs(results, output)
+    checkpoint.unlink(missing_ok=True)
     print(f"bench ({config.preset}) finished in {time.perf_counter() - started:.0f} s")
     for target in results["targets"]:
         measured = "–" if target["measured"] is None else f"{target['measured']:.2f}"

@@ -85,6 +85,12 @@ def batch_cell(record: dict) -> str:
     return str(record["batch_size"])
 
 
+def _rss_cell(record: dict) -> str:
+    rss = record["client_rss"]
+    worst = rss.get("worst_ratio_to_tensor_bytes", rss["ratio_to_tensor_bytes"])
+    return f"{rss['ratio_to_tensor_bytes']:.2f} (worst {worst:.2f})"
+
+
 def _server_cell(record: dict) -> str:
     server = record.get("server")
     if not server:
@@ -117,7 +123,7 @@ def markdown_report(results: dict) -> str:
         lines.append(f"- skipped {what}: {skipped['reason']}")
     lines += ["", "## Throughput by mode and batch size (one client process)", "",
               "| model | mode | batch | in flight | rows/s | spread | events/s | latency p50 / p99 ms "
-              "| server queue / compute ms per request (avg batch) | client RSS growth / tensor bytes "
+              "| server queue / compute ms per request (avg batch) | client RSS growth / tensor bytes, median chunk "
               "| max abs diff |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in _sweep(results, "batch"):
@@ -128,7 +134,7 @@ def markdown_report(results: dict) -> str:
             f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–{format_rate(rate['max'])} | "
             f"{format_rate(r['events_per_s']['median'])} | "
             f"{_ms(r['latency'].get('p50_ms'))} / {_ms(r['latency'].get('p99_ms'))} | "
-            f"{_server_cell(r)} | {r['client_rss']['ratio_to_tensor_bytes']:.2f} | "
+            f"{_server_cell(r)} | {_rss_cell(r)} | "
             f"{'–' if diff is None else f'{diff:.1e}'} |")
     in_flight = _sweep(results, "in_flight")
     if in_flight:
@@ -146,7 +152,7 @@ def markdown_report(results: dict) -> str:
     if clients:
         lines += ["", "## Concurrent client processes", "",
                   "| model | mode | batch | clients | aggregate rows/s | spread | events/s | "
-                  "server busy | GPU util mean / max % | worst client RSS growth / tensor bytes |",
+                  "server busy | GPU util mean / max % | client RSS growth / tensor bytes, median chunk of the worst process |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in clients:
             rate = r["rows_per_s"]
@@ -159,7 +165,7 @@ def markdown_report(results: dict) -> str:
                 f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–"
                 f"{format_rate(rate['max'])} | {format_rate(r['events_per_s']['median'])} | "
                 f"{'–' if busy is None else f'{100 * busy:.0f} %'} | {gpu_cell} | "
-                f"{r['client_rss']['ratio_to_tensor_bytes']:.2f} |")
+                f"{_rss_cell(r)} |")
     targets = results.get("targets") or []
     if targets:
         lines += ["", "## Targets", "", "| target | model | measured | goal | met | how |",

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU-machine benchmark of benchmarks/RESULTS.md, self-contained for the device tool.
+#
+#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh
+#   device run:  timeout 570 bash benchmarks/gpu/run_on_device.sh      (carry: .device)
+#
+# It sets up tritonserver + the model Python (numpy 1.26 + the machine's torch) with
+# triton-gpu-env.sh, installs the carried client wheels, then
+#   1. serve_check.py: `coffea-sonic serve --device gpu --models emtrk_cnn` (log line of the GPU
+#      instance, served == onnxruntime) and GpuEngine vs CpuEngine (rows/s, max |diff|);
+#   2. `coffea-sonic bench --preset gpu --device gpu`: jet_tagger and emtrk_cnn in modes cpu,
+#      local-gpu, remote, remote-sync, coffea-wrapper, with client-process sweeps,
+# writing JSON / markdown / PNG into $OUT (at most 8 files come back: results.json, results.md,
+# three PNGs, bench.log, serve_check.json).
+#
+# On the CPU box, LOCAL=1 runs only the python part with this venv (BENCH_DEVICE=cpu), e.g.
+#   LOCAL=1 BENCH_DEVICE=cpu OUT=/tmp/gpu-local bash benchmarks/gpu/run_on_device.sh \
+#       --models jet_tagger --chunk-rows 16384 --clients 1 2
+set -uo pipefail
+DEV=${DEV:-.device}
+OUT=${OUT:-bench-output/gpu}
+BENCH_DEVICE=${BENCH_DEVICE:-gpu}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-420}
+mkdir -p "$OUT"
+if [ "${LOCAL:-0}" = 1 ]; then
+  PY=${PY:-.venv/bin/python}
+  SERVE_MODEL=${SERVE_MODEL:-jet_tagger}
+else
+  PY=python3
+  SERVE_MODEL=${SERVE_MODEL:-emtrk_cnn}
+  # shellcheck disable=SC1091
+  source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$DEV"/extra/*.whl || exit 1
+  export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+$PY - <<'PYEOF' || exit 1
+import importlib.metadata as md, sys, numpy, onnxruntime
+import coffea.ml_tools.triton_wrapper, tritonclient.grpc, tritonclient.http  # coffea-wrapper mode
+import coffea_sonic.bench
+from coffea_sonic.server import gpu_available, server_binary
+print("python", sys.version.split()[0], "numpy", numpy.__version__, "onnxruntime",
+      onnxruntime.__version__, "coffea", md.version("coffea"), "tritonclient", md.version("tritonclient"),
+      "grpcio", md.version("grpcio"))
+print("tritonserver", server_binary(), "gpu", gpu_available())
+PYEOF
+echo "== serve check ($SERVE_MODEL, $BENCH_DEVICE)"
+timeout 240 $PY benchmarks/gpu/serve_check.py --device "$BENCH_DEVICE" --model "$SERVE_MODEL" \
+  --out "$OUT/serve_check.json" 2>&1 | tail -40
+echo "== bench"
+timeout "$BENCH_TIMEOUT" $PY -m coffea_sonic.cli bench --preset gpu --device "$BENCH_DEVICE" \
+  --output "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "RuntimeWarning\|warnings.warn"
+status=${PIPESTATUS[0]}
+# a run stopped by the time limit leaves its checkpoint: keep it as the result
+if [ ! -f "$OUT/results.json" ] && [ -f "$OUT/results.partial.json" ]; then
+  mv "$OUT/results.partial.json" "$OUT/results.json"
+fi
+ls -la "$OUT"
+exit "$status"

@@ -98,6 +98,10 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                        help="also run the demo analysis end to end over N events (0: skip)")
     bench.add_argument("--e2e-workers", nargs="+", type=int, metavar="W",
                        help="Dask worker counts of the end-to-end run")
+    bench.add_argument("--report-from", metavar="JSON",
+                       help="re-derive targets / scaling fit and rewrite markdown and plots from an "
+                            "earlier results.json (or a results.partial.json left by a stopped "
+                            "run) without measuring")
     bench.add_argument("--output", "-o", default=DEFAULT_OUTPUT_DIR, metavar="DIR",
                        help=f"where to write results (default: {DEFAULT_OUTPUT_DIR}/)")
     bench.set_defaults(func=run)
@@ -134,6 +138,17 @@ def run(args: argparse.Namespace) -> int:
     from .report import write_outputs
     from .suite import run_bench
 
+    if args.report_from:
+        import json
+
+        from .suite import finish_results
+
+        with open(args.report_from) as handle:
+            results = finish_results(json.load(handle))
+        written = write_outputs(results, args.output)
+        for name, path in written.items():
+            print(f"  {name}: {path}")
+        return 0
     config = config_from_args(args)
     started = time.perf_counter()
 

@@ -118,6 +118,8 @@ def markdown_report(results: dict) -> str:
         f"after {results['config']['warmup']} warm-up chunk(s); median and (min–max) spread; "
         f"run took {results['elapsed_s']:.0f} s",
     ]
+    if results.get("partial"):
+        lines.append("- **partial run** (stopped before every configuration ran)")
     for skipped in results.get("skipped", []):
         what = ", ".join(f"{key} {value}" for key, value in skipped.items() if key != "reason")
         lines.append(f"- skipped {what}: {skipped['reason']}")

@@ -111,6 +111,9 @@ class BenchSuite:
         self.model_versions: dict[str, str] = {}
         self.references: dict[str, dict[str, np.ndarray]] = {}
         self.gpu = False
+        self.machine: dict = {}
+        self.modes: list[str] = []
+        self.started = time.perf_counter()
         self._seen: dict[tuple, dict] = {}
 
     # -- set-up ------------------------------------------------------------------------------
@@ -246,11 +249,15 @@ class BenchSuite:
 
         from .report import _clean
 
-        partial = {"schema": SCHEMA, "partial": True, "config": self.config.to_dict(),
-                   "server": self.server_info, "skipped": self.skipped,
-                   "measurements": self.measurements}
         with open(self.checkpoint, "w") as handle:
-            json.dump(_clean(partial), handle, indent=1)
+            json.dump(_clean({**self.snapshot(), "partial": True}), handle, indent=1)
+
+    def snapshot(self) -> dict:
+        """The raw collected state (what :func:`finish_results` derives everything from)."""
+        return {"schema": SCHEMA, "machine": self.machine, "config": self.config.to_dict(),
+                "server": self.server_info, "modes_run": self.modes, "skipped": self.skipped,
+                "measurements": self.measurements,
+                "elapsed_s": time.perf_counter() - self.started}
 
     def _record(self, job: ClientJob, clients: int, per_client: list[dict],
                 probe: _ServerProbe | None, gpu_sampler: GpuUtilisation | None) -> dict:
@@ -500,7 +507,7 @@ def compute_targets(measurements: list[dict]) -> list[dict]:
                 f"worst served configuration (median chunk per process): {worst['mode']} "
                 f"{_batch_label(worst)} clients {worst['clients']}, "
                 f"{worst['tensor_bytes_per_chunk'] / 2**20:.1f} MiB of tensors per chunk; worst "
-                f"single chunk {worst['client_rss']['worst_ratio_to_tensor_bytes']:.2f}x",
+                f"single chunk {worst['client_rss'].get('worst_ratio_to_tensor_bytes', 0):.2f}x",
                 lower_is_better=True))
     return targets
 
@@ -554,20 +561,21 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None,
               checkpoint: str | None = None) -> dict:
     """Run every sweep of ``config``; return the JSON-ready result dict (module docstring).
 
-    ``checkpoint``: a JSON file rewritten after every measurement with the records so far.
+    ``checkpoint``: a JSON file rewritten after every measurement with the records so far
+    (:func:`finish_results` turns such a file into a full result).
     """
     started = time.perf_counter()
     suite = BenchSuite(config, progress, checkpoint)
     from ..server import gpu_available
 
     suite.gpu = gpu_available()
-    info = machine_info()
+    suite.machine = machine_info()
     with contextlib.ExitStack() as stack:
-        modes = suite.available_modes()
-        modes = suite.connect(stack, modes)
+        suite.modes = suite.available_modes()
+        suite.modes = suite.connect(stack, suite.modes)
         for model in config.models:
             suite.reference_outputs(model)
-        suite.run_sweeps(modes)
+        suite.run_sweeps(suite.modes)
         e2e = None
         if config.e2e_events > 0:
             from .e2e import run_end_to_end
@@ -577,22 +585,39 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None,
     if not suite.measurements:
         raise ModelNotFoundError(
             f"no benchmark configuration ran; skipped: {suite.skipped}")
-    scaling = compute_scaling(suite.measurements, config)
+    return finish_results({**suite.snapshot(), "e2e": e2e,
+                           "elapsed_s": time.perf_counter() - started})
+
+
+def finish_results(raw: dict) -> dict:
+    """Derived results (equality, targets, scaling fit) from raw measurements.
+
+    ``raw`` is what :func:`run_bench` collected, or a checkpoint / earlier ``results.json`` read
+    back (``coffea-sonic bench --report-from FILE`` re-derives and re-plots without re-measuring).
+    """
+    config = BenchConfig(**{key: tuple(value) if isinstance(value, list) else value
+                            for key, value in raw["config"].items()})
+    measurements = raw["measurements"]
+    e2e = raw.get("e2e")
+    scaling = compute_scaling(measurements, config)
     if e2e and e2e.get("scaling_inputs"):
         from .e2e import analysis_scaling
 
         scaling["analysis"] = analysis_scaling(e2e, scaling, config)
+    modes_run = raw.get("modes_run") or sorted({r["mode"] for r in measurements},
+                                               key=list(config.modes).index)
     return {
         "schema": SCHEMA,
-        "machine": info,
+        "machine": raw.get("machine") or machine_info(),
         "config": config.to_dict(),
-        "server": suite.server_info,
-        "modes_run": modes,
-        "skipped": suite.skipped,
-        "measurements": suite.measurements,
-        "equality": equality_summary(suite.measurements, suite.server_info.get("device")),
-        "targets": compute_targets(suite.measurements),
+        "server": raw.get("server") or {},
+        "modes_run": modes_run,
+        "skipped": raw.get("skipped", []),
+        "measurements": measurements,
+        "equality": equality_summary(measurements, (raw.get("server") or {}).get("device")),
+        "targets": compute_targets(measurements),
         "scaling": scaling,
         "e2e": e2e,
-        "elapsed_s": time.perf_counter() - started,
+        "elapsed_s": raw.get("elapsed_s", 0.0),
+        "partial": bool(raw.get("partial", False)),
     }

@@ -20,7 +20,8 @@ set -uo pipefail
 DEV=${DEV:-.device}
 OUT=${OUT:-bench-output/gpu}
 BENCH_DEVICE=${BENCH_DEVICE:-gpu}
-BENCH_TIMEOUT=${BENCH_TIMEOUT:-420}
+# the whole script stays inside TOTAL_BUDGET seconds (the device tool allows 600 per command)
+TOTAL_BUDGET=${TOTAL_BUDGET:-570}
 mkdir -p "$OUT"
 if [ "${LOCAL:-0}" = 1 ]; then
   PY=${PY:-.venv/bin/python}
@@ -49,7 +50,8 @@ PYEOF
 echo "== serve check ($SERVE_MODEL, $BENCH_DEVICE)"
 timeout 240 $PY benchmarks/gpu/serve_check.py --device "$BENCH_DEVICE" --model "$SERVE_MODEL" \
   --out "$OUT/serve_check.json" 2>&1 | tail -40
-echo "== bench"
+BENCH_TIMEOUT=$(( TOTAL_BUDGET - SECONDS - 15 ))
+echo "== bench (at most $BENCH_TIMEOUT s)"
 timeout "$BENCH_TIMEOUT" $PY -m coffea_sonic.cli bench --preset gpu --device "$BENCH_DEVICE" \
   --output "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "RuntimeWarning\|warnings.warn"
 status=${PIPESTATUS[0]}

@@ -1,0 +1,190 @@
+"""Inference statistics: client-side counters per model and server-side deltas from Triton.
+
+:class:`InferenceStats` is what a :class:`~coffea_sonic.model.TritonModel` counts while it works.
+It supports ``+`` and ``+=`` (and has :meth:`InferenceStats.identity`), so coffea's
+``processor.accumulate`` sums the copies returned by every chunk into one total, exactly as it sums
+histograms.
+
+>>> a = InferenceStats(requests=2, rows=100, bytes_sent=2400)
+>>> b = InferenceStats(requests=1, rows=7, bytes_sent=168, fallback_rows=7)
+>>> total = a + b
+>>> total.requests, total.rows, total.fallback_rows
+(3, 107, 7)
+>>> from coffea.processor import accumulate
+>>> accumulate([{"jet_tagger": a}, {"jet_tagger": b}])["jet_tagger"].rows
+107
+
+:class:`ServerStatistics` holds the cumulative counters of Triton's statistics endpoint for one
+model; subtracting two snapshots gives what the server did in between (queue and compute time).
+
+>>> before = ServerStatistics(inference_count=10, execution_count=2, queue_ns=1_000)
+>>> after = ServerStatistics(inference_count=110, execution_count=4, queue_ns=5_000)
+>>> delta = after - before
+>>> delta.inference_count, delta.average_batch, delta.queue_s
+(100, 50.0, 4e-06)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["InferenceStats", "ServerStatistics"]
+
+
+@dataclass
+class InferenceStats:
+    """Client-side counters of one model (or the sum over many chunks and workers).
+
+    Times are seconds, sizes bytes. ``latency_s`` is the sum over requests of send-to-answer time;
+    ``wait_s`` is how long callers were blocked in ``result()`` (small when CPU work overlapped
+    the requests). ``fallback_*`` count work done in-process because no server could serve it.
+
+    >>> stats = InferenceStats(requests=4, latency_s=0.2)
+    >>> round(stats.mean_latency_s, 3)
+    0.05
+    >>> InferenceStats.identity() + stats == stats
+    True
+    """
+
+    #: calls of the model (``__call__`` or ``infer_async``), including empty ones
+    calls: int = 0
+    #: gRPC inference requests that got a good answer
+    requests: int = 0
+    #: real input rows answered (zero-padding rows excluded), by servers and fallback alike
+    rows: int = 0
+    #: tensor payload bytes sent and received (protobuf framing excluded)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    #: sum of per-request latencies, and time callers were blocked waiting for results
+    latency_s: float = 0.0
+    wait_s: float = 0.0
+    #: requests sent again after a retryable failure; those that moved to another server
+    retries: int = 0
+    failovers: int = 0
+    #: attempts that failed (retried or not)
+    failed_requests: int = 0
+    #: calls and rows computed by the in-process fallback engine
+    fallback_calls: int = 0
+    fallback_rows: int = 0
+
+    @classmethod
+    def identity(cls) -> "InferenceStats":
+        """All-zero counters (the neutral element of ``+``)."""
+        return cls()
+
+    def __add__(self, other: "InferenceStats") -> "InferenceStats":
+        if not isinstance(other, InferenceStats):
+            return NotImplemented
+        return InferenceStats(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                                 for f in fields(self)})
+
+    def __radd__(self, other: Any) -> "InferenceStats":
+        # sum([...]) starts from 0
+        if isinstance(other, int) and other == 0:
+            return dataclasses.replace(self)
+        return NotImplemented
+
+    def __iadd__(self, other: "InferenceStats") -> "InferenceStats":
+        if not isinstance(other, InferenceStats):
+            return NotImplemented
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    @property
+    def mean_latency_s(self) -> float:
+        """Mean request latency (0 before the first request)."""
+        return self.latency_s / self.requests if self.requests else 0.0
+
+    def copy(self) -> "InferenceStats":
+        """An independent copy (for putting into an output accumulator)."""
+        return dataclasses.replace(self)
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain ``{counter: value}``, e.g. for JSON reports."""
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ServerStatistics:
+    """Triton's cumulative inference statistics for one model, summed over versions and servers.
+
+    Durations are kept in nanoseconds as Triton reports them; the ``*_s`` properties convert.
+
+    >>> ServerStatistics(success_count=3, compute_infer_ns=3_000_000).compute_infer_s
+    0.003
+    """
+
+    #: successful requests, and failed ones, as the server counted them
+    success_count: int = 0
+    fail_count: int = 0
+    #: rows inferred, and model executions (their ratio is the server-side batch size)
+    inference_count: int = 0
+    execution_count: int = 0
+    queue_ns: int = 0
+    compute_input_ns: int = 0
+    compute_infer_ns: int = 0
+    compute_output_ns: int = 0
+
+    @property
+    def queue_s(self) -> float:
+        return self.queue_ns * 1e-9
+
+    @property
+    def compute_input_s(self) -> float:
+        return self.compute_input_ns * 1e-9
+
+    @property
+    def compute_infer_s(self) -> float:
+        return self.compute_infer_ns * 1e-9
+
+    @property
+    def compute_output_s(self) -> float:
+        return self.compute_output_ns * 1e-9
+
+    @property
+    def average_batch(self) -> float:
+        """Rows per model execution: how well the dynamic batcher filled the model."""
+        return self.inference_count / self.execution_count if self.execution_count else 0.0
+
+    def __add__(self, other: "ServerStatistics") -> "ServerStatistics":
+        if not isinstance(other, ServerStatistics):
+            return NotImplemented
+        return ServerStatistics(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                                   for f in fields(self)})
+
+    def __sub__(self, other: "ServerStatistics") -> "ServerStatistics":
+        if not isinstance(other, ServerStatistics):
+            return NotImplemented
+        return ServerStatistics(**{f.name: getattr(self, f.name) - getattr(other, f.name)
+                                   for f in fields(self)})
+
+    @classmethod
+    def identity(cls) -> "ServerStatistics":
+        return cls()
+
+    def to_dict(self) -> dict[str, float]:
+        """Counters plus the derived seconds and average batch."""
+        out: dict[str, float] = dataclasses.asdict(self)
+        out.update(queue_s=self.queue_s, compute_input_s=self.compute_input_s,
+                   compute_infer_s=self.compute_infer_s, compute_output_s=self.compute_output_s,
+                   average_batch=self.average_batch)
+        return out
+
+    @classmethod
+    def from_model_stats(cls, model_stats: Any) -> "ServerStatistics":
+        """Sum the ``model_stats`` entries of a gRPC ``ModelStatisticsResponse``."""
+        total = cls()
+        for entry in model_stats:
+            stats = entry.inference_stats
+            total += cls(
+                success_count=int(stats.success.count), fail_count=int(stats.fail.count),
+                inference_count=int(entry.inference_count),
+                execution_count=int(entry.execution_count),
+                queue_ns=int(stats.queue.ns), compute_input_ns=int(stats.compute_input.ns),
+                compute_infer_ns=int(stats.compute_infer.ns),
+                compute_output_ns=int(stats.compute_output.ns),
+            )
+        return total

@@ -1,0 +1,163 @@
+"""Per-process pool of gRPC channels to Triton servers (fork-safe, created lazily).
+
+Under coffea's Runner a processor (and its models) is unpickled for every chunk; the channel is
+never pickled and is looked up here by ``(address, TLS settings, header fingerprint)``, so all
+chunks of a worker process share one HTTP/2 connection per server.
+
+gRPC's core is not fork-safe: a channel created before ``fork`` must never be used in the child.
+The pool remembers the pid that made it; a child finds an empty pool and builds its own channels
+(the parent's are left untouched, so nothing of the parent's is closed from the child).
+
+>>> options = dict(channel_options())
+>>> options["grpc.max_send_message_length"] == 2**31 - 1
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ServerUnavailableError
+from .tls import TlsOptions
+
+__all__ = ["Connection", "channel_options", "close_all", "get_connection", "pool_size"]
+
+logger = logging.getLogger(__name__)
+
+#: gRPC's hard limit on one message (tritonclient's default for both directions).
+INT32_MAX = 2**31 - 1
+
+
+def channel_options(tls: TlsOptions | None = None) -> list[tuple[str, Any]]:
+    """Channel arguments: tritonclient's defaults (which ``channel_args`` would drop) plus ours.
+
+    Reconnect backoff is capped low so a restarted server is used again within seconds.
+    """
+    options: list[tuple[str, Any]] = [
+        # tritonclient's defaults, re-added because passing any options replaces them
+        ("grpc.max_send_message_length", INT32_MAX),
+        ("grpc.max_receive_message_length", INT32_MAX),
+        ("grpc.keepalive_time_ms", INT32_MAX),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.keepalive_permit_without_calls", False),
+        ("grpc.http2.max_pings_without_data", 2),
+        # ours: notice a restarted server quickly instead of backing off for up to 2 minutes
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+        # one connection per (server, settings) per process, not a process-global shared one
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    if tls is not None:
+        options += tls.channel_options()
+    return options
+
+
+@dataclass
+class Connection:
+    """One gRPC channel and Triton stub to ``address``, owned by process ``pid``."""
+
+    address: str
+    tls: TlsOptions | None
+    channel: Any
+    stub: Any
+    pid: int = field(default_factory=os.getpid)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the channel is connected; ``ServerUnavailableError`` after ``timeout_s``."""
+        import grpc
+
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            scheme = "TLS" if self.tls else "plaintext"
+            raise ServerUnavailableError(
+                f"cannot connect to Triton at {self.address} ({scheme}) within {timeout_s:g} s; "
+                "is the server running and is the address (and TLS setting) right?") from None
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+_pool: dict[tuple, Connection] = {}
+_pool_pid = os.getpid()
+_pool_lock = threading.Lock()
+# Channels inherited from a parent process: kept referenced so their finalizers never run here.
+_inherited: list[Connection] = []
+
+
+def _after_fork_in_child() -> None:
+    global _pool, _pool_pid, _pool_lock
+    _inherited.extend(_pool.values())
+    _pool = {}
+    _pool_pid = os.getpid()
+    # the parent's lock may have been held by another thread at fork time
+    _pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _make_connection(address: str, tls: TlsOptions | None) -> Connection:
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    options = channel_options(tls)
+    if tls is None:
+        channel = grpc.insecure_channel(address, options=options)
+    else:
+        channel = grpc.secure_channel(address, tls.credentials(), options=options)
+    logger.debug("opened gRPC channel to %s (pid %d, tls=%s)", address, os.getpid(), tls is not None)
+    return Connection(address=address, tls=tls,
+                      channel=channel, stub=service_pb2_grpc.GRPCInferenceServiceStub(channel))
+
+
+def get_connection(address: str, tls: TlsOptions | None = None,
+                   headers_fingerprint: str = "") -> Connection:
+    """The pooled connection of this process to ``address`` with these settings (made on demand).
+
+    >>> a = get_connection("127.0.0.1:1")
+    >>> a is get_connection("127.0.0.1:1") and a.pid == os.getpid()
+    True
+    """
+    global _pool_pid
+    key = (address, tls.key() if tls is not None else None, headers_fingerprint)
+    if _pool_pid != os.getpid():  # forked without the at-fork hook (should not happen)
+        _after_fork_in_child()
+    connection = _pool.get(key)
+    if connection is not None:
+        return connection
+    with _pool_lock:
+        connection = _pool.get(key)
+        if connection is None:
+            connection = _make_connection(address, tls)
+            _pool[key] = connection
+        return connection
+
+
+def drop_connection(connection: Connection) -> None:
+    """Forget and close ``connection`` (the next :func:`get_connection` makes a new one)."""
+    with _pool_lock:
+        for key, pooled in list(_pool.items()):
+            if pooled is connection:
+                del _pool[key]
+    if connection.pid == os.getpid():
+        connection.close()
+
+
+def pool_size() -> int:
+    """Number of channels this process holds (for tests and the soak check)."""
+    return len(_pool)
+
+
+def close_all() -> None:
+    """Close every channel of this process (e.g. at the end of a worker's life)."""
+    with _pool_lock:
+        connections = list(_pool.values())
+        _pool.clear()
+    for connection in connections:
+        connection.close()

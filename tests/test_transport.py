@@ -1,0 +1,311 @@
+"""Unit tests of the transport layer (no server): URLs, secrets, TLS options, codec, splitting,
+validation and statistics; plus the in-flight window and header passing against a fake stub."""
+
+from __future__ import annotations
+
+import pickle
+import pickletools
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from coffea_sonic.errors import ConfigurationError, InputValidationError
+from coffea_sonic.model import TritonModel
+from coffea_sonic.stats import InferenceStats, ServerStatistics
+from coffea_sonic.transport import Secret, TlsOptions, parse_model_url
+from coffea_sonic.transport.codec import decode_response, encode_request
+from coffea_sonic.transport.metadata import ModelInfo, TensorInfo
+from coffea_sonic.transport.secrets import header_fingerprint, normalize_headers
+from coffea_sonic.transport.status import as_sonic_error, is_retryable_code
+from coffea_sonic.transport.validation import (GRPC_MESSAGE_LIMIT, piece_arrays, plan_pieces,
+                                               validate_inputs)
+
+JET_INFO = ModelInfo("jet_tagger", ("1",), "python", 65536, (TensorInfo("features", "FP32", (6,)),),
+                     (TensorInfo("probs", "FP32", (3,)),))
+
+
+# -- URLs ------------------------------------------------------------------------------------------
+
+def test_url_with_version_and_without_parses_like_coffea():
+    pinned = parse_model_url("triton+grpc://127.0.0.1:8001/jet_tagger/2")
+    latest = parse_model_url("triton+grpc://127.0.0.1:8001/jet_tagger")
+    assert (pinned.address, pinned.model, pinned.version, pinned.tls) == (
+        "127.0.0.1:8001", "jet_tagger", "2", False)
+    assert latest.version == ""
+    assert parse_model_url("triton+grpcs://h:443/m").tls
+
+
+@pytest.mark.parametrize("url, fragment", [
+    ("grpc://h:1/m", "scheme 'grpc'"),
+    ("triton+grpc://h:1/", "expected /model"),
+    ("triton+grpc://h:1/a/1/extra", "expected /model"),
+    ("triton+grpc://h:1/m/latest", "positive integer"),
+    ("triton+grpc://h:1/m/0", "positive integer"),
+    ("triton+grpc://:1/m", "no host"),
+    ("triton+grpc://h:99999/m", "malformed"),
+    ("triton+grpc://user:pw@h:1/m", "credentials"),
+    ("triton+grpc://h:1/m?x=1", "query"),
+])
+def test_malformed_url_raises_configuration_error(url, fragment):
+    with pytest.raises(ConfigurationError) as caught:
+        parse_model_url(url)
+    assert fragment in str(caught.value)
+
+
+# -- secrets ---------------------------------------------------------------------------------------
+
+def test_literal_token_is_redacted_everywhere_and_never_pickled():
+    model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger",
+                        headers={"Authorization": "Bearer top-secret-token"})
+    assert "top-secret" not in repr(model)
+    assert "top-secret" not in repr(model.headers)
+    blob = pickle.dumps(model)
+    assert b"top-secret" not in blob
+    # same process (or a forked child): the handle finds the value again
+    assert pickle.loads(blob).headers["authorization"].reveal() == "Bearer top-secret-token"
+
+
+def test_literal_token_in_a_fresh_process_asks_for_an_env_variable():
+    blob = pickle.dumps(Secret("Bearer top-secret-token"))
+    code = ("import pickle,sys\n"
+            "secret = pickle.loads(sys.stdin.buffer.read())\n"
+            "try:\n    secret.reveal()\nexcept Exception as error:\n    print(type(error).__name__, error)\n")
+    result = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True,
+                            timeout=60)
+    text = result.stdout.decode()
+    assert "ConfigurationError" in text and "from_env" in text
+    assert "top-secret" not in text + result.stderr.decode()
+
+
+def test_env_token_pickles_only_the_variable_name(monkeypatch):
+    monkeypatch.setenv("SONIC_TEST_TOKEN", "jwt-value-123")
+    secret = Secret.bearer_from_env("SONIC_TEST_TOKEN")
+    blob = pickle.dumps(secret)
+    assert b"jwt-value-123" not in blob and b"SONIC_TEST_TOKEN" in blob
+    assert pickle.loads(blob).reveal() == "Bearer jwt-value-123"
+    monkeypatch.delenv("SONIC_TEST_TOKEN")
+    with pytest.raises(ConfigurationError, match="SONIC_TEST_TOKEN"):
+        secret.reveal()
+
+
+def test_sensitive_plain_headers_become_secrets_and_fingerprints_hide_values():
+    headers = normalize_headers({"X-Api-Key": "k1", "X-Trace": "abc"})
+    assert isinstance(headers["x-api-key"], Secret) and headers["x-trace"] == "abc"
+    assert "k1" not in header_fingerprint(headers)
+    assert header_fingerprint(headers) != header_fingerprint(normalize_headers({"X-Api-Key": "k2"}))
+
+
+def test_tls_options_need_both_client_cert_and_key():
+    with pytest.raises(ConfigurationError, match="both"):
+        TlsOptions(certificate_chain="/c.pem")
+    with pytest.raises(ConfigurationError, match="unknown TLS option"):
+        TlsOptions.coerce({"ca": "/x"})
+    assert TritonModel("triton+grpcs://h:1/m").tls == TlsOptions()
+    with pytest.raises(ConfigurationError, match="ssl=False"):
+        TritonModel("triton+grpcs://h:1/m", ssl=False)
+
+
+# -- codec, validation, splitting ------------------------------------------------------------------
+
+def test_codec_round_trips_numeric_and_bytes_tensors():
+    from tritonclient.grpc import service_pb2
+
+    values = {"f": np.arange(6, dtype=np.float32).reshape(2, 3),
+              "s": np.array([[b"ab"], [b"c"]], dtype=object)}
+    request = encode_request("m", "1", values)
+    response = service_pb2.ModelInferResponse(model_name="m")
+    for tensor in request.inputs:
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+    response.raw_output_contents.extend(request.raw_input_contents)
+    decoded = decode_response(response)
+    np.testing.assert_array_equal(decoded["f"], values["f"])
+    assert decoded["s"].tolist() == [[b"ab"], [b"c"]]
+
+
+def test_safe_casts_pass_and_lossy_casts_name_model_tensor_and_types():
+    arrays, rows = validate_inputs(JET_INFO, {"features": np.ones((3, 6), np.int16)})
+    assert arrays["features"].dtype == np.float32 and rows == 3
+    with pytest.raises(InputValidationError) as caught:
+        validate_inputs(JET_INFO, {"features": np.ones((3, 6), np.float64)})
+    message = str(caught.value)
+    assert all(word in message for word in ("jet_tagger", "features", "float32", "float64"))
+
+
+def test_nonfinite_policy_pass_or_raise():
+    values = {"features": np.full((2, 6), np.nan, np.float32)}
+    assert validate_inputs(JET_INFO, values)[1] == 2
+    with pytest.raises(InputValidationError, match="12 NaN/inf"):
+        validate_inputs(JET_INFO, values, nonfinite="raise")
+
+
+def test_pieces_cover_rows_in_order_by_batch_size_and_bytes():
+    arrays, rows = validate_inputs(JET_INFO, {"features": np.zeros((200_000, 6), np.float32)})
+    by_batch = plan_pieces(JET_INFO, arrays, rows, max_request_bytes=1 << 30)
+    assert [stop - start for start, stop, _ in by_batch] == [65536, 65536, 65536, 3392]
+    by_bytes = plan_pieces(JET_INFO, arrays, rows, max_request_bytes=24 * 1000)
+    assert all(stop - start <= 1000 for start, stop, _ in by_bytes)
+    flat = [row for start, stop, pad in by_bytes for row in range(start, stop)]
+    assert flat == list(range(rows)) and all(pad == 0 for *_, pad in by_bytes)
+
+
+def test_call_larger_than_grpc_limit_is_split_below_it():
+    info = ModelInfo("big", ("1",), "python", 1 << 20, (TensorInfo("x", "FP32", (1 << 20,)),),
+                     (TensorInfo("y", "FP32", (1,)),))
+    huge = {"x": np.broadcast_to(np.float32(0), (1000, 1 << 20))}  # 4 GiB, never allocated
+    pieces = plan_pieces(info, huge, 1000, max_request_bytes=GRPC_MESSAGE_LIMIT)
+    assert len(pieces) >= 2
+    assert all((stop - start) * 4 * (1 << 20) < GRPC_MESSAGE_LIMIT for start, stop, _ in pieces)
+    with pytest.raises(ConfigurationError, match="max_request_bytes"):
+        TritonModel("triton+grpc://h:1/m", max_request_bytes=3 << 30)
+
+
+def test_fixed_batch_models_without_batching_get_zero_padding_only_at_the_end():
+    info = ModelInfo("fixed", ("1",), "python", 0, (TensorInfo("x", "FP32", (8, 4)),),
+                     (TensorInfo("y", "FP32", (8, 4)),))
+    arrays = {"x": np.ones((20, 4), np.float32)}
+    pieces = plan_pieces(info, arrays, 20, 1 << 20)
+    assert pieces == [(0, 8, 0), (8, 16, 0), (16, 20, 4)]
+    last = piece_arrays(arrays, 16, 20, 4)["x"]
+    assert last.shape == (8, 4) and last[:4].all() and not last[4:].any()
+
+
+# -- statistics ------------------------------------------------------------------------------------
+
+def test_stats_sum_like_coffea_accumulators():
+    from coffea.processor import accumulate
+
+    parts = [{"jet_tagger": InferenceStats(requests=1, rows=10, wait_s=0.5)} for _ in range(3)]
+    total = accumulate(parts)["jet_tagger"]
+    assert (total.requests, total.rows, total.wait_s) == (3, 30, 1.5)
+    assert sum([InferenceStats(rows=1), InferenceStats(rows=2)]).rows == 3
+    delta = ServerStatistics(inference_count=9, execution_count=3) - ServerStatistics()
+    assert delta.average_batch == 3.0
+
+
+def test_retry_classification_by_grpc_status():
+    import grpc
+
+    assert is_retryable_code(grpc.StatusCode.UNAVAILABLE)
+    assert is_retryable_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert is_retryable_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+    assert is_retryable_code(grpc.StatusCode.INTERNAL, "Connection reset by peer")
+    assert not is_retryable_code(grpc.StatusCode.INVALID_ARGUMENT)
+    assert not is_retryable_code(grpc.StatusCode.NOT_FOUND)
+    assert not is_retryable_code(grpc.StatusCode.INTERNAL, "inference failed: ValueError")
+    assert not is_retryable_code(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+    assert "a:1" in str(as_sonic_error(ValueError("x"), model="m", version="", address="a:1"))
+
+
+# -- pickling and the fake-stub request path -------------------------------------------------------
+
+def _global_names(blob: bytes) -> set[str]:
+    names, recent = set(), []
+    for opcode, argument, _ in pickletools.genops(blob):
+        if isinstance(argument, str):
+            recent.append(argument)
+        if opcode.name in ("GLOBAL", "INST"):
+            names.add(str(argument))
+        elif opcode.name == "STACK_GLOBAL":
+            names.add(" ".join(recent[-2:]))
+    return names
+
+
+def test_pickle_of_a_fresh_model_has_no_grpc_class():
+    model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger", headers={"x-trace": "1"})
+    names = _global_names(pickle.dumps(model))
+    assert not [name for name in names if "grpc" in name.split(" ")[0] or "triton" in name]
+
+
+class _FakeFuture:
+    def __init__(self, response, delay_s, tracker):
+        self._response, self._callbacks = response, []
+        self._done = threading.Event()
+        tracker.enter()
+
+        def finish():
+            time.sleep(delay_s)
+            tracker.leave()
+            self._done.set()
+            for callback in self._callbacks:
+                callback(self)
+        threading.Thread(target=finish, daemon=True).start()
+
+    def add_done_callback(self, callback):
+        self._callbacks.append(callback)
+
+    def cancelled(self):
+        return False
+
+    def done(self):
+        return self._done.is_set()
+
+    def cancel(self):
+        return False
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._response
+
+
+class _Tracker:
+    def __init__(self):
+        self.lock, self.now, self.peak, self.metadata = threading.Lock(), 0, 0, []
+
+    def enter(self):
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+
+    def leave(self):
+        with self.lock:
+            self.now -= 1
+
+
+def _fake_model(tracker: _Tracker, **options) -> TritonModel:
+    from tritonclient.grpc import service_pb2
+
+    model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger", **options)
+    runtime = model._get_runtime()
+    runtime.info = JET_INFO
+
+    class Infer:
+        @staticmethod
+        def future(request, timeout, metadata):
+            tracker.metadata.append(dict(metadata))
+            rows = request.inputs[0].shape[0]
+            features = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(rows, 6)
+            response = service_pb2.ModelInferResponse(model_name="jet_tagger", model_version="1")
+            tensor = response.outputs.add(name="probs", datatype="FP32", shape=[rows, 3])
+            response.raw_output_contents.append(features[:, :3].copy().tobytes())
+            del tensor
+            return _FakeFuture(response, 0.02, tracker)
+
+    runtime.connection = type("FakeConnection", (), {"stub": type("Stub", (), {"ModelInfer": Infer}),
+                                                     "address": "fake", "tls": None})()
+    return model
+
+
+def test_window_bounds_requests_in_flight_and_keeps_row_order():
+    tracker = _Tracker()
+    model = _fake_model(tracker, max_in_flight=3, max_request_bytes=24 * 10)
+    features = np.arange(100 * 6, dtype=np.float32).reshape(100, 6)
+    handles = [model.infer_async({"features": features}) for _ in range(3)]
+    for handle in handles:
+        np.testing.assert_array_equal(handle.result()["probs"], features[:, :3])
+    assert tracker.peak == 3
+    assert model.stats.requests == 30 and model.stats.rows == 300
+
+
+def test_headers_go_to_every_request():
+    tracker = _Tracker()
+    model = _fake_model(tracker, headers={"authorization": "Bearer t0k", "x-trace": "run7"},
+                        max_request_bytes=24 * 10)
+    model({"features": np.zeros((25, 6), np.float32)})
+    assert len(tracker.metadata) == 3
+    assert all(m == {"authorization": "Bearer t0k", "x-trace": "run7"} for m in tracker.metadata)

@@ -59,5 +59,21 @@ status=${PIPESTATUS[0]}
 if [ ! -f "$OUT/results.json" ] && [ -f "$OUT/results.partial.json" ]; then
   mv "$OUT/results.partial.json" "$OUT/results.json"
 fi
+# 3. if time is left: the served CNN with INSTANCES model instances on the GPU (one instance is
+#    busy >90 % at 8 clients while the GPU idles), to see how far more instances close the gap
+INSTANCES=${INSTANCES:-3}
+left=$(( TOTAL_BUDGET - SECONDS - 10 ))
+if [ "$INSTANCES" -gt 1 ] && [ "$left" -gt 90 ]; then
+  echo "== bench: ${INSTANCES_MODEL:-emtrk_cnn} served by $INSTANCES instances (at most $left s)"
+  timeout "$left" $PY -m coffea_sonic.cli bench --preset gpu --device "$BENCH_DEVICE" \
+    --instances "$INSTANCES" --models "${INSTANCES_MODEL:-emtrk_cnn}" --modes remote \
+    --no-default-batch --in-flight 4 --clients 1 4 8 12 16 --repetitions 3 \
+    --output /tmp/bench-instances 2>&1 | grep -v "RuntimeWarning\|warnings.warn" | tail -12
+  for name in results.json results.partial.json; do
+    if [ -f "/tmp/bench-instances/$name" ]; then
+      cp "/tmp/bench-instances/$name" "$OUT/instances-$INSTANCES.json"; break
+    fi
+  done
+fi
 ls -la "$OUT"
 exit "$status"

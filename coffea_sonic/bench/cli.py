@@ -73,6 +73,8 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                        help="modes to run (default: all)")
     bench.add_argument("--batch-sizes", nargs="+", type=int, metavar="N",
                        help="rows per request to sweep (every model)")
+    bench.add_argument("--no-default-batch", action="store_true",
+                       help="skip each mode's own default batching in the batch sweep")
     bench.add_argument("--in-flight", nargs="+", type=int, metavar="N",
                        help="requests in flight to sweep (remote mode)")
     bench.add_argument("--clients", nargs="+", type=int, metavar="N",
@@ -128,6 +130,8 @@ def config_from_args(args: argparse.Namespace):
         overrides["reference_batch_per_model"] = {}
     if args.chunk_rows:
         overrides["chunk_rows_per_model"] = {}
+    if args.no_default_batch:
+        overrides["include_default_batch"] = False
     config = PRESETS[preset](**overrides)
     if args.rows_per_event:
         config.rows_per_event.update(dict(args.rows_per_event))

@@ -153,8 +153,8 @@ class BenchConfig:
             batch_sizes_per_model={"jet_tagger": (4096, 16384, 65536), "emtrk_cnn": (256, 2048)},
             chunk_rows_per_model={"jet_tagger": 131072, "emtrk_cnn": 8192},
             reference_batch_per_model={"jet_tagger": 16384, "emtrk_cnn": 2048},
-            in_flight=(1, 2, 4, 8), clients=(1, 2, 4, 8, 12),
-            client_modes=("remote", "local-gpu"), repetitions=4, preset="gpu",
+            in_flight=(1, 2, 4, 8), clients=(1, 2, 4, 8, 12, 16),
+            client_modes=("remote", "local-gpu"), repetitions=5, preset="gpu",
         )
         settings.update(overrides)
         return cls(**settings)

@@ -47,6 +47,20 @@ def format_bytes(value: float | None) -> str:
     return f"{value:.0f} B"
 
 
+def format_seconds(value: float | None) -> str:
+    """Seconds with a unit that keeps three significant digits.
+
+    >>> format_seconds(0.0123), format_seconds(2.5e-6), format_seconds(3.0)
+    ('12.3 ms', '2.5 µs', '3 s')
+    """
+    if value is None or not math.isfinite(value):
+        return "–"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value / 1e-9:.3g} ns"
+
+
 def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
 
@@ -179,25 +193,48 @@ def markdown_report(results: dict) -> str:
             measured = "–" if t["measured"] is None else f"{t['measured']:.2f}"
             note = t["detail"] + (f"; {t['shortfall']}" if t.get("shortfall") else "")
             lines.append(f"| {t['name']} | {t['model']} | {measured} | {goal} | {met} | {note} |")
+    profiled = [r for r in results["measurements"] if r.get("profile")
+                and ("in_flight" in r.get("sweeps", ()) or "clients" in r.get("sweeps", ())
+                     or r["batch_size"] == 0 or r["mode"] != "remote")]
+    if profiled:
+        lines += ["", "## Where the time goes (served modes, per request, means)", "",
+                  "observed = what the caller waited; client = observed − round trip (encode, "
+                  "decode, waiting for a window slot); wire + server overhead = round trip − "
+                  "Triton's queue and compute timers (gRPC transfer and (de)serialisation, request "
+                  "handling, python-backend copies). coffea's wrapper has no round-trip clock: its "
+                  "client and wire time are in one column.", "",
+                  "| model | mode | batch | in flight | clients | request MB | observed ms | client ms "
+                  "| wire + server overhead ms | queue ms | compute in / infer / out ms | GB/s per stream |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in _sorted(profiled):
+            p = r["profile"]
+            lines.append(
+                f"| {r['model']} | {r['mode']} | {batch_cell(r)} | {r['in_flight']} | "
+                f"{r['clients']} | {p['request_mb']:.2f} | {_ms(p['observed_ms'])} | "
+                f"{_ms(p['client_ms'])} | {_ms(p['wire_and_server_overhead_ms'])} | "
+                f"{_ms(p['queue_ms'])} | {p['compute_input_ms']:.2f} / {p['compute_infer_ms']:.2f} "
+                f"/ {p['compute_output_ms']:.2f} | "
+                f"{_ms(p['observed_gb_per_s'])} |")
     scaling = {k: v for k, v in (results.get("scaling") or {}).items() if k != "analysis"}
     if scaling:
         lines += ["", "## Scaling model (fitted to the clients sweep)", "",
                   "t_SONIC = (1−p)·t_CPU + t_GPU·[1 + max(0, N_CPU/N_GPU − t_ideal/t_GPU)] + "
                   "t_latency, with p = 1 for pure-inference clients; times per event.", "",
-                  "| model | rows/event | t_GPU ms | t_latency ms | t_ideal ms | saturation clients "
-                  "| CPU:GPU | rms error | saturation seen | max clients by link (Gb/s) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+                  "| model | rows/event | t_GPU | t_latency | t_ideal | saturation clients "
+                  "| CPU:GPU | rms error | saturation seen | one client's traffic | max clients by link (Gb/s) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
         for name, fit in scaling.items():
             model = fit["model"]
-            links = ", ".join(f"{gbps}: {format_rate(count)}"
+            links = ", ".join(f"{gbps}: {count:.3g}"
                               for gbps, count in fit["network_bound_clients"].items())
+            per_client_gbps = fit["bytes_per_event"] * 8 / model["t_ideal"] / 1e9
             lines.append(
-                f"| {name} | {fit['rows_per_event']:g} | {1e3 * model['t_gpu']:.3f} | "
-                f"{1e3 * model['t_latency']:.3f} | {1e3 * model['t_ideal']:.3f} | "
+                f"| {name} | {fit['rows_per_event']:g} | {format_seconds(model['t_gpu'])} | "
+                f"{format_seconds(model['t_latency'])} | {format_seconds(model['t_ideal'])} | "
                 f"{model['saturation_clients']:.1f} | {model['recommended_cpu_per_gpu']}:1 | "
                 f"{100 * fit['rms_relative_error']:.0f} % | "
                 f"{'yes' if fit['saturation_observed'] else 'no (t_GPU from server stats)'} | "
-                f"{links} |")
+                f"{per_client_gbps:.2f} Gb/s | {links} |")
         for name, fit in scaling.items():
             lines.append(f"- {name}: {fit['recommendation']}.")
     analysis = (results.get("scaling") or {}).get("analysis")
@@ -215,6 +252,10 @@ def markdown_report(results: dict) -> str:
             cells = [("–" if per_mode.get(mode) is None else f"{per_mode[mode]:.1e}")
                      for mode in MODES]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        for name, per_mode in (equality.get("max_abs_diff_vs_local_gpu") or {}).items():
+            cells = [("–" if per_mode.get(mode) is None else f"{per_mode[mode]:.1e}")
+                     for mode in MODES]
+            lines.append(f"| {name}, vs local-gpu | " + " | ".join(cells) + " |")
     e2e = results.get("e2e")
     if e2e:
         lines += ["", "## End to end: demo analysis", "", e2e.get("summary", "")]

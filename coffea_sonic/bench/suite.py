@@ -110,6 +110,8 @@ class BenchSuite:
         self.stats_client = None
         self.model_versions: dict[str, str] = {}
         self.references: dict[str, dict[str, np.ndarray]] = {}
+        #: local-gpu outputs: what outputs computed on the GPU are also compared with
+        self.gpu_references: dict[str, dict[str, np.ndarray]] = {}
         self.gpu = False
         self.machine: dict = {}
         self.modes: list[str] = []
@@ -320,11 +322,15 @@ class BenchSuite:
         if per_client[0]["outputs"] is not None:
             record["max_abs_diff"] = max_abs_difference(per_client[0]["outputs"],
                                                         self.reference_outputs(job.model))
-        if wire_sent and counters.get("requests"):
-            # client-side view of a request: encode + wire + server + decode
-            record["client_profile"] = {
-                "round_trip_ms_mean": 1e3 * counters["latency_s"] / counters["requests"],
-            }
+        if job.mode == "local-gpu" and per_client[0]["outputs"] is not None:
+            self.gpu_references.setdefault(job.model, per_client[0]["outputs"])
+        gpu_reference = self.gpu_references.get(job.model)
+        computed_on_gpu = job.mode == "local-gpu" or (
+            job.mode in SERVED_MODES and self.server_info.get("device") == "gpu")
+        if computed_on_gpu and gpu_reference is not None and per_client[0]["outputs"] is not None:
+            record["max_abs_diff_vs_local_gpu"] = max_abs_difference(per_client[0]["outputs"],
+                                                                     gpu_reference)
+        record["profile"] = request_profile(record, counters)
         return record
 
     # -- sweeps ------------------------------------------------------------------------------
@@ -359,6 +365,55 @@ def _local_gpu_unavailable() -> str | None:
     if not torch.cuda.is_available():
         return f"torch {torch.__version__} cannot use the GPU (a CPU-only build?)"
     return None
+
+
+def request_profile(record: dict, counters: dict) -> dict | None:
+    """Where one request's time goes (ms, means over the timed requests) for a served mode.
+
+    ``observed``: what the caller waited per request; ``round_trip``: TritonModel's send-to-answer
+    time (after encoding); the server's own split (queue, compute input / infer / output) comes
+    from Triton's statistics. Differences: ``client`` = observed - round trip (encode, decode,
+    waiting in the in-flight window), ``wire_and_server_overhead`` = round trip - server (gRPC
+    transfer and (de)serialisation on both ends, Triton's request handling, the python backend's
+    shared-memory copies outside its compute timers).
+
+    >>> record = {"mode": "remote", "latency": {"mean_ms": 10.0}, "requests_per_chunk": 2,
+    ...           "wire_bytes_sent_per_chunk": 4e6, "payload_bytes_per_chunk": 4e6,
+    ...           "server": {"queue_ms_per_request": 1.0, "compute_input_ms_per_request": 0.5,
+    ...                      "compute_infer_ms_per_request": 2.0,
+    ...                      "compute_output_ms_per_request": 0.5}}
+    >>> profile = request_profile(record, {"latency_s": 0.016, "requests": 2})
+    >>> profile["client_ms"], profile["wire_and_server_overhead_ms"], profile["request_mb"]
+    (2.0, 4.0, 2.0)
+    """
+    server = record.get("server")
+    if record["mode"] not in SERVED_MODES or not server:
+        return None
+    observed = record["latency"].get("mean_ms")
+    server_ms = (server["queue_ms_per_request"] + server["compute_input_ms_per_request"]
+                 + server["compute_infer_ms_per_request"] + server["compute_output_ms_per_request"])
+    requests = record["requests_per_chunk"] or 1
+    sent = record.get("wire_bytes_sent_per_chunk") or record["payload_bytes_per_chunk"]
+    profile = {
+        "observed_ms": observed,
+        "queue_ms": server["queue_ms_per_request"],
+        "compute_input_ms": server["compute_input_ms_per_request"],
+        "compute_infer_ms": server["compute_infer_ms_per_request"],
+        "compute_output_ms": server["compute_output_ms_per_request"],
+        "server_ms": server_ms,
+        "request_mb": sent / requests / 1e6,
+        "observed_gb_per_s": (sent / requests / 1e9) / (observed / 1e3) if observed else None,
+        "round_trip_ms": None, "client_ms": None, "wire_and_server_overhead_ms": None,
+    }
+    if counters.get("requests") and counters.get("latency_s") is not None:
+        round_trip = 1e3 * counters["latency_s"] / counters["requests"]
+        profile.update(round_trip_ms=round_trip,
+                       client_ms=max(0.0, observed - round_trip) if observed else None,
+                       wire_and_server_overhead_ms=max(0.0, round_trip - server_ms))
+    else:
+        # coffea's wrapper keeps no round-trip clock: client and wire are not separable
+        profile["wire_and_server_overhead_ms"] = max(0.0, observed - server_ms) if observed else None
+    return profile
 
 
 # -- derived results -------------------------------------------------------------------------
@@ -409,13 +464,19 @@ def equality_summary(measurements: list[dict], server_device: str | None = None)
     tolerances = {mode: (GPU_OUTPUT_TOLERANCE if mode == "local-gpu"
                          or (mode in SERVED_MODES and server_device == "gpu") else OUTPUT_TOLERANCE)
                   for modes in per_model.values() for mode in modes}
+    vs_local_gpu: dict[str, dict[str, float]] = {}
+    for record in measurements:
+        if record.get("max_abs_diff_vs_local_gpu") is not None:
+            modes = vs_local_gpu.setdefault(record["model"], {})
+            modes[record["mode"]] = max(modes.get(record["mode"], 0.0),
+                                        record["max_abs_diff_vs_local_gpu"])
     worst = max((value for modes in per_model.values() for value in modes.values()), default=0.0)
     all_equal = bool(per_model) and all(value <= tolerances[mode] for modes in per_model.values()
                                         for mode, value in modes.items())
     return {"reference": "in-process onnxruntime (CpuEngine) on the same inputs",
             "tolerance": OUTPUT_TOLERANCE, "gpu_tolerance": GPU_OUTPUT_TOLERANCE,
             "tolerance_per_mode": tolerances, "max_abs_diff": per_model, "worst": worst,
-            "all_equal": all_equal}
+            "all_equal": all_equal, "max_abs_diff_vs_local_gpu": vs_local_gpu}
 
 
 #: Served aggregate / in-process on the same GPU (issue 6): model -> minimum ratio.
@@ -548,12 +609,19 @@ def compute_scaling(measurements: list[dict], config: BenchConfig) -> dict:
 
 
 def _recommendation(model: ScalingModel, network: dict[str, float]) -> str:
+    from .report import format_seconds
+
     text = (f"one server saturates at {model.saturation_clients():.1f} pure-inference client "
-            f"processes (t_ideal {1e3 * model.t_ideal:.2f} ms / t_GPU {1e3 * model.t_gpu:.2f} ms "
-            f"per event): give it about {model.recommended_cpu_per_gpu()} such clients")
+            f"processes (t_ideal {format_seconds(model.t_ideal)} / t_GPU "
+            f"{format_seconds(model.t_gpu)} per event): give it about "
+            f"{model.recommended_cpu_per_gpu()} such clients; clients doing other work per event "
+            "(p < 1) need proportionally more, see the analysis-level prediction")
     if network:
-        link, clients = min(network.items(), key=lambda item: float(item[0]))
-        text += f"; a {link} Gb/s link carries {clients:.0f} of them"
+        link, clients = max(network.items(), key=lambda item: float(item[0]))
+        text += (f"; at full speed a {link} Gb/s link carries {clients:.3g} of them, so the "
+                 "network, not the server, bounds a remote deployment" if clients
+                 < model.saturation_clients() else
+                 f"; a {link} Gb/s link carries {clients:.3g} of them")
     return text
 
 
@@ -598,6 +666,9 @@ def finish_results(raw: dict) -> dict:
     config = BenchConfig(**{key: tuple(value) if isinstance(value, list) else value
                             for key, value in raw["config"].items()})
     measurements = raw["measurements"]
+    for record in measurements:
+        if "profile" not in record:  # written by an older version of the suite
+            record["profile"] = request_profile(record, record.get("client_counters") or {})
     e2e = raw.get("e2e")
     scaling = compute_scaling(measurements, config)
     if e2e and e2e.get("scaling_inputs"):

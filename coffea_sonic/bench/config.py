@@ -8,7 +8,7 @@ A run has three sweeps per model, all on the same chunk of inputs (``zoo.example
 
 >>> config = BenchConfig.quick()
 >>> config.models, config.clients
-(('jet_tagger',), (1, 2))
+(('jet_tagger',), (1, 2, 3))
 >>> config.reference_batch("jet_tagger") in config.batch_sizes_for("jet_tagger")
 True
 """
@@ -128,8 +128,9 @@ class BenchConfig:
     def quick(cls, **overrides) -> "BenchConfig":
         """Small sweeps that finish in well under 3 minutes on a 2-core machine."""
         settings = dict(
-            models=("jet_tagger",), batch_sizes=(256, 1024, 4096), in_flight=(1, 4),
-            clients=(1, 2), chunk_rows=16384, repetitions=3, warmup=1, preset="quick",
+            models=("jet_tagger",), batch_sizes=(256, 1024, 4096), in_flight=(1, 2, 4),
+            clients=(1, 2, 3), chunk_rows=16384, repetitions=5, warmup=1,
+            e2e_events=8000, e2e_workers=(1, 2), preset="quick",
         )
         settings.update(overrides)
         return cls(**settings)
@@ -140,7 +141,9 @@ class BenchConfig:
         settings = dict(
             models=("jet_tagger", "emtrk_cnn"),
             batch_sizes_per_model={"emtrk_cnn": (64, 256, 1024)},
-            chunk_rows_per_model={"emtrk_cnn": 2048}, preset="full",
+            chunk_rows_per_model={"emtrk_cnn": 1024},
+            reference_batch_per_model={"jet_tagger": 4096, "emtrk_cnn": 256},
+            e2e_events=20000, e2e_workers=(1, 2), preset="full",
         )
         settings.update(overrides)
         return cls(**settings)

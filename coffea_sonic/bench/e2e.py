@@ -253,7 +253,7 @@ def analysis_scaling(e2e: dict, bench_scaling: dict, config: BenchConfig) -> dic
         f"{1e3 * model.t_gpu:.4f} ms/event and the client-side transport adds t_latency "
         f"{1e3 * model.t_latency:.3f} ms/event. One server saturates at "
         f"{model.saturation_clients():.0f} such workers: recommended CPU:GPU ≈ "
-        f"{model.recommended_cpu_per_gpu()}:1; asymptotic speedup per worker "
+        f"{model.recommended_cpu_per_gpu()}:1; predicted speedup per worker below saturation "
         f"{model.speedup_over_cpu(1):.2f}× (Amdahl limit 1/(1−p) = "
         f"{1 / max(1 - model.p, 1e-9):.2f}×)")
     if network:

@@ -48,7 +48,8 @@ fi
 # 3. slurm.conf: this host as controller and the only node, all its cores, 85 % of its memory
 HOST=$(hostname -s)
 getent hosts "$HOST" >/dev/null || echo "127.0.0.1 $HOST" >> /etc/hosts
-NCPU=$(nproc)
+# nproc honours OMP_NUM_THREADS (test runners set it to 1): count the cores themselves
+NCPU=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 MEM_MB=$(( $(awk '/MemTotal/{print int($2/1024)}' /proc/meminfo) * 85 / 100 ))
 mkdir -p /etc/slurm
 cat > /etc/slurm/slurm.conf <<CONF

@@ -254,6 +254,8 @@ class OutputSpec:
 
     >>> OutputSpec.coerce(("probs", "FP32", (3,))).nbytes(rows=10)
     120
+    >>> OutputSpec.coerce(("probs", "float32", [3])).datatype
+    'FP32'
     >>> OutputSpec("n", "FP32", (-1,)).nbytes(rows=10) is None
     True
     """
@@ -270,9 +272,14 @@ class OutputSpec:
             return value
         if isinstance(value, (tuple, list)):
             name, datatype, dims = value
-        else:
-            name, datatype, dims = value.name, value.datatype, value.dims
+        else:  # TensorInfo has .datatype; the zoo's TensorSpec has .triton_dtype
+            datatype = getattr(value, "datatype", None) or getattr(value, "triton_dtype", None)
+            name, dims = value.name, value.dims
         datatype = str(datatype).removeprefix("TYPE_")
+        try:
+            numpy_dtype(datatype)
+        except InferenceError:  # a numpy name such as "float32"
+            datatype = triton_dtype(np.dtype(datatype.lower()))
         return cls(str(name), datatype, tuple(int(d) for d in dims))
 
     @property
@@ -1024,7 +1031,7 @@ def select_transport(address: str, requested: str = "auto", *,
 
 _transports: dict[int, Any] = {}
 _shared: dict[tuple, Any] = {}
-_registry_lock = threading.Lock()
+_registry_lock = threading.RLock()
 # Transports inherited from a parent process: kept referenced, never closed from the child.
 _inherited: list[Any] = []
 
@@ -1048,7 +1055,7 @@ def _after_fork_in_child() -> None:
     _transports.clear()
     _shared.clear()
     _probe_cache.clear()
-    _registry_lock = threading.Lock()
+    _registry_lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

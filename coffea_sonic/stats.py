@@ -130,19 +130,19 @@ class ServerStatistics:
 
     @property
     def queue_s(self) -> float:
-        return self.queue_ns * 1e-9
+        return self.queue_ns / 1e9
 
     @property
     def compute_input_s(self) -> float:
-        return self.compute_input_ns * 1e-9
+        return self.compute_input_ns / 1e9
 
     @property
     def compute_infer_s(self) -> float:
-        return self.compute_infer_ns * 1e-9
+        return self.compute_infer_ns / 1e9
 
     @property
     def compute_output_s(self) -> float:
-        return self.compute_output_ns * 1e-9
+        return self.compute_output_ns / 1e9
 
     @property
     def average_batch(self) -> float:

@@ -1,0 +1,144 @@
+"""The bad-input matrix on the real server: each mistake gets its clear error, or the right result.
+
+Every error must name the model and the tensor, and say what was expected and what was given.
+"""
+
+from __future__ import annotations
+
+import awkward as ak
+import numpy as np
+import pytest
+
+from coffea_sonic import zoo
+from coffea_sonic.engines import CpuEngine
+from coffea_sonic.errors import (InferenceError, InputValidationError, ModelNotFoundError,
+                                 ServerUnavailableError)
+from coffea_sonic.model import TritonModel
+from coffea_sonic.server.launcher import free_port
+
+
+@pytest.fixture(scope="module")
+def jet_model(triton_server):
+    return TritonModel(triton_server.url("jet_tagger"))
+
+
+@pytest.fixture(scope="module")
+def pnet_model(triton_server):
+    return TritonModel(triton_server.url("particlenet_lite"))
+
+
+def _features(rows: int = 5) -> np.ndarray:
+    return zoo.example_inputs("jet_tagger", rows)["features"]
+
+
+def _message(error_type, call) -> str:
+    with pytest.raises(error_type) as caught:
+        call()
+    return str(caught.value)
+
+
+def test_unsafe_dtype_cast_is_refused_with_both_dtypes(jet_model):
+    text = _message(InputValidationError,
+                    lambda: jet_model({"features": _features().astype(np.float64)}))
+    for word in ("'jet_tagger'", "'features'", "float32", "float64", "astype"):
+        assert word in text
+    assert jet_model.stats.requests == 0  # nothing was sent
+
+
+def test_safe_dtype_cast_gives_the_same_result(jet_model):
+    integers = np.arange(30, dtype=np.int16).reshape(5, 6)
+    expected = jet_model({"features": integers.astype(np.float32)})["probs"]
+    np.testing.assert_array_equal(jet_model({"features": integers})["probs"], expected)
+
+
+def test_wrong_rank_names_expected_and_actual_shape(jet_model):
+    text = _message(InputValidationError, lambda: jet_model({"features": _features()[0]}))
+    assert "expected rank 2 [N, 6]" in text and "got rank 1 shape [6]" in text
+
+
+def test_wrong_fixed_dim_names_the_dim(jet_model):
+    text = _message(InputValidationError, lambda: jet_model({"features": _features()[:, :5]}))
+    assert "'features'" in text and "[N, 6]" in text and "[5, 5]" in text and "must be 6" in text
+
+
+def test_missing_and_extra_inputs_are_listed_with_the_declaration(pnet_model):
+    inputs = zoo.example_inputs("particlenet_lite", 3)
+    del inputs["pf_mask"]
+    inputs["pf_charge"] = np.zeros((3, 32), np.float32)
+    text = _message(InputValidationError, lambda: pnet_model(inputs))
+    assert "missing ['pf_mask']" in text and "unexpected ['pf_charge']" in text
+    assert "pf_points [N, 2, 32] FP32" in text
+
+
+def test_inputs_with_different_row_counts_are_refused(pnet_model):
+    inputs = zoo.example_inputs("particlenet_lite", 4)
+    inputs["pf_mask"] = inputs["pf_mask"][:3]
+    text = _message(InputValidationError, lambda: pnet_model(inputs))
+    assert "'pf_mask' has 3 rows" in text and "has 4" in text
+
+
+def test_jagged_columns_are_refused_with_a_hint(jet_model):
+    jagged = ak.Array([[1.0] * 6, [2.0] * 5])
+    text = _message(InputValidationError, lambda: jet_model({"features": jagged}))
+    assert "'features'" in text and "jagged" in text
+
+
+def test_nan_and_inf_pass_through_by_default_like_in_process(jet_model):
+    features = _features(4)
+    features[1, 0], features[2, 3] = np.nan, np.inf
+    served = jet_model({"features": features})["probs"]
+    local = CpuEngine("jet_tagger", threads=1)({"features": features})["probs"]
+    np.testing.assert_allclose(served, local, atol=1e-5, equal_nan=True)
+    strict = TritonModel(jet_model.url, nonfinite="raise")
+    text = _message(InputValidationError, lambda: strict({"features": features}))
+    assert "2 NaN/inf" in text and "'features'" in text
+
+
+def test_events_with_zero_objects_give_empty_typed_outputs(jet_model):
+    jets_per_event = ak.Array([[], [], []])  # three events without a single jet
+    flat = np.asarray(ak.flatten(jets_per_event), dtype=np.float32).reshape(0, 6)
+    outputs = jet_model({"features": flat})
+    assert outputs["probs"].shape == (0, 3) and outputs["probs"].dtype == np.float32
+    assert ak.unflatten(outputs["probs"], ak.num(jets_per_event)).tolist() == [[], [], []]
+
+
+def test_call_larger_than_one_request_is_split_and_complete(triton_server):
+    model = TritonModel(triton_server.url("jet_tagger"), max_request_bytes=4096)
+    features = _features(2000)
+    outputs = model({"features": features})["probs"]
+    assert model.stats.requests == -(-2000 // (4096 // 24)) and outputs.shape == (2000, 3)
+    np.testing.assert_allclose(
+        outputs, CpuEngine("jet_tagger", threads=1)({"features": features})["probs"], atol=1e-5)
+
+
+def test_unknown_model_lists_what_the_server_serves(triton_server):
+    model = TritonModel(triton_server.url("no_such_tagger"))
+    text = _message(ModelNotFoundError, lambda: model({"features": _features()}))
+    assert "'no_such_tagger'" in text and "jet_tagger (versions 1)" in text
+    assert triton_server.grpc_address in text
+
+
+def test_unknown_version_names_the_versions_served(triton_server):
+    model = TritonModel(triton_server.url("jet_tagger", 7))
+    text = _message(ModelNotFoundError, lambda: model({"features": _features()}))
+    assert "'jet_tagger' version 7" in text and "versions 1" in text
+
+
+def test_unreachable_server_is_named_with_a_hint():
+    address = f"127.0.0.1:{free_port()}"
+    model = TritonModel(f"triton+grpc://{address}/jet_tagger", connect_timeout_s=0.5)
+    text = _message(ServerUnavailableError, lambda: model({"features": _features()}))
+    assert address in text and "is the server running" in text
+
+
+def test_non_mapping_inputs_are_refused(jet_model):
+    text = _message(InputValidationError, lambda: jet_model(_features()))
+    assert "takes a dict" in text and "['features']" in text
+
+
+def test_signature_checksum_mismatch_is_a_clear_error(triton_server, jet_model):
+    served = jet_model.info.checksum
+    assert TritonModel(jet_model.url, expected_checksum=served)({"features": _features()})
+    wrong = TritonModel(jet_model.url, expected_checksum="0123456789abcdef")
+    text = _message(InferenceError, lambda: wrong({"features": _features()}))
+    assert served in text and "0123456789abcdef" in text and "jet_tagger" in text

@@ -115,10 +115,13 @@ def test_non_triton_listener_is_not_grpc():
     listener.listen()
 
     def answer_garbage() -> None:
-        connection, _ = listener.accept()
-        connection.recv(64)
-        connection.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-        connection.close()
+        while True:  # every probe gets an SSH banner, until the listener is closed
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            connection.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+            connection.close()
 
     threading.Thread(target=answer_garbage, daemon=True).start()
     report = check_server(f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=2)

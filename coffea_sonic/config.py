@@ -131,3 +131,41 @@ def model_urls(name: str, declared: str | Sequence[str] | None = None) -> list[s
             f"COFFEA_SONIC_MODEL_{name.upper()}, dask config {DASK_PREFIX}.models.{name}, or "
             f"[models] {name} in {config_file()}")
     return declared_urls
+
+
+def configured_models() -> dict[str, list[str]]:
+    """Every model given an endpoint at run time (environment, Dask config, facility file).
+
+    Sources are merged with the same precedence as :func:`model_urls` (environment first).
+
+    >>> import os
+    >>> os.environ["COFFEA_SONIC_MODEL_JET_TAGGER"] = "triton+grpc://gpu1:8001/jet_tagger"
+    >>> configured_models()["jet_tagger"]
+    ['triton+grpc://gpu1:8001/jet_tagger']
+    >>> del os.environ["COFFEA_SONIC_MODEL_JET_TAGGER"]
+    """
+    models: dict[str, list[str]] = {}
+    for name, urls in _file_settings().get("models", {}).items():
+        models[name] = _as_list(urls)
+    dask_models = _dask_setting("models")
+    if isinstance(dask_models, dict):
+        for name, urls in dask_models.items():
+            models[name] = _as_list(urls)
+    prefix = f"{ENV_PREFIX}MODEL_"
+    for variable, urls in os.environ.items():
+        if variable.startswith(prefix) and _as_list(urls):
+            models[variable[len(prefix):].lower()] = _as_list(urls)
+    return {name: urls for name, urls in sorted(models.items()) if urls}
+
+
+def configured_servers() -> list[str]:
+    """The ``host:port`` list that replaces declared servers (``COFFEA_SONIC_SERVERS`` etc.).
+
+    >>> import os
+    >>> os.environ["COFFEA_SONIC_SERVERS"] = "gpu1:8001, gpu2:8001"
+    >>> configured_servers()
+    ['gpu1:8001', 'gpu2:8001']
+    >>> del os.environ["COFFEA_SONIC_SERVERS"]
+    """
+    return _as_list(os.environ.get(ENV_PREFIX + "SERVERS") or _dask_setting("servers")
+                    or _file_settings().get("servers"))

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..config import DASK_PREFIX, ENV_PREFIX, _dask_setting, _file_settings, setting
+from ..config import DASK_PREFIX, configured_models, configured_servers, setting
 from ..errors import ConfigurationError
 from . import probe
 
@@ -117,26 +117,8 @@ def configured_targets() -> list[str]:
     ['triton+grpc://gpu1:8001/jet_tagger']
     >>> del os.environ["COFFEA_SONIC_MODEL_JET_TAGGER"]
     """
-    def as_list(value: Any) -> list[str]:
-        if value is None:
-            return []
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return [str(part) for part in value]
-
-    urls: list[str] = []
-    for name, value in sorted(os.environ.items()):
-        if name.startswith(ENV_PREFIX + "MODEL_"):
-            urls += as_list(value)
-    dask_models = _dask_setting("models")
-    if isinstance(dask_models, Mapping):
-        for value in dask_models.values():
-            urls += as_list(value)
-    file_models = _file_settings().get("models", {})
-    for value in file_models.values():
-        urls += as_list(value)
-    urls += as_list(os.environ.get(ENV_PREFIX + "SERVERS") or _dask_setting("servers")
-                    or _file_settings().get("servers"))
+    urls = [url for model_urls in configured_models().values() for url in model_urls]
+    urls += configured_servers()
     return list(dict.fromkeys(urls))
 
 

@@ -246,3 +246,12 @@ def test_parse_target_forms():
     assert parse_target("triton+grpc://h:9001/m/3") == parse_target("grpc://h:9001/m/3")
     assert parse_target("h").port == 8001
     assert parse_target("[::1]:8001").host == "::1"
+
+
+def test_cli_check_on_workers_reports_from_the_worker(gateway, monkeypatch, capsys):
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    code = cli_main(["check", gateway.url("jet_tagger"), "--token-env", TOKEN_ENV,
+                     "--on-workers", "local", "--pings", "1"])
+    output = capsys.readouterr().out
+    assert code == 0, output
+    assert "(from " in output and "all good" in output and TOKEN not in output

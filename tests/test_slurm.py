@@ -138,6 +138,7 @@ def test_slurm_workers_run_example_analysis_with_forwarded_token_like_local_clus
     assert sum(entry["events"] for entry in output["cutflow"].values()) == 2 * EVENTS_PER_DATASET
     assert gateway.accepted > 0
     assert all(report.ok for per_worker in reports.values() for report in per_worker), reports
+    assert any(logs.iterdir()), "the worker jobs wrote no logs"
     for log in logs.iterdir():
         assert token not in log.read_text(errors="replace"), f"token leaked into {log}"
 

@@ -38,6 +38,8 @@ Backend = Literal["python", "onnxruntime"]
 Device = Literal["cpu", "gpu"]
 BACKENDS: tuple[str, ...] = ("python", "onnxruntime")
 DEVICES: tuple[str, ...] = ("cpu", "gpu")
+Staging = Literal["pinned", "pageable"]
+STAGINGS: tuple[str, ...] = ("pinned", "pageable")
 
 
 def model_config(
@@ -51,13 +53,32 @@ def model_config(
     max_queue_size: int | None = None,
     intra_op_threads: int = 0,
     tensorrt: bool = False,
+    staging: Staging = "pinned",
+    gpu_input_tensors: bool = False,
 ) -> model_config_pb2.ModelConfig:
     """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device.
+
+    Tuning knobs (see ``benchmarks/transport/RESULTS-transport.md`` for what they bought):
+
+    * ``instances``: model instances (per GPU with ``device="gpu"``); with the python backend each
+      is its own process, so 2-3 per GPU let one's host copies overlap another's GPU work.
+    * ``preferred_batch_sizes`` / ``max_queue_delay_microseconds`` / ``max_queue_size``: Triton's
+      dynamic batcher (defaults from the zoo declaration).
+    * python backend on GPU: ``staging`` (``"pinned"``: host inputs go through a reused pinned
+      buffer with asynchronous copies; ``"pageable"``: copied from the backend's memory directly),
+      ``gpu_input_tensors`` (hand inputs that arrive in GPU memory, e.g. from CUDA shared memory,
+      to the model without a trip through the host: ``FORCE_CPU_ONLY_INPUT_TENSORS: no``).
+    * onnxruntime backend on GPU: ``tensorrt`` (TensorRT execution accelerator, FP32).
 
     >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
     >>> config.platform, config.instance_group[0].kind == config.instance_group[0].KIND_GPU
     ('onnxruntime_onnx', True)
+    >>> gpu = model_config("emtrk_cnn", device="gpu", instances=2, gpu_input_tensors=True)
+    >>> gpu.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value, gpu.instance_group[0].count
+    ('no', 2)
     """
+    if staging not in STAGINGS:
+        raise ConfigurationError(f"staging must be one of {STAGINGS}, not {staging!r}")
     if backend not in BACKENDS:
         raise ConfigurationError(f"backend must be one of {BACKENDS}, not {backend!r}")
     if device not in DEVICES:
@@ -68,6 +89,10 @@ def model_config(
         config.backend = "python"
         config.parameters["device"].string_value = device
         config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
+        if device == "gpu":
+            config.parameters["staging"].string_value = staging
+            if gpu_input_tensors:
+                config.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value = "no"
     else:
         config.platform = "onnxruntime_onnx"
         if device == "gpu" and tensorrt:

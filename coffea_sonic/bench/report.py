@@ -66,15 +66,20 @@ def _ms(value: float | None) -> str:
 
 
 def _clean(value):
-    """JSON-safe copy: numpy scalars to Python, non-finite floats to None."""
+    """JSON-safe copy: numpy scalars to Python, non-finite floats to None, floats to 6 digits.
+
+    >>> _clean({"a": [float("inf"), np.float32(0.1), 1 / 3]})
+    {'a': [None, 0.1, 0.333333]}
+    """
     if isinstance(value, dict):
         return {str(key): _clean(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [_clean(item) for item in value]
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    if isinstance(value, float):
+        # six significant digits: far below any repetition spread, a third of the file size
+        return float(f"{value:.6g}") if math.isfinite(value) else None
     return value
 
 
@@ -341,7 +346,7 @@ def _plot_clients(results: dict, path: Path) -> bool:
             top = max(max(fit["clients"]) * 1.5, scaling.saturation_clients() * 1.3)
             n = np.linspace(1, top, 200)
             axis.plot(n, [scaling.throughput(k) for k in n], color="black",
-                      label=f"SONIC model (t_GPU {1e3 * scaling.t_gpu:.2g} ms/event)")
+                      label=f"SONIC model (t_GPU {format_seconds(scaling.t_gpu)}/event)")
             axis.axvline(scaling.saturation_clients(), color="black", linestyle=":",
                          label=f"saturation ≈ {scaling.saturation_clients():.1f} clients")
         for mode in ("cpu", "local-gpu"):

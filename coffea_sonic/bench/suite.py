@@ -390,9 +390,15 @@ def request_profile(record: dict, counters: dict) -> dict | None:
     if record["mode"] not in SERVED_MODES or not server:
         return None
     observed = record["latency"].get("mean_ms")
+    requests = record["requests_per_chunk"] or 1
+    chunks = len(record.get("chunk_seconds") or [[]]) * len((record.get("chunk_seconds")
+                                                                or [[None]])[0])
+    if observed and record["latency"].get("count") and chunks:
+        # latencies are per call of the runner; a default-batching call may hold several requests
+        calls_per_chunk = record["latency"]["count"] / chunks
+        observed = observed * calls_per_chunk / requests
     server_ms = (server["queue_ms_per_request"] + server["compute_input_ms_per_request"]
                  + server["compute_infer_ms_per_request"] + server["compute_output_ms_per_request"])
-    requests = record["requests_per_chunk"] or 1
     sent = record.get("wire_bytes_sent_per_chunk") or record["payload_bytes_per_chunk"]
     profile = {
         "observed_ms": observed,
@@ -666,9 +672,8 @@ def finish_results(raw: dict) -> dict:
     config = BenchConfig(**{key: tuple(value) if isinstance(value, list) else value
                             for key, value in raw["config"].items()})
     measurements = raw["measurements"]
-    for record in measurements:
-        if "profile" not in record:  # written by an older version of the suite
-            record["profile"] = request_profile(record, record.get("client_counters") or {})
+    for record in measurements:  # derived: recomputed, so older files get today's profile
+        record["profile"] = request_profile(record, record.get("client_counters") or {})
     e2e = raw.get("e2e")
     scaling = compute_scaling(measurements, config)
     if e2e and e2e.get("scaling_inputs"):

@@ -141,3 +141,21 @@ def test_unknown_mode_or_model_is_a_configuration_error():
         BenchConfig(modes=("cpu", "fpga"))
     with pytest.raises(ConfigurationError, match="needs a server address"):
         make_runner(RunnerSpec(mode="remote", model="jet_tagger", batch_size=8))
+
+
+@pytest.mark.slow
+def test_end_to_end_demo_analysis_reports_inference_share_and_speedup(triton_server):
+    """The demo analysis (real coffea Runner, real Dask workers) in-process vs served."""
+    from coffea_sonic.bench.e2e import analysis_scaling, run_end_to_end
+
+    config = BenchConfig.tiny(e2e_events=2000, e2e_workers=(1,))
+    e2e = run_end_to_end(config, server_address=triton_server.grpc_address)
+    rows = {row["inference"]: row for row in e2e["rows"]}
+    assert set(rows) == {"cpu", "served"}
+    assert rows["cpu"]["events"] == rows["served"]["events"] == 2000
+    assert rows["cpu"]["inference_rows"] == rows["served"]["inference_rows"]
+    assert 0 < rows["cpu"]["inference_share"] < 1
+    assert rows["served"]["speedup"] > 0 and rows["served"]["server_busy_s"] > 0
+    analysis = analysis_scaling(e2e, {}, config)
+    assert analysis["model"]["p"] == pytest.approx(rows["cpu"]["inference_share"])
+    assert analysis["model"]["recommended_cpu_per_gpu"] >= 1

@@ -27,20 +27,24 @@ DEFAULT_OUTPUT_DIR = "bench-output"
 EXAMPLES = """\
 examples:
   coffea-sonic bench --quick
-      all modes on jet_tagger with the embedded server; < 3 minutes on 2 cores
+      all modes on jet_tagger with the embedded server, and the demo analysis end to end
+      (8000 events, 1 and 2 Dask workers); about a minute on 2 cores
   coffea-sonic bench
       full preset: jet_tagger and emtrk_cnn, batch / in-flight / clients sweeps
   coffea-sonic bench --server triton+grpc://gpu-node:8001 --clients 1 4 16 64
       against your facility's server (it must serve the zoo models: coffea-sonic serve)
   coffea-sonic bench --preset gpu --device gpu
       the H100 sweeps of benchmarks/RESULTS.md (local-gpu mode needs torch with CUDA)
-  coffea-sonic bench --quick --e2e-events 20000 --e2e-workers 1 2
-      also the demo analysis end to end (CPU inference vs served), with 1 and 2 Dask workers
+  coffea-sonic bench --quick --e2e-events 20000 --e2e-workers 1 2 4
+      a bigger end-to-end run (CPU inference vs served); --e2e-events 0 skips it
+  coffea-sonic bench --report-from bench-output/results.partial.json -o report
+      tables, targets, fit and plots from what a stopped run measured
   coffea-sonic bench --models emtrk_cnn --modes cpu remote --batch-sizes 64 256 --chunk-rows 1024
 
 outputs (in --output, default bench-output/): results.json (machine, versions, config, raw
 samples, equality, targets, scaling fit), results.md (tables), throughput_vs_batch.png,
-throughput_vs_clients.png (measured vs the fitted SONIC model), throughput_vs_in_flight.png.
+throughput_vs_clients.png (measured vs the fitted SONIC model), throughput_vs_in_flight.png,
+e2e_speedup.png.
 """
 
 

@@ -15,4 +15,12 @@ python3 -m pip download -q --no-deps $PLAT -d "$DEST" \
   histoprint==2.7.1 uhi==1.2.1 lazy-importer==0.1.0 cramjam==2.14.0 xxhash==4.1.0 \
   gevent==26.9.0 greenlet==3.3.2 geventhttpclient==2.6.1 brotli==1.2.1 \
   cloudpickle==3.1.3 rich==15.0.0 importlib_metadata==10.2.0 2>&1 | grep -v "WARNING: Location" || true
-du -sb "$(dirname "$DEST")"; ls "$DEST"
+ls "$DEST"
+# what one device call would carry: .device plus the working tree (tracked + untracked files)
+tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
+total=$(( $(du -sb "$(dirname "$DEST")" | cut -f1) + tree ))
+echo "carry: $total bytes of 67108864 (64 MiB)"
+if [ "$total" -gt 67108864 ]; then
+  echo "over the device tool's limit: drop $DEST (the bench then leaves out the coffea-wrapper" \
+       "mode) or move large untracked files out of the tree" >&2
+fi

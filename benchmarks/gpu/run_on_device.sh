@@ -31,20 +31,33 @@ else
   SERVE_MODEL=${SERVE_MODEL:-emtrk_cnn}
   # shellcheck disable=SC1091
   source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$DEV"/extra/*.whl || exit 1
+  # the coffea-wrapper mode's wheels (fetch_wheels.sh); without them that mode is left out
+  if ls "$DEV"/extra/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site "$DEV"/extra/*.whl || exit 1
+  fi
   export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site
 fi
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+MODES=()
+if ! $PY -c "import coffea.ml_tools.triton_wrapper, tritonclient.http" 2>/dev/null; then
+  echo "coffea's triton_wrapper is not importable here (no $DEV/extra wheels?): mode coffea-wrapper left out"
+  MODES=(--modes cpu local-gpu remote remote-sync)
+fi
 $PY - <<'PYEOF' || exit 1
 import importlib.metadata as md, sys, numpy, onnxruntime
-import coffea.ml_tools.triton_wrapper, tritonclient.grpc, tritonclient.http  # coffea-wrapper mode
+import tritonclient.grpc
 import coffea_sonic.bench
 from coffea_sonic.server import gpu_available, server_binary
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
 print("python", sys.version.split()[0], "numpy", numpy.__version__, "onnxruntime",
-      onnxruntime.__version__, "coffea", md.version("coffea"), "tritonclient", md.version("tritonclient"),
-      "grpcio", md.version("grpcio"))
+      onnxruntime.__version__, "coffea", version("coffea"), "tritonclient", version("tritonclient"),
+      "grpcio", version("grpcio"))
 print("tritonserver", server_binary(), "gpu", gpu_available())
 PYEOF
 echo "== serve check ($SERVE_MODEL, $BENCH_DEVICE)"
@@ -53,7 +66,7 @@ timeout 240 $PY benchmarks/gpu/serve_check.py --device "$BENCH_DEVICE" --model "
 BENCH_TIMEOUT=$(( TOTAL_BUDGET - SECONDS - 15 ))
 echo "== bench (at most $BENCH_TIMEOUT s)"
 timeout "$BENCH_TIMEOUT" $PY -m coffea_sonic.cli bench --preset gpu --device "$BENCH_DEVICE" \
-  --output "$OUT" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "RuntimeWarning\|warnings.warn"
+  --output "$OUT" "${MODES[@]}" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "RuntimeWarning\|warnings.warn"
 status=${PIPESTATUS[0]}
 # a run stopped by the time limit leaves its checkpoint: keep it as the result
 if [ ! -f "$OUT/results.json" ] && [ -f "$OUT/results.partial.json" ]; then

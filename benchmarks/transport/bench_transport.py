@@ -1,0 +1,556 @@
+"""Transport benchmark: rows/s and GB/s of tensor payload, per transport, client processes and server.
+
+Runs a real tritonserver (the embedded one, or the GPU machine's via the ``TRITON*`` environment of
+``triton-gpu-env.sh``) twice: with the server model as it was before issue 6
+(``model_before.py.tmpl``, one instance) and as it is now (``coffea_sonic/server/model.py.tmpl``,
+``--instances`` per device). Client processes (spawned, so nothing gRPC crosses a fork) send
+back-to-back requests of a fixed batch for ``--duration`` seconds, all starting together; the
+aggregate is rows answered inside that window. Transports:
+
+=================  ==================================================================================
+``tritonclient``   stock ``tritonclient.grpc.InferenceServerClient.infer`` (the naive "before" client)
+``grpc``           TritonModel's piece path: ``codec.encode_request`` + ``stub.ModelInfer.future``
+``http``           :class:`coffea_sonic.transport.http.HttpBinaryTransport` (binary tensors, no copy)
+``shm``            :class:`coffea_sonic.transport.shm.SystemShmTransport`
+``cuda``           :class:`coffea_sonic.transport.shm.CudaShmTransport`, inputs already on the GPU
+``local``          in-process engine (GpuEngine incl. host<->device copies, or CpuEngine)
+``local-resident`` in-process torch with inputs already on the GPU (compute only, for the profile)
+=================  ==================================================================================
+
+During each served run: GPU utilisation (``nvidia-smi`` every 100 ms) and Triton's statistics
+(queue, compute input/infer/output per request, average batch).
+
+    python benchmarks/transport/bench_transport.py --plan cpu --out benchmarks/transport
+    python benchmarks/transport/bench_transport.py --plan gpu --out $OUT     # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent.parent))
+
+from sink import SINK_NAME, write_sink  # noqa: E402
+
+logger = logging.getLogger("bench_transport")
+
+#: Input rows per request and model (the issue's batches).
+SINK_OUTPUTS = [("first", "FP32", (1,))]
+
+# -- plans -------------------------------------------------------------------------------------------
+# (phase, kind, model, rows, procs, in_flight)
+PLANS: dict[str, list[tuple]] = {
+    "quick": [
+        ("before", "tritonclient", "jet_tagger", 4096, 1, 1),
+        ("after", "shm", "jet_tagger", 4096, 1, 2),
+        ("after", "http", SINK_NAME, 512, 1, 1),
+        ("after", "local", "jet_tagger", 4096, 1, 1),
+    ],
+    "cpu": [
+        ("after", "local", "jet_tagger", 16384, 1, 1),
+        ("after", "local", "emtrk_cnn", 256, 1, 1),
+        ("before", "tritonclient", "jet_tagger", 16384, 1, 1),
+        ("before", "tritonclient", "jet_tagger", 16384, 2, 1),
+        ("before", "tritonclient", "emtrk_cnn", 256, 1, 1),
+        ("after", "grpc", "jet_tagger", 16384, 1, 2),
+        ("after", "shm", "jet_tagger", 16384, 1, 2),
+        ("after", "shm", "jet_tagger", 16384, 2, 2),
+        ("after", "shm", "emtrk_cnn", 256, 1, 2),
+        ("after", "tritonclient", SINK_NAME, 2048, 1, 1),
+        ("after", "grpc", SINK_NAME, 2048, 1, 2),
+        ("after", "http", SINK_NAME, 2048, 1, 2),
+        ("after", "shm", SINK_NAME, 2048, 1, 2),
+        ("after", "grpc", SINK_NAME, 2048, 2, 2),
+        ("after", "http", SINK_NAME, 2048, 2, 2),
+        ("after", "shm", SINK_NAME, 2048, 2, 2),
+    ],
+    "gpu": [
+        # in-process baselines on the same GPU
+        ("after", "local", "emtrk_cnn", 2048, 1, 1),
+        ("after", "local-resident", "emtrk_cnn", 2048, 1, 1),
+        ("after", "local", "jet_tagger", 16384, 1, 1),
+        ("after", "local-resident", "jet_tagger", 16384, 1, 1),
+        # before: stock client, old model.py, one instance
+        ("before", "tritonclient", "emtrk_cnn", 2048, 1, 1),
+        ("before", "tritonclient", "emtrk_cnn", 2048, 8, 1),
+        ("before", "shm", "emtrk_cnn", 2048, 8, 2),
+        ("before", "tritonclient", "jet_tagger", 16384, 1, 1),
+        ("before", "tritonclient", "jet_tagger", 16384, 8, 1),
+        ("before", "shm", "jet_tagger", 16384, 8, 2),
+        # after: payload bandwidth of one process (transport-only model)
+        ("after", "tritonclient", SINK_NAME, 2048, 1, 1),
+        ("after", "grpc", SINK_NAME, 2048, 1, 2),
+        ("after", "http", SINK_NAME, 2048, 1, 2),
+        ("after", "http", SINK_NAME, 2048, 1, 4),
+        ("after", "shm", SINK_NAME, 2048, 1, 2),
+        ("after", "shm", SINK_NAME, 2048, 1, 4),
+        # after: emtrk_cnn
+        ("after", "grpc", "emtrk_cnn", 2048, 8, 2),
+        ("after", "http", "emtrk_cnn", 2048, 8, 2),
+        ("after", "shm", "emtrk_cnn", 2048, 1, 2),
+        ("after", "shm", "emtrk_cnn", 2048, 4, 2),
+        ("after", "shm", "emtrk_cnn", 2048, 8, 2),
+        ("after", "shm", "emtrk_cnn", 2048, 12, 2),
+        ("after", "cuda", "emtrk_cnn", 2048, 1, 2),
+        ("after", "cuda", "emtrk_cnn", 2048, 4, 2),
+        # after: jet_tagger
+        ("after", "grpc", "jet_tagger", 16384, 8, 2),
+        ("after", "shm", "jet_tagger", 16384, 1, 2),
+        ("after", "shm", "jet_tagger", 16384, 8, 2),
+        ("after", "shm", "jet_tagger", 65536, 8, 2),
+        ("after", "shm", "jet_tagger", 65536, 12, 2),
+    ],
+}
+
+
+def row_bytes(model: str) -> int:
+    from coffea_sonic import zoo
+
+    if model == SINK_NAME:
+        return 48 * 48 * 4
+    return sum(int(np.prod(t.dims)) * np.dtype(t.dtype).itemsize for t in zoo.spec(model).inputs)
+
+
+def example(model: str, rows: int) -> dict[str, np.ndarray]:
+    from coffea_sonic import zoo
+
+    return zoo.example_inputs("emtrk_cnn" if model == SINK_NAME else model, rows, seed=1)
+
+
+def output_specs(model: str) -> list:
+    from coffea_sonic import zoo
+
+    return SINK_OUTPUTS if model == SINK_NAME else list(zoo.spec(model).outputs)
+
+
+# -- client worker processes -----------------------------------------------------------------------------
+
+class _Client:
+    """One way of sending requests: ``submit(inputs)`` -> object with ``result()``."""
+
+    def __init__(self, kind: str, model: str, grpc_address: str, http_address: str) -> None:
+        self.kind, self.model = kind, model
+        self.specs = output_specs(model)
+        if kind == "tritonclient":
+            import tritonclient.grpc as grpcclient
+
+            self.client = grpcclient.InferenceServerClient(grpc_address)
+        elif kind == "grpc":
+            from coffea_sonic.transport.channel import get_connection
+
+            self.connection = get_connection(grpc_address)
+        elif kind == "http":
+            from coffea_sonic.transport.http import HttpBinaryTransport
+
+            self.transport = HttpBinaryTransport(http_address, max_connections=8)
+        elif kind == "shm":
+            from coffea_sonic.transport.shm import SystemShmTransport
+
+            self.transport = SystemShmTransport(grpc_address, max_slots=8)
+        elif kind == "cuda":
+            from coffea_sonic.transport.shm import CudaShmTransport
+
+            self.transport = CudaShmTransport(grpc_address, max_slots=8)
+
+    def submit(self, inputs: dict) -> Any:
+        if self.kind == "tritonclient":
+            import tritonclient.grpc as grpcclient
+
+            tensors = []
+            for name, array in inputs.items():
+                tensor = grpcclient.InferInput(name, list(array.shape), "FP32")
+                tensor.set_data_from_numpy(array)
+                tensors.append(tensor)
+            answer = self.client.infer(self.model, tensors)
+            return _Done({spec[0] if isinstance(spec, tuple) else spec.name: answer.as_numpy(
+                spec[0] if isinstance(spec, tuple) else spec.name) for spec in self.specs})
+        if self.kind == "grpc":
+            from coffea_sonic.transport.codec import decode_response, encode_request
+
+            future = self.connection.stub.ModelInfer.future(
+                encode_request(self.model, "", inputs), timeout=120)
+            return _Mapped(future, decode_response)
+        future = self.transport.submit(self.model, "", inputs, self.specs, timeout_s=120)
+        return _Mapped(future, lambda _: future.outputs())
+
+
+class _Done:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
+class _Mapped:
+    def __init__(self, future: Any, convert) -> None:
+        self.future, self.convert = future, convert
+
+    def result(self) -> Any:
+        return self.convert(self.future.result())
+
+
+class _Local:
+    """In-process engine with the same submit/result shape."""
+
+    def __init__(self, kind: str, model: str, device: str) -> None:
+        from coffea_sonic.engines import CpuEngine, GpuEngine
+
+        self.kind = kind
+        if device == "gpu":
+            self.engine = GpuEngine(model)
+        else:
+            self.engine = CpuEngine(model)
+        self.device = device
+
+    def prepare(self, inputs: dict) -> Any:
+        if self.kind == "local-resident":
+            import torch
+
+            return [torch.from_numpy(inputs[t.name]).cuda() for t in self.engine.model_spec.inputs]
+        return inputs
+
+    def submit(self, prepared: Any) -> Any:
+        if self.kind == "local-resident":
+            import torch
+
+            with torch.inference_mode():
+                values = self.engine.module(*prepared)
+                torch.cuda.synchronize()
+            return _Done(values)
+        return _Done(self.engine(prepared))
+
+
+def _run_task(task: dict, clients: dict, control) -> dict:
+    kind, model, rows, in_flight = task["kind"], task["model"], task["rows"], task["in_flight"]
+    key = (kind, model)
+    if key not in clients:
+        if kind.startswith("local"):
+            clients[key] = _Local(kind, model, task["device"])
+        else:
+            clients[key] = _Client(kind, model, task["grpc"], task["http"])
+    client = clients[key]
+    inputs = example(model, rows)
+    if kind == "cuda":
+        import torch
+
+        inputs = {name: torch.from_numpy(array).cuda() for name, array in inputs.items()}
+    if kind.startswith("local"):
+        inputs = client.prepare(inputs)
+    for _ in range(2):  # warm-up: connections, regions, kernels
+        client.submit(inputs).result()
+    control.put(("ready", os.getpid()))
+    start_at = task["go"].get()
+    while time.time() < start_at:
+        time.sleep(0.0005)
+    end = start_at + task["duration"]
+    pending: deque = deque()
+    done_rows = requests = 0
+    submit_s = 0.0
+    latencies = []
+    while True:
+        now = time.time()
+        if now >= end and not pending:
+            break
+        if now < end and len(pending) < in_flight:
+            sent = time.time()
+            began = time.perf_counter()
+            handle = client.submit(inputs)
+            submit_s += time.perf_counter() - began
+            pending.append((handle, sent))
+            continue
+        handle, sent = pending.popleft()
+        handle.result()
+        finished = time.time()
+        if finished <= end:
+            done_rows += rows
+            requests += 1
+            latencies.append(finished - sent)
+    return {"rows": done_rows, "requests": requests, "submit_s": submit_s,
+            "latency_ms_p50": 1e3 * float(np.median(latencies)) if latencies else None,
+            "stats": dict(getattr(getattr(client, "transport", None), "stats", {}) or {})}
+
+
+def _worker(tasks, control) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    clients: dict = {}
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        if not isinstance(task, dict):  # a start signal of a run this worker failed to join
+            continue
+        task["go"] = tasks
+        try:
+            result = _run_task(task, clients, control)
+        except BaseException as error:  # noqa: BLE001 - reported to the main process
+            control.put(("ready", os.getpid()))
+            result = {"error": f"{type(error).__name__}: {error}"}
+        control.put(("result", result))
+
+
+class WorkerPool:
+    """``size`` spawned client processes, each with its own task queue."""
+
+    def __init__(self, size: int) -> None:
+        context = mp.get_context("spawn")
+        self.control = context.Queue()
+        self.queues = [context.Queue() for _ in range(size)]
+        self.processes = [context.Process(target=_worker, args=(queue, self.control), daemon=True)
+                          for queue in self.queues]
+        for process in self.processes:
+            process.start()
+
+    def run(self, task: dict, procs: int, on_start=None) -> list[dict]:
+        for queue in self.queues[:procs]:
+            queue.put(dict(task))
+        ready = 0
+        while ready < procs:
+            kind, _ = self.control.get(timeout=300)
+            ready += kind == "ready"
+        start_at = time.time() + 0.2
+        for queue in self.queues[:procs]:
+            queue.put(start_at)
+        if on_start is not None:
+            on_start(start_at)
+        results = []
+        while len(results) < procs:
+            kind, value = self.control.get(timeout=task["duration"] + 300)
+            if kind == "result":
+                results.append(value)
+        return results
+
+    def close(self) -> None:
+        for queue in self.queues:
+            queue.put(None)
+        for process in self.processes:
+            process.join(10)
+
+
+# -- probes -----------------------------------------------------------------------------------------
+
+class GpuUtilisation:
+    """``nvidia-smi`` sampled every 100 ms in the background (no-op without a GPU)."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self.process = None
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            self.process = subprocess.Popen(
+                [smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                self.samples.append((time.time(), float(line.strip().split(",")[0])))
+            except ValueError:
+                pass
+
+    def mean(self, start: float, end: float) -> float | None:
+        inside = [value for stamp, value in self.samples if start + 0.2 <= stamp <= end]
+        return round(float(np.mean(inside)), 1) if inside else None
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+
+
+def server_stats(address: str, model: str) -> dict:
+    from tritonclient.grpc import service_pb2
+
+    from coffea_sonic.transport.channel import get_connection
+
+    response = get_connection(address).stub.ModelStatistics(
+        service_pb2.ModelStatisticsRequest(name=model), timeout=30)
+    total: dict[str, float] = {}
+    for stats in response.model_stats:
+        infer = stats.inference_stats
+        for part in ("queue", "compute_input", "compute_infer", "compute_output"):
+            total[part + "_ns"] = total.get(part + "_ns", 0) + getattr(infer, part).ns
+        total["requests"] = total.get("requests", 0) + infer.success.count
+        total["executions"] = total.get("executions", 0) + stats.execution_count
+        total["inferences"] = total.get("inferences", 0) + stats.inference_count
+    return total
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
+    requests = max(delta.get("requests", 0), 1)
+    profile = {f"{part}_ms": round(delta.get(part + "_ns", 0) / requests / 1e6, 3)
+               for part in ("queue", "compute_input", "compute_infer", "compute_output")}
+    profile["avg_batch"] = round(delta.get("inferences", 0) / max(delta.get("executions", 0), 1), 1)
+    profile["executions"] = delta.get("executions", 0)
+    return profile
+
+
+# -- servers ------------------------------------------------------------------------------------------
+
+def write_phase_repository(root: Path, phase: str, device: str, instances: int,
+                           models: list[str], staging: str) -> Path:
+    from coffea_sonic.server import write_repository
+    from coffea_sonic.server.repository import config_text, model_config
+
+    repository = root / phase
+    after = root / "after"
+    if phase == "after" or not after.exists():
+        write_repository(after, models, backend="python", device=device,
+                         instances=instances, staging=staging)
+        write_sink(after, instances=2)
+    if phase == "after":
+        return after
+    shutil.copytree(after, repository, dirs_exist_ok=True)
+    before_model = (HERE / "model_before.py.tmpl").read_text()
+    for name in models:
+        (repository / name / "1" / "model.py").write_text(before_model)
+        config = model_config(name, backend="python", device=device, instances=1)
+        (repository / name / "config.pbtxt").write_text(config_text(config))
+    return repository
+
+
+# -- main ---------------------------------------------------------------------------------------------
+
+def machine() -> dict:
+    info = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        info["gpu"] = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                     capture_output=True, text=True).stdout.strip()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in cpuinfo
+                               if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", default="cpu", choices=sorted(PLANS))
+    parser.add_argument("--device", default=None, choices=["cpu", "gpu"])
+    parser.add_argument("--duration", type=float, default=4.0)
+    parser.add_argument("--instances", type=int, default=None,
+                        help="model instances of the 'after' server (default: gpu 2, cpu 1)")
+    parser.add_argument("--staging", default="pinned", choices=["pinned", "pageable"])
+    parser.add_argument("--out", default=str(HERE))
+    parser.add_argument("--tag", default=None, help="file name tag (default: the plan)")
+    parser.add_argument("--only", default=None, help="comma list of kinds to run")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from coffea_sonic.server import LocalTritonServer
+    from coffea_sonic.server.launcher import gpu_available
+
+    device = args.device or ("gpu" if gpu_available() else "cpu")
+    instances = args.instances or (2 if device == "gpu" else 1)
+    plan = [entry for entry in PLANS[args.plan]
+            if not args.only or entry[1] in args.only.split(",")]
+    if device != "gpu":
+        plan = [entry for entry in plan if entry[1] not in ("cuda", "local-resident")]
+    models = sorted({entry[2] for entry in plan if entry[2] != SINK_NAME} | {"jet_tagger"})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tag = args.tag or args.plan
+    records: list[dict] = []
+    report = {"machine": machine(), "device": device, "instances_after": instances,
+              "staging": args.staging, "duration_s": args.duration, "plan": args.plan,
+              "records": records}
+    pool = WorkerPool(max(entry[4] for entry in plan))
+    gpu = GpuUtilisation()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-transport-"))
+    try:
+        for phase in ("before", "after"):
+            entries = [entry for entry in plan if entry[0] == phase]
+            if not entries:
+                continue
+            repository = write_phase_repository(scratch, phase, device, instances, models,
+                                                args.staging)
+            began = time.time()
+            with LocalTritonServer(repository=repository, device=device) as server:
+                logger.info("%s server ready in %.1f s (%s)", phase, time.time() - began,
+                            server.grpc_address)
+                for _, kind, model, rows, procs, in_flight in entries:
+                    task = {"kind": kind, "model": model, "rows": rows, "in_flight": in_flight,
+                            "duration": args.duration, "grpc": server.grpc_address,
+                            "http": server.http_address, "device": device}
+                    served = not kind.startswith("local")
+                    window: dict = {}
+                    before_stats = server_stats(server.grpc_address, model) if served else {}
+                    results = pool.run(task, procs,
+                                       on_start=lambda start: window.setdefault("start", start))
+                    after_stats = server_stats(server.grpc_address, model) if served else {}
+                    errors = [r["error"] for r in results if "error" in r]
+                    start = window["start"]
+                    total_rows = sum(r.get("rows", 0) for r in results)
+                    record = {
+                        "phase": phase, "kind": kind, "model": model, "rows": rows,
+                        "procs": procs, "in_flight": in_flight,
+                        "rows_per_s": round(total_rows / args.duration),
+                        "gb_per_s": round(total_rows * row_bytes(model) / args.duration / 1e9, 3),
+                        "requests": sum(r.get("requests", 0) for r in results),
+                        "client_submit_ms": round(1e3 * sum(r.get("submit_s", 0) for r in results)
+                                                  / max(sum(r.get("requests", 0) for r in results), 1), 3),
+                        "latency_ms_p50": results[0].get("latency_ms_p50") if results else None,
+                        "gpu_util": gpu.mean(start, start + args.duration),
+                        "server": stats_delta(before_stats, after_stats) if served else {},
+                        "transport_stats": results[0].get("stats") if results else {},
+                        "errors": errors,
+                    }
+                    records.append(record)
+                    logger.info("%-6s %-14s %-16s rows=%-6d procs=%-2d k=%d  %12s rows/s  %6.3f GB/s"
+                                "  gpu=%s%%  %s%s", phase, kind, model, rows, procs, in_flight,
+                                f"{record['rows_per_s']:,}", record["gb_per_s"], record["gpu_util"],
+                                record["server"], f" ERRORS {errors}" if errors else "")
+                    (out / f"results-{tag}.json").write_text(json.dumps(report, indent=1))
+    finally:
+        gpu.close()
+        pool.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    (out / f"results-{tag}.json").write_text(json.dumps(report, indent=1))
+    print(summary_markdown(report))
+    return 0
+
+
+def summary_markdown(report: dict) -> str:
+    """One markdown table of every record (rows/s, GB/s, GPU, server profile)."""
+    lines = [f"machine: {report['machine']}, device {report['device']}, after-server instances "
+             f"{report['instances_after']}, staging {report['staging']}, {report['duration_s']} s per run",
+             "",
+             "| phase | transport | model | batch | procs | in flight | rows/s | GB/s | GPU % | "
+             "client submit ms | p50 ms | server queue / in / infer / out ms | avg batch |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["records"]:
+        server = r.get("server") or {}
+        profile = (f"{server.get('queue_ms')} / {server.get('compute_input_ms')} / "
+                   f"{server.get('compute_infer_ms')} / {server.get('compute_output_ms')}"
+                   if server else "–")
+        lines.append(
+            f"| {r['phase']} | {r['kind']} | {r['model']} | {r['rows']} | {r['procs']} | "
+            f"{r['in_flight']} | {r['rows_per_s']:,} | {r['gb_per_s']} | {r['gpu_util'] or '–'} | "
+            f"{r['client_submit_ms']} | {r['latency_ms_p50'] and round(r['latency_ms_p50'], 2)} | "
+            f"{profile} | {server.get('avg_batch', '–')} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -116,7 +116,9 @@ def test_concurrent_requests_from_threads_share_slots(triton_server):
             thread.join(60)
         assert len(pooled.regions()) <= 3
     for index, want in enumerate(expected):
-        assert np.array_equal(results[index], want)
+        # concurrent requests may share a dynamic batch: onnxruntime's sums then differ in the
+        # last bits, exactly as in-process inference on another batch size would
+        np.testing.assert_allclose(results[index], want, rtol=1e-5, atol=1e-6)
 
 
 def test_full_dev_shm_falls_back_to_the_grpc_message(triton_server, monkeypatch, caplog):

@@ -150,7 +150,9 @@ def test_unpickled_copies_share_this_processes_channel(triton_server):
     for _ in range(5):  # what coffea's Runner does per chunk
         copy = pickle.loads(pickle.dumps(model))
         copy(zoo.example_inputs("jet_tagger", 2))
-        assert copy._get_runtime().connection is model._get_runtime().connection
+        assert copy._get_runtime().router is model._get_runtime().router
+        assert (copy._get_runtime().router.endpoints[0].connection
+                is model._get_runtime().router.endpoints[0].connection)
     assert channel.pool_size() == channels
 
 

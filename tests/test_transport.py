@@ -267,12 +267,29 @@ class _Tracker:
             self.now -= 1
 
 
+class _FakeRouter:
+    """Stands in for routing.Router: one endpoint whose stub answers from a thread."""
+
+    def __init__(self, infer):
+        connection = type("FakeConnection", (), {"stub": type("Stub", (), {"ModelInfer": infer})})
+        self.endpoint = type("FakeEndpoint", (), {"address": "fake:1", "connection": connection})()
+        self.endpoints = [self.endpoint]
+
+    def acquire(self, model, version, avoid=frozenset()):
+        return self.endpoint
+
+    def release(self, endpoint, outcome, detail=""):
+        pass
+
+    def describe(self, model="", version=""):
+        return "servers tried: fake:1"
+
+
 def _fake_model(tracker: _Tracker, **options) -> TritonModel:
     from tritonclient.grpc import service_pb2
 
     model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger", **options)
     runtime = model._get_runtime()
-    runtime.info = JET_INFO
 
     class Infer:
         @staticmethod
@@ -281,13 +298,12 @@ def _fake_model(tracker: _Tracker, **options) -> TritonModel:
             rows = request.inputs[0].shape[0]
             features = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(rows, 6)
             response = service_pb2.ModelInferResponse(model_name="jet_tagger", model_version="1")
-            tensor = response.outputs.add(name="probs", datatype="FP32", shape=[rows, 3])
+            response.outputs.add(name="probs", datatype="FP32", shape=[rows, 3])
             response.raw_output_contents.append(features[:, :3].copy().tobytes())
-            del tensor
             return _FakeFuture(response, 0.02, tracker)
 
-    runtime.connection = type("FakeConnection", (), {"stub": type("Stub", (), {"ModelInfer": Infer}),
-                                                     "address": "fake", "tls": None})()
+    runtime.router = _FakeRouter(Infer)
+    runtime.info, runtime.version = JET_INFO, "1"
     return model
 
 

@@ -12,10 +12,11 @@ the same on any server.
 
 from __future__ import annotations
 
-from ..errors import (InferenceError, InputValidationError, ModelNotFoundError, SonicError,
-                      ServerUnavailableError)
+from ..errors import (ConfigurationError, InferenceError, InputValidationError, ModelNotFoundError,
+                      ServerUnavailableError, SonicError)
 
-__all__ = ["TRANSIENT_MESSAGES", "as_sonic_error", "describe", "is_retryable", "is_retryable_code"]
+__all__ = ["TRANSIENT_MESSAGES", "as_sonic_error", "describe", "is_retryable", "is_retryable_code",
+           "server_outcome"]
 
 #: Fragments of error details that mean "this server, right now" even under a generic status code.
 TRANSIENT_MESSAGES: tuple[str, ...] = (
@@ -51,6 +52,34 @@ def is_retryable(error: BaseException) -> bool:
     return is_retryable_code(code(), error.details() or "")
 
 
+def server_outcome(error: BaseException) -> str:
+    """What a failure says about the server: ``busy`` (overloaded: back off), ``down`` (gone,
+    restarting or too slow: quarantine it), or ``other`` (it answered; the request was the problem).
+
+    >>> import grpc
+    >>> class E(grpc.RpcError):
+    ...     def __init__(self, code, details): self._c, self._d = code, details
+    ...     def code(self): return self._c
+    ...     def details(self): return self._d
+    >>> server_outcome(E(grpc.StatusCode.UNAVAILABLE, "Exceeds maximum queue size"))
+    'busy'
+    >>> server_outcome(E(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"))
+    'down'
+    >>> server_outcome(E(grpc.StatusCode.INVALID_ARGUMENT, "bad shape"))
+    'other'
+    """
+    code = getattr(error, "code", None)
+    if not callable(code):
+        return "down" if isinstance(error, ServerUnavailableError) else "other"
+    name = _code_name(code())
+    details = (error.details() or "").lower()
+    if name == "RESOURCE_EXHAUSTED" or "queue size" in details or "too many" in details:
+        return "busy"
+    if is_retryable_code(code(), details):
+        return "down"
+    return "other"
+
+
 def describe(error: BaseException) -> str:
     """``"UNAVAILABLE: details"`` for a gRPC error, ``str(error)`` otherwise."""
     code = getattr(error, "code", None)
@@ -70,6 +99,11 @@ def as_sonic_error(error: BaseException, *, model: str, version: str, address: s
     text = describe(error)
     if name == "NOT_FOUND":
         return ModelNotFoundError(f"Triton at {address} does not serve {what} ({text})")
+    if name in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        return ConfigurationError(
+            f"Triton at {address} refused our credentials for {what} ({text}); check the "
+            "authorization header (e.g. headers={'authorization': Secret.bearer_from_env('NAME')}"
+            " with NAME set here and on the workers) and TLS settings")
     if name == "INVALID_ARGUMENT":
         return InputValidationError(f"Triton at {address} rejected the inputs of {what}: {text}")
     if is_retryable(error):

@@ -1,0 +1,528 @@
+"""Several Triton servers behind one model: discovery, balancing, health, quarantine, retries.
+
+A :class:`Router` belongs to one process and one set of servers (shared by every
+:class:`~coffea_sonic.model.TritonModel` of that process that names the same servers, so what one
+chunk learns about a dead server the next chunk knows too).
+
+* **Discovery**: each server's repository index says which models and versions it serves; a
+  request only goes to a server that serves its model and version.
+* **Balancing**: least outstanding requests among the healthy servers (ties rotate).
+* **Quarantine**: a server that fails at the transport level (unreachable, reset, too slow) is
+  left alone for ``quarantine_s``, doubling per consecutive failure up to ``max_quarantine_s``.
+  A health thread probes it when its time is up (``ServerReady`` + repository index) and
+  re-admits it, or extends the quarantine. An overloaded server (queue full) is only deprioritised
+  for the backoff time, not quarantined.
+* **Retries** (decided by the model, timed by :class:`RetryPolicy`): exponential backoff with
+  jitter, on another server where possible, within ``total_s`` per request.
+
+>>> policy = RetryPolicy(initial_backoff_s=0.1, multiplier=2.0, max_backoff_s=1.0, jitter=0.0)
+>>> [policy.backoff_s(attempt) for attempt in (1, 2, 3, 4, 5)]
+[0.1, 0.2, 0.4, 0.8, 1.0]
+>>> RetryPolicy.coerce({"max_attempts": 3}).max_attempts
+3
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import random
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping, Sequence
+
+from .errors import ConfigurationError, InferenceError, ModelNotFoundError, ServerUnavailableError
+from .transport.channel import Connection, get_connection
+from .transport.metadata import ModelInfo, fetch_model_info
+from .transport.status import as_sonic_error, describe, server_outcome
+from .transport.tls import TlsOptions
+
+__all__ = ["Endpoint", "RetryPolicy", "Router", "call_later", "get_router"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How hard to try before giving up on a request (or handing it to the fallback).
+
+    ``max_attempts`` sends per request (first included) within ``total_s`` seconds from the first
+    send; backoff between attempts ``initial_backoff_s * multiplier**(attempt-1)`` capped at
+    ``max_backoff_s``, of which a ``jitter`` fraction is random (spreads the retries of many
+    workers). ``quarantine_s``/``max_quarantine_s``: how long a failed server is left alone.
+
+    >>> RetryPolicy().max_attempts
+    6
+    """
+
+    max_attempts: int = 6
+    total_s: float = 120.0
+    initial_backoff_s: float = 0.05
+    multiplier: float = 2.0
+    max_backoff_s: float = 2.0
+    jitter: float = 0.5
+    quarantine_s: float = 0.5
+    max_quarantine_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be >= 1, not {self.max_attempts}")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ConfigurationError(f"jitter must be within [0, 1], not {self.jitter}")
+        if self.total_s <= 0 or self.initial_backoff_s < 0 or self.quarantine_s <= 0:
+            raise ConfigurationError("total_s and quarantine_s must be > 0, backoff >= 0")
+
+    @classmethod
+    def coerce(cls, value: "RetryPolicy | Mapping[str, Any] | None") -> "RetryPolicy":
+        if value is None:
+            return cls()
+        if isinstance(value, RetryPolicy):
+            return value
+        if isinstance(value, Mapping):
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ConfigurationError(f"unknown retry option(s) {unknown}; known: {sorted(known)}")
+            return cls(**value)
+        raise ConfigurationError(f"retry must be a RetryPolicy or a mapping, not {type(value).__name__}")
+
+    def backoff_s(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Pause before attempt ``attempt + 1`` (``attempt`` >= 1 sends already failed)."""
+        base = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
+        if not self.jitter:
+            return base
+        return base * (1.0 - self.jitter * (rng or random).random())
+
+
+# -- a per-process timer for retries (one thread, not one per retry) ---------------------------------
+
+class _Scheduler:
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._counter = itertools.count()
+        self._condition = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def call_later(self, delay_s: float, function: Callable[[], None]) -> None:
+        with self._condition:
+            heapq.heappush(self._heap, (time.monotonic() + max(0.0, delay_s),
+                                        next(self._counter), function))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="coffea-sonic-retry",
+                                                daemon=True)
+                self._thread.start()
+            self._condition.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while True:
+                    if not self._heap:
+                        # idle: let the thread end instead of lingering in every worker
+                        if not self._condition.wait(timeout=5.0) and not self._heap:
+                            self._thread = None
+                            return
+                        continue
+                    due, _, function = self._heap[0]
+                    delay = due - time.monotonic()
+                    if delay <= 0:
+                        heapq.heappop(self._heap)
+                        break
+                    self._condition.wait(timeout=delay)
+            try:
+                function()
+            except Exception:  # noqa: BLE001 - a failing callback must not kill the timer
+                logger.exception("coffea-sonic: scheduled retry failed")
+
+
+_scheduler = _Scheduler()
+
+
+def call_later(delay_s: float, function: Callable[[], None]) -> None:
+    """Run ``function`` in this process's retry thread after ``delay_s`` seconds."""
+    _scheduler.call_later(delay_s, function)
+
+
+# -- servers ------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Endpoint:
+    """One server as this process sees it."""
+
+    address: str
+    tls: TlsOptions | None
+    headers_fingerprint: str = ""
+    outstanding: int = 0
+    #: model -> versions ready on this server; None until discovered
+    served: dict[str, tuple[str, ...]] | None = None
+    #: monotonic time until which the server is quarantined (0: healthy)
+    quarantined_until: float = 0.0
+    quarantine_s: float = 0.0
+    #: monotonic time until which the server is deprioritised as overloaded
+    busy_until: float = 0.0
+    consecutive_failures: int = 0
+    last_error: str = ""
+    #: model -> why this server must not be used for it (signature mismatch)
+    incompatible: dict[str, str] = field(default_factory=dict)
+    requests: int = 0
+
+    @property
+    def connection(self) -> Connection:
+        return get_connection(self.address, self.tls, self.headers_fingerprint)
+
+    @property
+    def healthy(self) -> bool:
+        return self.quarantined_until == 0.0
+
+    def serves(self, model: str, version: str) -> bool:
+        if self.served is None or model in self.incompatible:
+            return False
+        versions = self.served.get(model)
+        if versions is None:
+            return False
+        return not version or version in versions
+
+    def state(self, model: str = "", version: str = "") -> str:
+        """Human-readable state for error messages (no secrets)."""
+        now = time.monotonic()
+        if not self.healthy:
+            left = max(0.0, self.quarantined_until - now)
+            return (f"quarantined for {left:.1f} s more after {self.consecutive_failures} "
+                    f"failure(s): {self.last_error or 'unreachable'}")
+        if model and model in self.incompatible:
+            return self.incompatible[model]
+        if model and self.served is not None and not self.serves(model, version):
+            have = self.served.get(model)
+            return (f"does not serve {model}" + (f" version {version}" if version else "")
+                    + (f" (has versions {list(have)})" if have else ""))
+        if self.busy_until > now:
+            return f"overloaded ({self.last_error})"
+        return "healthy"
+
+
+class Router:
+    """The servers of one model URL list, in one process (see the module docstring)."""
+
+    def __init__(self, servers: Sequence[tuple[str, TlsOptions | None]], *,
+                 headers_fingerprint: str, metadata: Sequence[tuple[str, str]],
+                 policy: RetryPolicy, connect_timeout_s: float) -> None:
+        if not servers:
+            raise ConfigurationError("a router needs at least one server address")
+        self.endpoints = [Endpoint(address, tls, headers_fingerprint) for address, tls in servers]
+        self.metadata = tuple(metadata)
+        self.policy = policy
+        self.connect_timeout_s = connect_timeout_s
+        self.pid = os.getpid()
+        self._lock = threading.Lock()
+        self._rotation = itertools.count()
+        self._rng = random.Random()
+        self._health_thread: threading.Thread | None = None
+        self._health_wakeup = threading.Event()
+        #: (model, version) -> reference checksum, checked on every (re-)admitted server
+        self._signatures: dict[tuple[str, str], str] = {}
+
+    def __repr__(self) -> str:
+        return f"Router({[e.address for e in self.endpoints]})"
+
+    # -- discovery --------------------------------------------------------------------------------
+
+    def discover(self, endpoints: Sequence[Endpoint] | None = None, *, force: bool = False) -> None:
+        """Fetch the repository index of servers not yet discovered (all at once, in parallel).
+
+        A server that cannot be reached within the connect timeout is quarantined.
+        """
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        pending = [e for e in (endpoints or self.endpoints) if force or e.served is None]
+        futures = []
+        for endpoint in pending:
+            try:
+                future = endpoint.connection.stub.RepositoryIndex.future(
+                    service_pb2.RepositoryIndexRequest(ready=True),
+                    timeout=self.connect_timeout_s, metadata=self.metadata)
+            except Exception as error:  # noqa: BLE001 - e.g. unreadable TLS files
+                self.mark_failed(endpoint, f"{type(error).__name__}: {error}")
+                continue
+            futures.append((endpoint, future))
+        for endpoint, future in futures:
+            try:
+                index = future.result()
+            except grpc.RpcError as error:
+                if server_outcome(error) == "other":  # it answered: e.g. our token was refused
+                    raise as_sonic_error(error, model="(repository index)", version="",
+                                         address=endpoint.address) from None
+                self.mark_failed(endpoint, describe(error))
+                continue
+            served: dict[str, list[str]] = {}
+            for entry in index.models:
+                if entry.state and entry.state != "READY":
+                    continue
+                served.setdefault(entry.name, [])
+                if entry.version:
+                    served[entry.name].append(entry.version)
+            endpoint.served = {name: tuple(sorted(v, key=lambda x: int(x) if x.isdigit() else 0))
+                               for name, v in served.items()}
+
+    def model_info(self, model: str, version: str, *,
+                   timeout_s: float, expected_checksum: str | None = None) -> tuple[ModelInfo, str]:
+        """The model's signature and the version requests will carry, checked on every server.
+
+        Unpinned (``version == ""``): the highest version any reachable server has, so every chunk
+        of the run uses the same model. Raises ``ModelNotFoundError`` if no reachable server
+        serves it, ``InferenceError`` if two servers (or a server and ``expected_checksum``)
+        disagree about its signature.
+        """
+        self.discover()
+        reachable = [e for e in self.endpoints if e.served is not None and e.healthy]
+        if not reachable:
+            raise ServerUnavailableError(
+                f"model {model!r}: no server reachable within {self.connect_timeout_s:g} s "
+                "(is the server running, and are the address and TLS setting right?); "
+                + self.describe(model, version))
+        if not version:
+            latest = [max((v for v in e.served.get(model, ()) if v.isdigit()), key=int, default="")
+                      for e in reachable]
+            version = max((v for v in latest if v), key=int, default="")
+        holders = [e for e in reachable if e.serves(model, version)]
+        if not holders:
+            what = f"model {model!r}" + (f" version {version}" if version else "")
+            listing = "; ".join(
+                f"{e.address} serves " + (", ".join(
+                    f"{name} (versions {', '.join(v) or '?'})" for name, v in e.served.items())
+                    or "nothing")
+                for e in reachable)
+            raise ModelNotFoundError(f"no server serves {what}: {listing}")
+        reference: ModelInfo | None = None
+        reference_address = ""
+        for endpoint in holders:
+            info = self._fetch_info(endpoint, model, version, timeout_s)
+            if info is None:
+                continue
+            if expected_checksum and info.checksum != expected_checksum:
+                raise InferenceError(
+                    f"model {model!r} at {endpoint.address} has signature checksum "
+                    f"{info.checksum}, expected {expected_checksum}: the served model is not the "
+                    f"one this analysis was written for ({info.describe()})")
+            if reference is None:
+                reference, reference_address = info, endpoint.address
+            elif info.checksum != reference.checksum:
+                raise InferenceError(
+                    f"servers disagree about model {model!r} version {version or 'latest'}: "
+                    f"{reference_address} serves {reference.describe()} (checksum "
+                    f"{reference.checksum}) but {endpoint.address} serves {info.describe()} "
+                    f"(checksum {info.checksum}); deploy the same model everywhere")
+        if reference is None:
+            raise ServerUnavailableError(
+                f"model {model!r}: every server holding it failed to describe it; "
+                + self.describe(model, version))
+        self._signatures[(model, version)] = reference.checksum
+        return reference, version
+
+    def _fetch_info(self, endpoint: Endpoint, model: str, version: str,
+                    timeout_s: float, refresh: bool = False) -> ModelInfo | None:
+        import grpc
+
+        try:
+            return fetch_model_info(endpoint.connection, model, version, timeout_s=timeout_s,
+                                    metadata=self.metadata, refresh=refresh)
+        except (ServerUnavailableError, grpc.RpcError) as error:
+            self.mark_failed(endpoint, str(error))
+            return None
+
+    # -- choosing and releasing ---------------------------------------------------------------------
+
+    def acquire(self, model: str, version: str, avoid: frozenset[str] = frozenset()) -> Endpoint | None:
+        """The least-loaded healthy server for ``model``/``version`` (preferring those not in
+        ``avoid`` and not overloaded), with one more outstanding request; None if none."""
+        now = time.monotonic()
+        with self._lock:
+            candidates = [e for e in self.endpoints if e.healthy and e.serves(model, version)]
+            if not candidates:
+                return None
+            preferred = [e for e in candidates if e.address not in avoid and e.busy_until <= now]
+            pool = preferred or [e for e in candidates if e.busy_until <= now] or candidates
+            lowest = min(e.outstanding for e in pool)
+            tied = [e for e in pool if e.outstanding == lowest]
+            chosen = tied[next(self._rotation) % len(tied)]
+            chosen.outstanding += 1
+            chosen.requests += 1
+            return chosen
+
+    def release(self, endpoint: Endpoint, outcome: str, detail: str = "") -> None:
+        """Account for an answered request: ``ok``, ``down`` (quarantine), ``busy`` (back off).
+
+        ``other`` means the server answered with an error about the request itself.
+        """
+        with self._lock:
+            endpoint.outstanding -= 1
+        if outcome == "down":
+            self.mark_failed(endpoint, detail)
+        elif outcome == "busy":
+            with self._lock:
+                endpoint.last_error = detail
+                endpoint.busy_until = time.monotonic() + self.policy.backoff_s(
+                    max(1, endpoint.consecutive_failures + 1), self._rng)
+        elif outcome == "ok":
+            if endpoint.consecutive_failures and endpoint.healthy:
+                with self._lock:
+                    endpoint.consecutive_failures = 0
+                    endpoint.quarantine_s = 0.0
+
+    def mark_failed(self, endpoint: Endpoint, detail: str) -> None:
+        """Quarantine ``endpoint`` (doubling its quarantine) and wake the health thread."""
+        with self._lock:
+            if not endpoint.healthy:  # several in-flight failures of one outage count once
+                endpoint.last_error = detail or endpoint.last_error
+                return
+            endpoint.consecutive_failures += 1
+            endpoint.quarantine_s = min(self.policy.max_quarantine_s,
+                                        max(self.policy.quarantine_s, endpoint.quarantine_s * 2))
+            endpoint.quarantined_until = time.monotonic() + endpoint.quarantine_s
+            endpoint.last_error = detail
+        logger.warning("coffea-sonic: server %s quarantined for %.1f s after: %s",
+                       endpoint.address, endpoint.quarantine_s, detail)
+        self._ensure_health_thread()
+
+    def available(self, model: str, version: str) -> bool:
+        """Whether some healthy server serves ``model``/``version`` right now."""
+        return any(e.healthy and e.serves(model, version) for e in self.endpoints)
+
+    def could_serve(self, model: str, version: str) -> bool:
+        """Whether any server, healthy or not (or not yet discovered), may serve it at all."""
+        return any(e.served is None or e.serves(model, version) for e in self.endpoints)
+
+    def seconds_until_probe(self) -> float:
+        """Time until the next quarantined server is probed (0 when none is quarantined)."""
+        now = time.monotonic()
+        waits = [e.quarantined_until - now for e in self.endpoints if not e.healthy]
+        return max(0.0, min(waits)) if waits else 0.0
+
+    def describe(self, model: str = "", version: str = "") -> str:
+        """``tried: address (state), ...`` for error messages and logs."""
+        return "servers tried: " + ", ".join(f"{e.address} ({e.state(model, version)})"
+                                             for e in self.endpoints)
+
+    # -- health -------------------------------------------------------------------------------------
+
+    def _ensure_health_thread(self) -> None:
+        with self._lock:
+            if self._health_thread is not None and self._health_thread.is_alive():
+                self._health_wakeup.set()
+                return
+            self._health_thread = threading.Thread(target=self._health_loop,
+                                                   name="coffea-sonic-health", daemon=True)
+            self._health_thread.start()
+
+    def _health_loop(self) -> None:
+        while True:
+            with self._lock:
+                quarantined = [e for e in self.endpoints if not e.healthy]
+                if not quarantined:
+                    self._health_thread = None
+                    return
+            wait = self.seconds_until_probe()
+            if wait > 0:
+                self._health_wakeup.wait(timeout=min(wait, 1.0))
+                self._health_wakeup.clear()
+                continue
+            now = time.monotonic()
+            for endpoint in quarantined:
+                if endpoint.quarantined_until <= now:
+                    self._probe(endpoint)
+
+    def _probe(self, endpoint: Endpoint) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        timeout = min(self.connect_timeout_s, 2.0)
+        try:
+            ready = endpoint.connection.stub.ServerReady(
+                service_pb2.ServerReadyRequest(), timeout=timeout, metadata=self.metadata).ready
+        except grpc.RpcError as error:
+            ready, detail = False, describe(error)
+        else:
+            detail = "server not ready"
+        if ready:
+            previous = endpoint.served
+            endpoint.served = None
+            try:
+                self.discover([endpoint])
+            except Exception as error:  # noqa: BLE001 - keep probing; the error is logged
+                logger.warning("coffea-sonic: server %s answers but refuses discovery: %s",
+                               endpoint.address, error)
+            if endpoint.served is None:  # discover quarantined it again
+                endpoint.served = previous
+                return
+            if self._compatible(endpoint, timeout):
+                with self._lock:
+                    endpoint.quarantined_until = 0.0
+                    endpoint.busy_until = 0.0
+                logger.warning("coffea-sonic: server %s re-admitted (healthy again)",
+                               endpoint.address)
+            return
+        with self._lock:
+            endpoint.consecutive_failures += 1
+            endpoint.quarantine_s = min(self.policy.max_quarantine_s,
+                                        max(self.policy.quarantine_s, endpoint.quarantine_s * 2))
+            endpoint.quarantined_until = time.monotonic() + endpoint.quarantine_s
+            endpoint.last_error = detail
+        logger.info("coffea-sonic: server %s still down (%s); next probe in %.1f s",
+                    endpoint.address, detail, endpoint.quarantine_s)
+
+    def _compatible(self, endpoint: Endpoint, timeout_s: float) -> bool:
+        """Re-check the signatures of the models in use on a re-admitted server."""
+        for (model, version), checksum in list(self._signatures.items()):
+            if not endpoint.serves(model, version):
+                continue
+            info = self._fetch_info(endpoint, model, version, timeout_s, refresh=True)
+            if info is None:
+                return False
+            if info.checksum != checksum:
+                reason = (f"serves a different {model!r} (checksum {info.checksum}, expected "
+                          f"{checksum}: {info.describe()})")
+                endpoint.incompatible[model] = reason
+                logger.error("coffea-sonic: server %s %s; not using it for %s",
+                             endpoint.address, reason, model)
+        return True
+
+
+_routers: dict[tuple, Router] = {}
+_routers_pid = os.getpid()
+_routers_lock = threading.Lock()
+
+
+def _reset_after_fork() -> None:
+    global _routers, _routers_pid, _routers_lock, _scheduler
+    _routers, _routers_pid, _routers_lock = {}, os.getpid(), threading.Lock()
+    _scheduler = _Scheduler()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def get_router(servers: Sequence[tuple[str, TlsOptions | None]], *, headers_fingerprint: str,
+               metadata: Sequence[tuple[str, str]], policy: RetryPolicy,
+               connect_timeout_s: float) -> Router:
+    """This process's router for ``servers`` with these settings (made on first use)."""
+    key = (tuple((address, tls.key() if tls else None) for address, tls in servers),
+           headers_fingerprint, policy, connect_timeout_s)
+    router = _routers.get(key)
+    if router is not None and router.pid == os.getpid():
+        return router
+    with _routers_lock:
+        router = _routers.get(key)
+        if router is None or router.pid != os.getpid():
+            router = Router(servers, headers_fingerprint=headers_fingerprint, metadata=metadata,
+                            policy=policy, connect_timeout_s=connect_timeout_s)
+            _routers[key] = router
+        return router
+
+
+def clear_routers() -> None:
+    """Forget every router of this process (tests; a fresh start after servers were replaced)."""
+    with _routers_lock:
+        _routers.clear()

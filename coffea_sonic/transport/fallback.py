@@ -1,0 +1,145 @@
+"""The fallback (SONIC's "fallback server"): run a model locally when no server can serve it.
+
+Choices (``TritonModel(fallback=...)``, else the setting ``fallback``: environment
+``COFFEA_SONIC_FALLBACK``, Dask config ``coffea_sonic.fallback`` or the facility file):
+
+* ``"off"`` (default): no fallback; a request no server can serve raises
+  ``ServerUnavailableError`` naming every server tried and why it was not used.
+* ``"cpu"``: the zoo model in-process with onnxruntime (:class:`~coffea_sonic.engines.CpuEngine`,
+  the same ONNX file the servers run, so outputs agree to float rounding).
+* ``"local"``: a :class:`~coffea_sonic.server.LocalTritonServer` with the zoo model, started once
+  per process on first need, stopped at exit.
+* a callable ``factory(model_name) -> engine`` where ``engine(inputs) -> outputs``: your own.
+
+Every fallback is logged at WARNING (the first per model and process, then at most every 30 s) and
+counted in ``model.stats.fallback_calls`` / ``fallback_rows``.
+
+>>> resolve_fallback("off") is None, resolve_fallback(True), resolve_fallback("CPU")
+(True, 'cpu', 'cpu')
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Mapping, Union
+
+import numpy as np
+
+from ..errors import ConfigurationError
+
+__all__ = ["FallbackChoice", "fallback_engine", "resolve_fallback", "submit", "warn_fallback"]
+
+logger = logging.getLogger("coffea_sonic.fallback")
+
+Engine = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+FallbackChoice = Union[None, bool, str, Callable[[str], Engine]]
+
+_OFF = {"", "off", "none", "false", "no", "0"}
+_CPU = {"cpu", "on", "true", "yes", "1", "engine"}
+
+
+def resolve_fallback(value: FallbackChoice) -> str | Callable[[str], Engine] | None:
+    """Normalise a fallback choice: None (off), ``"cpu"``, ``"local"`` or a factory.
+
+    ``value`` None means "use the configured setting" (default off).
+    """
+    if value is None:
+        from .. import config
+
+        value = config.setting("fallback", "off")
+    if value is False:
+        return None
+    if value is True:
+        return "cpu"
+    if callable(value):
+        return value
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered in _OFF:
+            return None
+        if lowered in _CPU:
+            return "cpu"
+        if lowered == "local":
+            return "local"
+    raise ConfigurationError(
+        f"fallback must be 'off', 'cpu', 'local' or a callable factory(model) -> engine, "
+        f"not {value!r}")
+
+
+_engines: dict[tuple, Engine] = {}
+_engines_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+_last_warning: dict[str, float] = {}
+
+
+def _reset_after_fork() -> None:
+    global _engines_lock, _executor
+    _engines.clear()
+    _engines_lock = threading.Lock()
+    _executor = None
+    _last_warning.clear()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _local_server_engine(model: str) -> Engine:
+    from ..model import TritonModel
+    from ..server import LocalTritonServer
+
+    server = LocalTritonServer(models=[model], device="cpu").start()
+    logger.warning("coffea-sonic: started a local fallback Triton server for %s at %s",
+                   model, server.grpc_address)
+    client = TritonModel(server.url(model), fallback="off")
+    client._fallback_server = server  # keeps the server alive as long as the engine
+    return client
+
+
+def fallback_engine(choice: str | Callable[[str], Engine], model: str) -> Engine:
+    """The (cached, per process) engine that runs ``model`` for fallback ``choice``."""
+    key = (choice, model)
+    engine = _engines.get(key)
+    if engine is not None:
+        return engine
+    with _engines_lock:
+        engine = _engines.get(key)
+        if engine is None:
+            if choice == "cpu":
+                from .. import zoo
+                from ..engines import CpuEngine
+
+                if model not in zoo.names():
+                    raise ConfigurationError(
+                        f"fallback='cpu' runs zoo models only, and {model!r} is not one; pass "
+                        "fallback=factory with factory(model_name) -> engine(inputs) -> outputs")
+                engine = CpuEngine(model)
+            elif choice == "local":
+                engine = _local_server_engine(model)
+            else:
+                engine = choice(model)
+            _engines[key] = engine
+        return engine
+
+
+def submit(function: Callable[[], Any]) -> Future:
+    """Run ``function`` on this process's fallback thread (never on a gRPC callback thread)."""
+    global _executor
+    with _engines_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coffea-sonic-fallback")
+        executor = _executor
+    return executor.submit(function)
+
+
+def warn_fallback(model: str, rows: int, reason: str) -> None:
+    """WARNING for the first fallback of ``model`` in this process, then at most every 30 s."""
+    now = time.monotonic()
+    last = _last_warning.get(model)
+    if last is None or now - last > 30.0:
+        _last_warning[model] = now
+        logger.warning("coffea-sonic: FALLBACK: running %s in-process for %d rows because no "
+                       "server can serve it (%s)", model, rows, reason)

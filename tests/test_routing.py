@@ -1,0 +1,192 @@
+"""Several servers behind one model: discovery, balancing, versions, signatures, and which
+failures are (never) retried — on real servers, plus unit tests of the policy pieces."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+from coffea_sonic import config, zoo
+from coffea_sonic.engines import CpuEngine
+from coffea_sonic.errors import InferenceError, InputValidationError, ModelNotFoundError
+from coffea_sonic.model import TritonModel
+from coffea_sonic.routing import Endpoint, RetryPolicy, Router
+from coffea_sonic.server import LocalTritonServer, write_repository
+from coffea_sonic.transport.metadata import ModelInfo, TensorInfo
+
+
+@pytest.fixture(scope="module")
+def jet_only_server():
+    with LocalTritonServer(models=["jet_tagger"], device="cpu") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def version_two_server(tmp_path_factory):
+    """jet_tagger served as version 2 only (same weights)."""
+    repository = write_repository(tmp_path_factory.mktemp("v2") / "models", ["jet_tagger"])
+    shutil.move(repository / "jet_tagger" / "1", repository / "jet_tagger" / "2")
+    with LocalTritonServer(repository=repository, device="cpu") as server:
+        yield server
+
+
+def _served(server: LocalTritonServer, model: str = "jet_tagger") -> int:
+    return TritonModel(server.url(model)).server_statistics().success_count
+
+
+def test_requests_balance_over_servers_that_serve_the_model(triton_server, jet_only_server):
+    urls = [triton_server.url("jet_tagger"), jet_only_server.url("jet_tagger")]
+    model = TritonModel(urls, max_request_bytes=24 * 100, max_in_flight=4)
+    for url in urls:  # warm both, so neither is slow because it is cold
+        TritonModel(url)(zoo.example_inputs("jet_tagger", 10))
+    before = [_served(triton_server), _served(jet_only_server)]
+    inputs = zoo.example_inputs("jet_tagger", 4000)
+    np.testing.assert_allclose(model(inputs)["probs"],
+                               CpuEngine("jet_tagger", threads=1)(inputs)["probs"], atol=1e-5)
+    shares = [_served(triton_server) - before[0], _served(jet_only_server) - before[1]]
+    # least outstanding requests: both get work (a faster server may take more)
+    assert sum(shares) == 40 and min(shares) >= 4, shares
+
+
+def test_a_model_goes_only_to_servers_that_hold_it(triton_server, jet_only_server):
+    urls = [jet_only_server.url("particlenet_lite"), triton_server.url("particlenet_lite")]
+    model = TritonModel(urls, max_request_bytes=40 * 32 * 4 * 20)
+    router = model._get_runtime().router
+    before = [e.requests for e in router.endpoints]
+    model(zoo.example_inputs("particlenet_lite", 200))
+    sent = [e.requests - b for e, b in zip(router.endpoints, before)]
+    assert sent == [0, model.stats.requests] and model.stats.requests == 3  # 80 rows each
+    assert "does not serve particlenet_lite" in router.describe("particlenet_lite", "1")
+
+
+@pytest.mark.parametrize("version, served_by", [("1", "first"), ("2", "second"), ("", "second")])
+def test_pinned_version_is_only_sent_where_that_version_is_served(
+        triton_server, version_two_server, version, served_by):
+    suffix = f"/{version}" if version else ""
+    urls = [f"triton+grpc://{s.grpc_address}/jet_tagger{suffix}"
+            for s in (triton_server, version_two_server)]
+    model = TritonModel(urls, max_request_bytes=24 * 100)
+    router = model._get_runtime().router  # shared by every model of this process on these servers
+    before = [e.requests for e in router.endpoints]
+    model(zoo.example_inputs("jet_tagger", 1000))
+    requests = [e.requests - b for e, b in zip(router.endpoints, before)]
+    expected = [10, 0] if served_by == "first" else [0, 10]
+    assert requests == expected
+    assert model.served_version == (version or "2")  # latest = the highest version anywhere
+
+
+def test_servers_disagreeing_about_a_models_signature_is_a_clear_error(
+        tmp_path, triton_server):
+    repository = write_repository(tmp_path / "models", ["jet_tagger"])
+    config_path = repository / "jet_tagger" / "config.pbtxt"
+    config_path.write_text(config_path.read_text().replace("max_batch_size: 65536",
+                                                           "max_batch_size: 32768"))
+    with LocalTritonServer(repository=repository, device="cpu") as other:
+        model = TritonModel([triton_server.url("jet_tagger"), other.url("jet_tagger")])
+        with pytest.raises(InferenceError) as caught:
+            model(zoo.example_inputs("jet_tagger", 3))
+    message = str(caught.value)
+    assert "disagree" in message and triton_server.grpc_address in message
+    assert other.grpc_address in message and "max_batch_size 32768" in message
+
+
+def test_expected_checksum_is_checked_on_every_server(triton_server, jet_only_server):
+    urls = [triton_server.url("jet_tagger"), jet_only_server.url("jet_tagger")]
+    checksum = TritonModel(urls[0]).info.checksum
+    assert TritonModel(urls, expected_checksum=checksum).info.checksum == checksum
+    with pytest.raises(InferenceError, match="expected 00000000deadbeef"):
+        TritonModel(urls, expected_checksum="00000000deadbeef").info
+
+
+def test_invalid_argument_from_the_server_is_raised_at_once(triton_server):
+    model = TritonModel(triton_server.url("jet_tagger"))
+    runtime = model._get_runtime()
+    model.info
+    # a client that believes in 5 features: the server itself must refuse the request
+    runtime.info = ModelInfo("jet_tagger", ("1",), "python", 65536,
+                             (TensorInfo("features", "FP32", (5,)),),
+                             (TensorInfo("probs", "FP32", (3,)),))
+    with pytest.raises(InputValidationError, match="rejected the inputs"):
+        model({"features": np.zeros((4, 5), np.float32)})
+    assert model.stats.retries == 0 and model.stats.failed_requests == 1
+
+
+def test_not_found_from_the_server_is_raised_at_once(triton_server):
+    # a router of its own (distinct connect timeout), as its discovery result is doctored below
+    model = TritonModel(triton_server.url("jet_tagger"), connect_timeout_s=9.25)
+    model.info
+    runtime = model._get_runtime()
+    # the server listed version 9 when discovered, but no longer has it
+    runtime.router.endpoints[0].served = {"jet_tagger": ("1", "9")}
+    runtime.version = "9"
+    with pytest.raises(ModelNotFoundError, match="version 9"):
+        model(zoo.example_inputs("jet_tagger", 4))
+    assert model.stats.retries == 0 and model.stats.failed_requests == 1
+
+
+def test_a_version_no_server_serves_fails_at_once_instead_of_waiting(triton_server):
+    model = TritonModel(triton_server.url("jet_tagger"), retry={"total_s": 60})
+    model.info
+    model._get_runtime().version = "9"  # e.g. resolved on a server that has since gone
+    with pytest.raises(ModelNotFoundError, match="no server serves model 'jet_tagger' version 9"):
+        model(zoo.example_inputs("jet_tagger", 4))
+
+
+def test_server_list_from_the_environment_reaches_every_server(
+        monkeypatch, triton_server, jet_only_server):
+    monkeypatch.setenv("COFFEA_SONIC_SERVERS",
+                       f"{triton_server.grpc_address},{jet_only_server.grpc_address}")
+    urls = config.model_urls("jet_tagger", "triton+grpc://localhost:8001/jet_tagger")
+    model = TritonModel(urls, max_request_bytes=24 * 50)
+    model(zoo.example_inputs("jet_tagger", 1000))
+    assert model.addresses == [triton_server.grpc_address, jet_only_server.grpc_address]
+    assert all(e.requests > 0 for e in model._get_runtime().router.endpoints)
+
+
+# -- unit tests of the policy pieces ----------------------------------------------------------------
+
+def test_backoff_grows_exponentially_with_bounded_jitter():
+    policy = RetryPolicy(initial_backoff_s=0.1, multiplier=2, max_backoff_s=1.0, jitter=0.5)
+    rng = random.Random(1)
+    for attempt, base in ((1, 0.1), (2, 0.2), (3, 0.4), (6, 1.0)):
+        delays = [policy.backoff_s(attempt, rng) for _ in range(200)]
+        assert min(delays) >= base * 0.5 - 1e-12 and max(delays) <= base + 1e-12
+        assert len(set(delays)) > 1  # jitter spreads retries of many workers
+
+
+def _router(*addresses: str) -> Router:
+    router = Router([(address, None) for address in addresses], headers_fingerprint="",
+                    metadata=(), policy=RetryPolicy(quarantine_s=0.5), connect_timeout_s=1)
+    for endpoint in router.endpoints:
+        endpoint.served = {"m": ("1",)}
+    return router
+
+
+def test_least_outstanding_server_is_chosen_and_quarantine_excludes():
+    router = _router("a:1", "b:1", "c:1")
+    first, second, third = (router.acquire("m", "1") for _ in range(3))
+    assert {first.address, second.address, third.address} == {"a:1", "b:1", "c:1"}
+    router.release(second, "ok")
+    assert router.acquire("m", "1") is second  # the only one with nothing outstanding
+    router.endpoints[0].quarantined_until = float("inf")  # as if quarantined
+    chosen = {router.acquire("m", "1").address for _ in range(6)}
+    assert "a:1" not in chosen
+    assert router.acquire("m", "2") is None  # nobody serves version 2
+
+
+def test_retries_avoid_the_server_that_just_failed():
+    router = _router("a:1", "b:1")
+    for _ in range(10):
+        endpoint = router.acquire("m", "1", avoid=frozenset({"a:1"}))
+        assert endpoint.address == "b:1"
+        router.release(endpoint, "ok")
+
+
+def test_endpoint_state_explains_why_a_server_is_not_used():
+    endpoint = Endpoint("a:1", None, served={"m": ("1",)})
+    assert endpoint.state("m", "2") == "does not serve m version 2 (has versions ['1'])"
+    assert endpoint.state("x") == "does not serve x"
+    assert endpoint.state("m", "1") == "healthy"

@@ -60,6 +60,8 @@ SINK_OUTPUTS = [("first", "FP32", (1,))]
 PLANS: dict[str, list[tuple]] = {
     "quick": [
         ("before", "tritonclient", "jet_tagger", 4096, 1, 1),
+        ("after", "verify", "jet_tagger", 4096, 1, 1),
+        ("after-i3", "shm", "jet_tagger", 4096, 2, 2),
         ("after", "shm", "jet_tagger", 4096, 1, 2),
         ("after", "http", SINK_NAME, 512, 1, 1),
         ("after", "local", "jet_tagger", 4096, 1, 1),
@@ -83,11 +85,14 @@ PLANS: dict[str, list[tuple]] = {
         ("after", "shm", SINK_NAME, 2048, 2, 2),
     ],
     "gpu": [
-        # in-process baselines on the same GPU
+        # in-process baselines on the same GPU; served == in-process check
+        ("after", "verify", "emtrk_cnn", 2048, 1, 1),
+        ("after", "verify", "jet_tagger", 16384, 1, 1),
         ("after", "local", "emtrk_cnn", 2048, 1, 1),
         ("after", "local-resident", "emtrk_cnn", 2048, 1, 1),
         ("after", "local", "jet_tagger", 16384, 1, 1),
-        ("after", "local-resident", "jet_tagger", 16384, 1, 1),
+        ("after", "local", "jet_tagger", 65536, 1, 1),
+        ("after", "local-resident", "jet_tagger", 65536, 1, 1),
         # before: stock client, old model.py, one instance
         ("before", "tritonclient", "emtrk_cnn", 2048, 1, 1),
         ("before", "tritonclient", "emtrk_cnn", 2048, 8, 1),
@@ -117,6 +122,14 @@ PLANS: dict[str, list[tuple]] = {
         ("after", "shm", "jet_tagger", 16384, 8, 2),
         ("after", "shm", "jet_tagger", 65536, 8, 2),
         ("after", "shm", "jet_tagger", 65536, 12, 2),
+        # instances per GPU: 1 (today's model.py alone) and 4
+        ("after-i1", "shm", "emtrk_cnn", 2048, 8, 2),
+        ("after-i4", "shm", "emtrk_cnn", 2048, 8, 2),
+        ("after-i4", "shm", "emtrk_cnn", 2048, 12, 2),
+        ("after-i4", "shm", "jet_tagger", 65536, 12, 2),
+        # GPU inputs handed to the model through DLPack (FORCE_CPU_ONLY_INPUT_TENSORS: no)
+        ("after-gpuin", "verify", "emtrk_cnn", 256, 1, 1),
+        ("after-gpuin", "cuda", "emtrk_cnn", 2048, 4, 2),
     ],
 }
 
@@ -239,9 +252,39 @@ class _Local:
         return _Done(self.engine(prepared))
 
 
+def _verify(task: dict) -> dict:
+    """max |served - in-process| for each transport on the same inputs (and vs each other)."""
+    kind_outputs: dict[str, dict] = {}
+    model, rows = task["model"], task["rows"]
+    inputs = example(model, rows)
+    if task["device"] == "gpu":
+        from coffea_sonic.engines import GpuEngine
+
+        kind_outputs["local"] = GpuEngine(model)(inputs)
+    for kind in ("grpc", "http", "shm") + (("cuda",) if task["device"] == "gpu" else ()):
+        client = _Client(kind, model, task["grpc"], task["http"])
+        given = inputs
+        if kind == "cuda":
+            import torch
+
+            given = {name: torch.from_numpy(array).cuda() for name, array in inputs.items()}
+        kind_outputs[kind] = client.submit(given).result()
+    reference = kind_outputs["grpc"]
+    diffs = {}
+    for kind, outputs in kind_outputs.items():
+        diffs[f"{kind}-vs-grpc"] = max(float(np.max(np.abs(np.asarray(outputs[name]) - reference[name])))
+                                       for name in reference)
+    return diffs
+
+
 def _run_task(task: dict, clients: dict, control) -> dict:
     kind, model, rows, in_flight = task["kind"], task["model"], task["rows"], task["in_flight"]
-    key = (kind, model)
+    if kind == "verify":
+        diffs = _verify(task)
+        control.put(("ready", os.getpid()))
+        task["go"].get()
+        return {"rows": 0, "requests": 0, "submit_s": 0.0, "verify": diffs}
+    key = (kind, model, task["grpc"])
     if key not in clients:
         if kind.startswith("local"):
             clients[key] = _Local(kind, model, task["device"])
@@ -323,26 +366,47 @@ class WorkerPool:
         for queue in self.queues[:procs]:
             queue.put(dict(task))
         ready = 0
+        results = []  # a worker that failed early reports before the others are ready
         while ready < procs:
-            kind, _ = self.control.get(timeout=300)
+            kind, value = self._get(procs, 240)
             ready += kind == "ready"
+            if kind == "result":
+                results.append(value)
         start_at = time.time() + 0.2
         for queue in self.queues[:procs]:
             queue.put(start_at)
         if on_start is not None:
             on_start(start_at)
-        results = []
         while len(results) < procs:
-            kind, value = self.control.get(timeout=task["duration"] + 300)
+            kind, value = self._get(procs, task["duration"] + 120)
             if kind == "result":
                 results.append(value)
         return results
+
+    def _get(self, procs: int, timeout_s: float):
+        """The next control message; RuntimeError if a worker died or nothing came in time."""
+        import queue as queues
+
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                return self.control.get(timeout=2)
+            except queues.Empty:
+                dead = [p.pid for p in self.processes[:procs] if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"client worker(s) {dead} died") from None
+        raise RuntimeError(f"no answer from the client workers within {timeout_s:.0f} s")
 
     def close(self) -> None:
         for queue in self.queues:
             queue.put(None)
         for process in self.processes:
             process.join(10)
+
+    def kill(self) -> None:
+        for process in self.processes:
+            if process.is_alive():
+                process.kill()
 
 
 # -- probes -----------------------------------------------------------------------------------------
@@ -406,24 +470,42 @@ def stats_delta(before: dict, after: dict) -> dict:
 
 # -- servers ------------------------------------------------------------------------------------------
 
+PHASE_ORDER = ("before", "after-i1", "after", "after-i3", "after-i4", "after-gpuin")
+
+
+def phase_instances(phase: str, default: int) -> int:
+    """Model instances of a phase: ``before`` 1, ``after`` the default, ``after-iN`` N."""
+    import re
+
+    if phase == "before":
+        return 1
+    match = re.search(r"-i(\d+)$", phase)
+    return int(match.group(1)) if match else default
+
+
 def write_phase_repository(root: Path, phase: str, device: str, instances: int,
                            models: list[str], staging: str) -> Path:
+    """The repository of one phase: ``before`` = the model.py of before issue 6, one instance;
+    ``after[-iN]`` = today's model.py with the default (or N) instances; plus ``payload_sink``."""
     from coffea_sonic.server import write_repository
     from coffea_sonic.server.repository import config_text, model_config
 
-    repository = root / phase
     after = root / "after"
-    if phase == "after" or not after.exists():
+    if not after.exists():
         write_repository(after, models, backend="python", device=device,
                          instances=instances, staging=staging)
         write_sink(after, instances=2)
     if phase == "after":
         return after
+    repository = root / phase
     shutil.copytree(after, repository, dirs_exist_ok=True)
     before_model = (HERE / "model_before.py.tmpl").read_text()
     for name in models:
-        (repository / name / "1" / "model.py").write_text(before_model)
-        config = model_config(name, backend="python", device=device, instances=1)
+        if phase == "before":
+            (repository / name / "1" / "model.py").write_text(before_model)
+        config = model_config(name, backend="python", device=device, staging=staging,
+                              instances=phase_instances(phase, instances),
+                              gpu_input_tensors=phase.endswith("gpuin") and device == "gpu")
         (repository / name / "config.pbtxt").write_text(config_text(config))
     return repository
 
@@ -475,35 +557,53 @@ def main(argv: list[str] | None = None) -> int:
     report = {"machine": machine(), "device": device, "instances_after": instances,
               "staging": args.staging, "duration_s": args.duration, "plan": args.plan,
               "records": records}
-    pool = WorkerPool(max(entry[4] for entry in plan))
+    pool_size = max(entry[4] for entry in plan)
+    pool = WorkerPool(pool_size)
     gpu = GpuUtilisation()
     scratch = Path(tempfile.mkdtemp(prefix="bench-transport-"))
     try:
-        for phase in ("before", "after"):
+        phases = sorted({entry[0] for entry in plan},
+                        key=lambda name: (PHASE_ORDER.index(name) if name in PHASE_ORDER else 99, name))
+        for phase in phases:
             entries = [entry for entry in plan if entry[0] == phase]
             if not entries:
                 continue
             repository = write_phase_repository(scratch, phase, device, instances, models,
                                                 args.staging)
             began = time.time()
-            with LocalTritonServer(repository=repository, device=device) as server:
+            try:
+                server = LocalTritonServer(repository=repository, device=device).start()
+            except Exception as error:  # noqa: BLE001 - report it and measure the other phases
+                logger.error("phase %s: server did not start: %s", phase, error)
+                records.append({"phase": phase, "errors": [f"server start: {error}"[:3000]]})
+                continue
+            with server:
                 logger.info("%s server ready in %.1f s (%s)", phase, time.time() - began,
                             server.grpc_address)
                 for _, kind, model, rows, procs, in_flight in entries:
                     task = {"kind": kind, "model": model, "rows": rows, "in_flight": in_flight,
                             "duration": args.duration, "grpc": server.grpc_address,
                             "http": server.http_address, "device": device}
-                    served = not kind.startswith("local")
+                    served = not kind.startswith("local") and kind != "verify"
                     window: dict = {}
                     before_stats = server_stats(server.grpc_address, model) if served else {}
-                    results = pool.run(task, procs,
-                                       on_start=lambda start: window.setdefault("start", start))
+                    try:
+                        results = pool.run(task, procs,
+                                           on_start=lambda start: window.setdefault("start", start))
+                    except RuntimeError as error:  # a crashed or stuck worker: new pool, go on
+                        logger.error("%s %s %s: %s", phase, kind, model, error)
+                        records.append({"phase": phase, "kind": kind, "model": model, "rows": rows,
+                                        "procs": procs, "errors": [str(error)]})
+                        pool.kill()
+                        pool = WorkerPool(pool_size)
+                        continue
                     after_stats = server_stats(server.grpc_address, model) if served else {}
                     errors = [r["error"] for r in results if "error" in r]
                     start = window["start"]
                     total_rows = sum(r.get("rows", 0) for r in results)
                     record = {
-                        "phase": phase, "kind": kind, "model": model, "rows": rows,
+                        "phase": phase, "instances": phase_instances(phase, instances),
+                        "kind": kind, "model": model, "rows": rows,
                         "procs": procs, "in_flight": in_flight,
                         "rows_per_s": round(total_rows / args.duration),
                         "gb_per_s": round(total_rows * row_bytes(model) / args.duration / 1e9, 3),
@@ -516,6 +616,9 @@ def main(argv: list[str] | None = None) -> int:
                         "transport_stats": results[0].get("stats") if results else {},
                         "errors": errors,
                     }
+                    if results and "verify" in results[0]:
+                        record["verify"] = results[0]["verify"]
+                        logger.info("verify %s: %s", model, record["verify"])
                     records.append(record)
                     logger.info("%-6s %-14s %-16s rows=%-6d procs=%-2d k=%d  %12s rows/s  %6.3f GB/s"
                                 "  gpu=%s%%  %s%s", phase, kind, model, rows, procs, in_flight,
@@ -540,6 +643,10 @@ def summary_markdown(report: dict) -> str:
              "client submit ms | p50 ms | server queue / in / infer / out ms | avg batch |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["records"]:
+        if "rows_per_s" not in r:
+            lines.append(f"| {r['phase']} | {r.get('kind', '')} | {r.get('model', '')} | ERROR "
+                         f"{'; '.join(r.get('errors', []))[:300]} |")
+            continue
         server = r.get("server") or {}
         profile = (f"{server.get('queue_ms')} / {server.get('compute_input_ms')} / "
                    f"{server.get('compute_infer_ms')} / {server.get('compute_output_ms')}"

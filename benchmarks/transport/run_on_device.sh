@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GPU-machine part of benchmarks/transport (issue 6), self-contained for the device tool.
+#
+#   here, once:  bash ../shared/device/prepare.sh .device; mkdir -p .devtransport/whl
+#                ln -f .device/ts.tar.xz .devtransport/; ln -f .device/whl/*.whl .devtransport/whl/
+#   device run:  bash benchmarks/transport/run_on_device.sh      (carry: .devtransport)
+#
+# 1. the CUDA shared-memory test of tests/test_transport_fast.py against a GPU tritonserver;
+# 2. bench_transport.py --plan gpu: before/after tables, GPU utilisation, server profile,
+#    served == in-process check; JSON + log into $OUT.
+set -uo pipefail
+DEV=${DEV:-.devtransport}
+OUT=${OUT:-/tmp/transport-out}
+BUDGET=${BUDGET:-560}
+mkdir -p "$OUT"
+# shellcheck disable=SC1091
+source benchmarks/transport/triton-gpu-env.sh "$DEV" || exit 1
+export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+nproc
+echo "== CUDA shared-memory test"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_transport_fast.py -k cuda 2>&1 \
+  | tail -25 | tee "$OUT/pytest-cuda.txt"
+echo "== transport benchmark (at most $(( BUDGET - SECONDS )) s)"
+timeout $(( BUDGET - SECONDS )) python3 benchmarks/transport/bench_transport.py --plan "${PLAN:-gpu}" \
+  --duration "${DURATION:-3}" --out "$OUT" --tag "${TAG:-h100}" "$@" 2>&1 \
+  | grep -v "^INFO:coffea\|starting tritonserver\|wrote /\|RuntimeWarning\|warnings.warn" | tee "$OUT/bench-log.txt"
+ls -la "$OUT"

@@ -246,6 +246,33 @@ class _Runtime:
     version: str = ""
 
 
+def _configured_tls() -> TlsOptions:
+    """TLS options for ``triton+grpcs://`` URLs from the settings ``ca_file``, ``cert_file``,
+    ``key_file``, ``server_name`` (``COFFEA_SONIC_CA_FILE``..., Dask config, facility file)."""
+    from . import config
+
+    return TlsOptions.coerce({
+        "root_certificates": config.setting("ca_file"),
+        "certificate_chain": config.setting("cert_file"),
+        "private_key": config.setting("key_file"),
+        "server_name": config.setting("server_name"),
+    })
+
+
+def _configured_headers() -> dict[str, str | Secret]:
+    """``authorization: Bearer <token>`` when the settings ``token_env`` (the NAME of the variable
+    holding the token) or ``token_file`` are set; only the name or path is ever kept."""
+    from . import config
+
+    token_file = config.setting("token_file")
+    if token_file:
+        return {"authorization": Secret.from_file(token_file, prefix="Bearer ")}
+    token_env = config.setting("token_env")
+    if token_env:
+        return {"authorization": Secret.bearer_from_env(str(token_env))}
+    return {}
+
+
 def _zoo_info(model: str) -> ModelInfo | None:
     """The zoo's declaration of ``model`` as a ModelInfo (used when no server can describe it)."""
     from . import zoo
@@ -278,11 +305,14 @@ class TritonModel:
         Requests of this model in flight at once (per process and model object); more queue.
     ssl:
         ``True`` (system CA roots), a mapping or :class:`~coffea_sonic.transport.TlsOptions`
-        (CA bundle, client certificate and key for mutual TLS, server-name override).
+        (CA bundle, client certificate and key for mutual TLS, server-name override). None:
+        ``triton+grpcs://`` URLs use the settings ``ca_file``, ``cert_file``, ``key_file``,
+        ``server_name`` (``COFFEA_SONIC_CA_FILE``, ...) or the system roots.
     headers:
         Sent with every request, e.g. ``{"authorization": Secret.bearer_from_env("TOKEN")}``.
         Sensitive plain-string values (authorization, token, key, ...) are wrapped in
-        :class:`~coffea_sonic.transport.Secret` automatically.
+        :class:`~coffea_sonic.transport.Secret` automatically. None: a bearer token from the
+        settings ``token_env`` (``COFFEA_SONIC_TOKEN_ENV=NAME``) or ``token_file``, if set.
     max_request_bytes:
         Cap on one request's tensor bytes (calls are split by rows to stay under it).
     nonfinite:
@@ -348,9 +378,12 @@ class TritonModel:
         tls = TlsOptions.coerce(ssl)
         if ssl is False and any(ref.tls for ref in self._refs):
             raise ConfigurationError(f"{urls} ask for TLS (triton+grpcs) but ssl=False")
-        self.tls = tls if tls is not None else (TlsOptions() if first.tls else None)
-        self._server_tls = [tls if tls is not None else (TlsOptions() if ref.tls else None)
+        url_tls = _configured_tls() if tls is None and any(r.tls for r in self._refs) else None
+        self.tls = tls if tls is not None else (url_tls if first.tls else None)
+        self._server_tls = [tls if tls is not None else (url_tls if ref.tls else None)
                             for ref in self._refs]
+        if headers is None:
+            headers = _configured_headers()
         self.timeout_s = float(timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.max_in_flight = max_in_flight

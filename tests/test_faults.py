@@ -255,6 +255,9 @@ def test_tls_server_is_served_over_grpcs_with_the_right_ca(certificates, engine)
         inputs = zoo.example_inputs("jet_tagger", 50)
         model = TritonModel(url, ssl={"root_certificates": certificates["ca"]})
         np.testing.assert_allclose(model(inputs)["probs"], engine(inputs)["probs"], atol=TOLERANCE)
+        with pytest.MonkeyPatch.context() as patch:  # the CA from the settings, as on workers
+            patch.setenv("COFFEA_SONIC_CA_FILE", certificates["ca"])
+            assert TritonModel(url)(inputs)["probs"].shape == (50, 3)
         # pickles carry the CA's path, and a copy connects by itself
         assert pickle.loads(pickle.dumps(model))(inputs)["probs"].shape == (50, 3)
         untrusted = TritonModel(url, connect_timeout_s=2, fallback="off")
@@ -279,6 +282,12 @@ def test_bearer_token_reaches_the_gateway_and_never_leaks(triton_server, monkeyp
         assert gateway.accepted > 0
         blob = pickle.dumps(model)
         assert TOKEN.encode() not in blob and TOKEN not in repr(model)
+        # the token's variable NAME from the settings (what Dask workers get forwarded)
+        monkeypatch.setenv("COFFEA_SONIC_TOKEN_ENV", TOKEN_ENV)
+        from_settings = TritonModel(gateway.url("jet_tagger"))
+        assert from_settings(inputs)["probs"].shape == (20, 3)
+        assert TOKEN.encode() not in pickle.dumps(from_settings)
+        monkeypatch.delenv("COFFEA_SONIC_TOKEN_ENV")
         wrong = TritonModel(gateway.url("jet_tagger"),
                             headers={"authorization": "Bearer wrong-" + TOKEN[::-1]})
         with caplog.at_level(logging.DEBUG, logger="coffea_sonic"):
@@ -288,3 +297,27 @@ def test_bearer_token_reaches_the_gateway_and_never_leaks(triton_server, monkeyp
         assert "UNAUTHENTICATED" in text
         assert TOKEN not in text and TOKEN[::-1] not in text
         assert wrong.stats.retries == 0  # an authentication failure is not retried
+
+
+def test_fallback_to_a_local_server_or_a_custom_engine_when_no_server_answers(chunks, engine):
+    from coffea_sonic.transport import fallback as fallback_module
+
+    dead = [f"triton+grpc://127.0.0.1:{free_port()}/jet_tagger" for _ in range(2)]
+    expected = engine(chunks[0])["probs"]
+    local = TritonModel(dead, fallback="local", connect_timeout_s=1)
+    try:
+        _assert_same([local(chunks[0])["probs"]], [expected])
+        assert local.stats.fallback_rows == 1500
+    finally:
+        server_engine = fallback_module._engines.pop(("local", "jet_tagger"), None)
+        if server_engine is not None:
+            server_engine._fallback_server.stop()
+    used = []
+
+    def factory(name):
+        used.append(name)
+        return CpuEngine(name, threads=1)
+
+    custom = TritonModel(dead, fallback=factory, connect_timeout_s=1)
+    _assert_same([custom(chunks[0])["probs"]], [expected])
+    assert used == ["jet_tagger"] and custom.stats.fallback_calls == 1

@@ -539,11 +539,11 @@ class TritonModel:
             return
         try:
             if piece.request is None:
-                piece.request = encode_request(
-                    self.model_name, runtime.version,
-                    piece_arrays(call.arrays, piece.start, piece.stop, piece.pad),
-                    request_id=f"{call.call_id}.{piece.index}")
-                piece.bytes_sent = sum(len(raw) for raw in piece.request.raw_input_contents)
+                tensors = piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
+                piece.request = encode_request(self.model_name, runtime.version, tensors,
+                                               request_id=f"{call.call_id}.{piece.index}")
+                # from the arrays: reading raw_input_contents back would copy every byte again
+                piece.bytes_sent = sum(array.nbytes for array in tensors.values())
             if piece.last_address and piece.last_address != endpoint.address:
                 self._add_stats(failovers=1)
             piece.attempts += 1
@@ -576,7 +576,7 @@ class TritonModel:
                 runtime.window.answered(overloaded=False)
                 response = future.result()
                 outputs = self._check_response(call.info, piece, response, endpoint.address)
-                bytes_received = sum(len(raw) for raw in response.raw_output_contents)
+                bytes_received = sum(array.nbytes for array in outputs.values())
                 self._add_stats(requests=1, rows=piece.rows, bytes_sent=piece.bytes_sent,
                                 bytes_received=bytes_received, latency_s=latency)
                 self._record(piece, outputs)

@@ -171,7 +171,7 @@ def example_inputs(name: str, n: int, seed: int = 0) -> dict[str, np.ndarray]:
             rng.uniform(0.0, 1.0, n),               # btagDeepFlavB
             rng.integers(2, 40, n).astype(float),   # nConstituents
         ]
-        return {"features": np.stack(columns, axis=1).astype(np.float32).reshape(n, -1)}
+        return {"features": np.stack(columns, axis=1).astype(np.float32).reshape(n, len(columns))}
     if name == "particlenet_lite":
         size = PARTICLENET_MAX_CONSTITUENTS
         counts = rng.integers(1, size + 1, n)

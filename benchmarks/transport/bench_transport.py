@@ -10,6 +10,7 @@ aggregate is rows answered inside that window. Transports:
 =================  ==================================================================================
 ``tritonclient``   stock ``tritonclient.grpc.InferenceServerClient.infer`` (the naive "before" client)
 ``grpc``           TritonModel's piece path: ``codec.encode_request`` + ``stub.ModelInfer.future``
+``grpc-framed``    prototype: minimal-copy framing of the same gRPC request, 4 connections
 ``http``           :class:`coffea_sonic.transport.http.HttpBinaryTransport` (binary tensors, no copy)
 ``shm``            :class:`coffea_sonic.transport.shm.SystemShmTransport`
 ``cuda``           :class:`coffea_sonic.transport.shm.CudaShmTransport`, inputs already on the GPU
@@ -64,6 +65,7 @@ PLANS: dict[str, list[tuple]] = {
         ("after-i3", "shm", "jet_tagger", 4096, 2, 2),
         ("after", "shm", "jet_tagger", 4096, 1, 2),
         ("after", "http", SINK_NAME, 512, 1, 1),
+        ("after", "grpc-framed", SINK_NAME, 512, 1, 2),
         ("after", "local", "jet_tagger", 4096, 1, 1),
     ],
     "cpu": [
@@ -78,11 +80,45 @@ PLANS: dict[str, list[tuple]] = {
         ("after", "shm", "emtrk_cnn", 256, 1, 2),
         ("after", "tritonclient", SINK_NAME, 2048, 1, 1),
         ("after", "grpc", SINK_NAME, 2048, 1, 2),
+        ("after", "grpc-framed", SINK_NAME, 2048, 1, 2),
         ("after", "http", SINK_NAME, 2048, 1, 2),
         ("after", "shm", SINK_NAME, 2048, 1, 2),
+        ("after", "grpc", SINK_NAME, 512, 1, 4),
+        ("after", "grpc-framed", SINK_NAME, 512, 1, 4),
+        ("after", "http", SINK_NAME, 512, 1, 4),
         ("after", "grpc", SINK_NAME, 2048, 2, 2),
         ("after", "http", SINK_NAME, 2048, 2, 2),
         ("after", "shm", SINK_NAME, 2048, 2, 2),
+    ],
+    # second H100 run: the recommended server (--instances 4), unoptimised TorchScript (served ==
+    # in-process check), the network path at smaller requests, and the remaining knobs
+    "gpu2": [
+        ("after", "verify", "emtrk_cnn", 2048, 1, 1),
+        ("after", "verify", "jet_tagger", 16384, 1, 1),
+        ("after", "local", "emtrk_cnn", 2048, 1, 1),
+        ("after", "local", "jet_tagger", 65536, 1, 1),
+        ("after", "shm", "emtrk_cnn", 2048, 8, 2),
+        ("after", "shm", "emtrk_cnn", 2048, 16, 2),
+        ("after", "cuda", "emtrk_cnn", 2048, 8, 2),
+        ("after", "grpc", "emtrk_cnn", 2048, 8, 2),
+        ("after", "grpc-framed", "emtrk_cnn", 2048, 8, 2),
+        ("after", "shm", "jet_tagger", 65536, 12, 2),
+        ("after", "shm", "jet_tagger", 65536, 16, 2),
+        ("after", "grpc", "jet_tagger", 65536, 12, 2),
+        ("after", "tritonclient", SINK_NAME, 256, 1, 1),
+        ("after", "grpc", SINK_NAME, 256, 1, 4),
+        ("after", "grpc-framed", SINK_NAME, 256, 1, 4),
+        ("after", "http", SINK_NAME, 256, 1, 4),
+        ("after", "grpc", SINK_NAME, 512, 1, 4),
+        ("after", "grpc-framed", SINK_NAME, 512, 1, 4),
+        ("after", "http", SINK_NAME, 512, 1, 4),
+        ("after", "grpc-framed", SINK_NAME, 2048, 1, 4),
+        ("after", "shm", SINK_NAME, 512, 1, 2),
+        ("after", "shm", SINK_NAME, 2048, 1, 2),
+        ("after-i3", "shm", "emtrk_cnn", 2048, 8, 2),
+        ("after-pageable", "shm", "emtrk_cnn", 2048, 8, 2),
+        ("after-gpuin", "verify", "emtrk_cnn", 512, 1, 1),
+        ("after-gpuin", "cuda", "emtrk_cnn", 2048, 8, 2),
     ],
     "gpu": [
         # in-process baselines on the same GPU; served == in-process check
@@ -170,6 +206,8 @@ class _Client:
             from coffea_sonic.transport.channel import get_connection
 
             self.connection = get_connection(grpc_address)
+        elif kind == "grpc-framed":
+            self.framed = FramedGrpc(grpc_address, channels=4)
         elif kind == "http":
             from coffea_sonic.transport.http import HttpBinaryTransport
 
@@ -201,8 +239,67 @@ class _Client:
             future = self.connection.stub.ModelInfer.future(
                 encode_request(self.model, "", inputs), timeout=120)
             return _Mapped(future, decode_response)
+        if self.kind == "grpc-framed":
+            from coffea_sonic.transport.codec import decode_response
+
+            return _Mapped(self.framed.submit(self.model, inputs), decode_response)
         future = self.transport.submit(self.model, "", inputs, self.specs, timeout_s=120)
         return _Mapped(future, lambda _: future.outputs())
+
+
+class FramedGrpc:
+    """Prototype of the minimal-copy gRPC request: the protobuf header is serialised without the
+    tensors, and the tensors are appended as ``raw_input_contents`` fields by hand, so a request
+    costs one copy in Python (``b"".join``) instead of ``tobytes`` + protobuf serialisation; sent
+    round-robin over ``channels`` separate HTTP/2 connections (Triton reads each connection on one
+    thread)."""
+
+    def __init__(self, address: str, channels: int = 4) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        from coffea_sonic.transport.channel import channel_options
+
+        self.calls = []
+        for index in range(channels):
+            # a distinct argument per channel, so gRPC does not share one connection
+            channel = grpc.insecure_channel(address, options=channel_options() + [
+                ("grpc.primary_user_agent", f"csonic-framed-{index}")])
+            self.calls.append(channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=lambda payload: payload,
+                response_deserializer=service_pb2.ModelInferResponse.FromString))
+        self.turn = 0
+
+    @staticmethod
+    def _varint(value: int) -> bytes:
+        out = bytearray()
+        while True:
+            byte = value & 0x7F
+            value >>= 7
+            if value:
+                out.append(byte | 0x80)
+            else:
+                out.append(byte)
+                return bytes(out)
+
+    def submit(self, model: str, inputs: dict) -> Any:
+        from tritonclient.grpc import service_pb2
+
+        from coffea_sonic.transport.codec import triton_dtype
+
+        request = service_pb2.ModelInferRequest(model_name=model)
+        parts: list = []
+        for name, array in inputs.items():
+            tensor = request.inputs.add()
+            tensor.name, tensor.datatype = name, triton_dtype(array.dtype)
+            tensor.shape.extend(array.shape)
+            data = memoryview(np.ascontiguousarray(array)).cast("B")
+            parts += [b"\x3a", self._varint(data.nbytes), data]  # field 7, length-delimited
+        payload = b"".join([request.SerializeToString(), *parts])
+        call = self.calls[self.turn % len(self.calls)]
+        self.turn += 1
+        return call.future(payload, timeout=120)
 
 
 class _Done:
@@ -470,7 +567,8 @@ def stats_delta(before: dict, after: dict) -> dict:
 
 # -- servers ------------------------------------------------------------------------------------------
 
-PHASE_ORDER = ("before", "after-i1", "after", "after-i3", "after-i4", "after-gpuin")
+PHASE_ORDER = ("before", "after-i1", "after-i2", "after", "after-i3", "after-i4", "after-pageable",
+               "after-gpuin")
 
 
 def phase_instances(phase: str, default: int) -> int:
@@ -479,7 +577,7 @@ def phase_instances(phase: str, default: int) -> int:
 
     if phase == "before":
         return 1
-    match = re.search(r"-i(\d+)$", phase)
+    match = re.search(r"-i(\d+)", phase)
     return int(match.group(1)) if match else default
 
 
@@ -503,9 +601,10 @@ def write_phase_repository(root: Path, phase: str, device: str, instances: int,
     for name in models:
         if phase == "before":
             (repository / name / "1" / "model.py").write_text(before_model)
-        config = model_config(name, backend="python", device=device, staging=staging,
+        config = model_config(name, backend="python", device=device,
+                              staging="pageable" if "pageable" in phase else staging,
                               instances=phase_instances(phase, instances),
-                              gpu_input_tensors=phase.endswith("gpuin") and device == "gpu")
+                              gpu_input_tensors="gpuin" in phase and device == "gpu")
         (repository / name / "config.pbtxt").write_text(config_text(config))
     return repository
 

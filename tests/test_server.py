@@ -162,3 +162,23 @@ def test_gpu_engine_matches_cpu_engine_where_a_gpu_exists():
         gpu, cpu = GpuEngine(name)(inputs), CpuEngine(name)(inputs)
         for key in cpu:
             assert np.max(np.abs(gpu[key] - cpu[key])) <= 1e-4
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path):
+    script = ("import sys, time\n"
+              "from coffea_sonic.server import LocalTritonServer\n"
+              "s = LocalTritonServer(models=['jet_tagger'], device='cpu').start()\n"
+              "print(s.pid, s.shm_prefix, flush=True)\n"
+              "time.sleep(600)\n")
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    server_pid, prefix = client.stdout.readline().split()
+    os.kill(client.pid, signal.SIGKILL)  # no atexit, no finalizer: only the kernel can tell
+    client.wait()
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{server_pid}") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    status = Path(f"/proc/{server_pid}/status")
+    assert not status.exists() or "zombie" in status.read_text()
+    # the next server started anywhere on the machine removes the orphaned regions
+    with LocalTritonServer(models=["jet_tagger"], device="cpu"):
+        assert not glob.glob(f"/dev/shm/{prefix}*")

@@ -134,6 +134,34 @@ def server_environment() -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the process that started it dies.
+
+    Without this a client killed with SIGKILL (or a timed-out job) leaves an orphaned server.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux/glibc: the atexit/finalizer cleanup still applies
+        pass
+
+
+def _remove_stale_shm_regions() -> list[str]:
+    """Regions of servers whose starting process is gone (``csonic_<pid>_...``)."""
+    removed = []
+    for region in glob.glob("/dev/shm/csonic_*_*"):
+        owner = os.path.basename(region).split("_")[1]
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            try:
+                os.unlink(region)
+                removed.append(region)
+            except OSError:
+                pass
+    return removed
+
+
 def _stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
     if process.poll() is not None:
         return
@@ -203,6 +231,7 @@ class LocalTritonServer:
         keep_workdir: bool = False,
         log_verbose: int = 0,
         repository_options: dict | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigurationError(f"device must be auto, cpu or gpu, not {device!r}")
@@ -220,6 +249,9 @@ class LocalTritonServer:
         self.keep_workdir = keep_workdir
         self.log_verbose = log_verbose
         self.repository_options = dict(repository_options or {})
+        # Linux delivers the parent-death signal when the starting *thread* exits: start a
+        # long-lived server from the main thread, or pass die_with_parent=False.
+        self.die_with_parent = die_with_parent
         self.shm_prefix = f"csonic_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         self.device: str | None = None
         self.process: subprocess.Popen | None = None
@@ -300,10 +332,14 @@ class LocalTritonServer:
         command = self._command(repository, backend_dir)
         logger.info("starting tritonserver (%s) on %s: %s", self.device, self.grpc_address,
                     " ".join(command))
+        stale = _remove_stale_shm_regions()
+        if stale:
+            logger.info("removed %d shared-memory regions of servers whose owner is gone", len(stale))
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=server_environment(), start_new_session=True)
+                env=server_environment(), start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None)
         self._finalizer = weakref.finalize(
             self, _finalize, self.process, self.shm_prefix, workdir if self.workdir is None else None,
             self.keep_workdir, 10.0)

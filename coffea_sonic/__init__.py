@@ -14,7 +14,13 @@ The public names below are imported lazily, so ``import coffea_sonic`` stays fas
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# Worker processes forked from a driver that already talked to a server (coffea's FuturesExecutor,
+# multiprocessing) may use gRPC in the child only with gRPC's fork handlers on; grpc reads this
+# once, at its import, so it is set before anything here imports grpc. A user's own value wins.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 
 __version__ = "0.1.0"
 

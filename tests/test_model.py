@@ -117,7 +117,8 @@ def test_stats_count_requests_rows_bytes_and_latency(triton_server):
     stats = model.stats
     assert (stats.calls, stats.requests, stats.rows) == (1, 1, 10)
     assert stats.bytes_sent == 10 * 6 * 4 and stats.bytes_received == 10 * 3 * 4
-    assert stats.latency_s > 0 and stats.wait_s > 0 and stats.failed_requests == 0
+    # wait_s may be 0: the answer can arrive before result() is called
+    assert stats.latency_s > 0 and stats.wait_s >= 0 and stats.failed_requests == 0
 
 
 def _class_names(blob: bytes) -> list[str]:

@@ -309,6 +309,9 @@ class LocalTritonServer:
             "--exit-timeout-secs=5",
             f"--log-verbose={self.log_verbose}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            # A stub busy with a large CPU batch on a loaded machine must not be declared dead
+            # (Triton 2.51 does not restart it; the model would fail until the server restarts).
+            "--backend-config=python,stub-timeout-seconds=120",
             *self.extra_args,
         ]
 

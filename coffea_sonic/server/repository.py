@@ -55,6 +55,7 @@ def model_config(
     tensorrt: bool = False,
     staging: Staging = "pinned",
     gpu_input_tensors: bool = False,
+    torchscript_optimize: bool = False,
 ) -> model_config_pb2.ModelConfig:
     """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device.
 
@@ -67,7 +68,9 @@ def model_config(
     * python backend on GPU: ``staging`` (``"pinned"``: host inputs go through a reused pinned
       buffer with asynchronous copies; ``"pageable"``: copied from the backend's memory directly),
       ``gpu_input_tensors`` (hand inputs that arrive in GPU memory, e.g. from CUDA shared memory,
-      to the model without a trip through the host: ``FORCE_CPU_ONLY_INPUT_TENSORS: no``).
+      to the model without a trip through the host: ``FORCE_CPU_ONLY_INPUT_TENSORS: no``),
+      ``torchscript_optimize`` (let TorchScript fuse ops: faster, but then a row's outputs differ
+      in the last bits depending on which call and instance served it; off by default).
     * onnxruntime backend on GPU: ``tensorrt`` (TensorRT execution accelerator, FP32).
 
     >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
@@ -91,6 +94,8 @@ def model_config(
         config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
         if device == "gpu":
             config.parameters["staging"].string_value = staging
+            config.parameters["torchscript_optimize"].string_value = (
+                "yes" if torchscript_optimize else "no")
             if gpu_input_tensors:
                 config.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value = "no"
     else:

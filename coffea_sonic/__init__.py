@@ -59,6 +59,10 @@ _EXPORTS: dict[str, str] = {
     "make_cluster": "coffea_sonic.facility.cluster",
     "check_servers": "coffea_sonic.facility.check",
     "TokenGateway": "coffea_sonic.facility.gateway",
+    "SystemShmTransport": "coffea_sonic.transport.shm",
+    "CudaShmTransport": "coffea_sonic.transport.shm",
+    "select_transport": "coffea_sonic.transport.shm",
+    "HttpBinaryTransport": "coffea_sonic.transport.http",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

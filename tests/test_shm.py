@@ -142,6 +142,12 @@ def test_server_error_is_ours_and_the_slot_is_not_reused(triton_server):
             failing.infer("no_such_model", "", {"features": np.zeros((2, 6), np.float32)},
                           [("probs", "FP32", (3,))])
         assert failing.regions() == [] and failing.stats["regions_dropped"] == 1
+        # like a gRPC future, exception() gives the server's RpcError (for retry classification)
+        future = failing.submit("no_such_model", "", {"features": np.zeros((2, 6), np.float32)},
+                                [("probs", "FP32", (3,))])
+        assert future.exception(timeout=30).code().name == "NOT_FOUND"
+        with pytest.raises(ModelNotFoundError):
+            future.outputs()
         ok = failing.infer("jet_tagger", "", zoo.example_inputs("jet_tagger", 5),
                            outputs_of("jet_tagger"))
         assert ok["probs"].shape == (5, 3)
@@ -156,6 +162,7 @@ def test_select_transport_prefers_shm_for_a_server_on_this_host(triton_server):
         select_transport("192.0.2.1:8001", "shm")
     before = set(server_regions(triton_server.grpc_address, os.getpid()))
     shm._probe_cache.clear()
+    shm._selections.clear()
     assert select_transport(triton_server.grpc_address) == "shm"
     assert set(server_regions(triton_server.grpc_address, os.getpid())) == before  # probe cleaned up
 

@@ -303,8 +303,10 @@ class TransportFuture:
     """The pending answer of one request; shaped like a gRPC future (a drop-in for TritonModel).
 
     ``result()`` gives a ``ModelInferResponse`` with ``raw_output_contents`` filled, ``outputs()``
-    the ``{name: array}`` dict; a failure is raised as one of our errors (``exception()`` returns
-    it). Callbacks run once, in the thread that completes the request.
+    the ``{name: array}`` dict. On failure ``outputs()`` raises one of our errors, while
+    ``exception()``/``result()`` give what a gRPC future would (the server's ``grpc.RpcError`` when
+    there is one, so a caller's retry/overload classification works unchanged; else ours).
+    Callbacks run once, in the thread that completes the request.
 
     >>> future = TransportFuture()
     >>> future._set_error(InferenceError("boom"))
@@ -319,6 +321,7 @@ class TransportFuture:
         self._outputs: dict[str, np.ndarray] | None = None
         self._response: Any = None
         self._error: BaseException | None = None
+        self._raw_error: BaseException | None = None
         self._cancelled = False
         self._cancel_hook: Callable[[], None] | None = None
 
@@ -327,8 +330,8 @@ class TransportFuture:
         self._outputs, self._response = outputs, response
         self._finish()
 
-    def _set_error(self, error: BaseException) -> None:
-        self._error = error
+    def _set_error(self, error: BaseException, raw: BaseException | None = None) -> None:
+        self._error, self._raw_error = error, raw
         self._finish()
 
     def _finish(self) -> None:
@@ -370,7 +373,7 @@ class TransportFuture:
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if not self._done.wait(timeout):
             raise TimeoutError(f"request not answered within {timeout} s")
-        return self._error
+        return self._raw_error or self._error
 
     def result(self, timeout: float | None = None) -> Any:
         """The ``ModelInferResponse`` (raw output contents filled in); raises the request's error."""
@@ -383,10 +386,11 @@ class TransportFuture:
         return self._response
 
     def outputs(self, timeout: float | None = None) -> dict[str, np.ndarray]:
-        """``{output name: array}`` (arrays owned by the caller); raises the request's error."""
-        error = self.exception(timeout)
-        if error is not None:
-            raise error
+        """``{output name: array}`` (arrays owned by the caller); raises our error if it failed."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request not answered within {timeout} s")
+        if self._error is not None:
+            raise self._error
         return dict(self._outputs or {})
 
 
@@ -429,6 +433,11 @@ def _add_tensor(container: Any, name: str, datatype: str | None, shape: Sequence
         if offset:
             tensor.parameters["shared_memory_offset"].int64_param = offset
     return tensor
+
+
+def _is_rpc_error(error: BaseException) -> bool:
+    code = getattr(error, "code", None)
+    return callable(code) and not isinstance(error, SonicError)
 
 
 def _batch_rows(inputs: Mapping[str, Any]) -> int | None:
@@ -738,7 +747,8 @@ class SystemShmTransport:
             future._set_error(as_sonic_error(error, model=model, version=version,
                                              address=self.address)
                               if not isinstance(error, (ConfigurationError, InferenceError,
-                                                        ServerUnavailableError)) else error)
+                                                        ServerUnavailableError)) else error,
+                              raw=error if _is_rpc_error(error) else None)
             return
         with self._condition:
             self.stats["requests"] += 1
@@ -801,7 +811,8 @@ class SystemShmTransport:
                            request_id, retry=False)
                 return
             future._set_error(as_sonic_error(error, model=model, version=version,
-                                             address=self.address))
+                                             address=self.address),
+                              raw=error if _is_rpc_error(error) else None)
             return
         try:
             response = call.result()
@@ -1006,6 +1017,21 @@ def select_transport(address: str, requested: str = "auto", *,
         raise ConfigurationError(f"transport must be 'auto', 'shm' or 'grpc', not {requested!r}")
     if requested == "grpc":
         return "grpc"
+    key = (os.getpid(), address, requested)
+    chosen = _selections.get(key)  # asked per request: name lookups and probes only once
+    if chosen is None:
+        chosen = _select(address, requested, connection, metadata)
+        if chosen is not None:
+            _selections[key] = chosen
+    return chosen or "grpc"
+
+
+_selections: dict[tuple[int, str, str], TransportName] = {}
+
+
+def _select(address: str, requested: str, connection: Connection | None,
+            metadata: Sequence[tuple[str, str]]) -> TransportName | None:
+    """The choice of :func:`select_transport`, or None (gRPC for now) if the server is down."""
     local = is_local_host(_host_of(address))
     if not local:
         if requested == "shm":
@@ -1018,7 +1044,7 @@ def select_transport(address: str, requested: str = "auto", *,
     except ServerUnavailableError:
         if requested == "shm":
             raise
-        return "grpc"
+        return None  # decide again once it is up
     if requested == "shm" and not usable:
         raise ConfigurationError(
             f"transport='shm': Triton at {address} cannot map this process' shared memory "
@@ -1052,9 +1078,12 @@ def _unregister_transport(transport: Any) -> None:
 def _after_fork_in_child() -> None:
     global _registry_lock
     _inherited.extend(_transports.values())
+    # copies keep the parent's objects alive here: no finalizer of theirs may run in the child
+    _inherited.extend([dict(_shared), dict(_probe_cache), dict(_selections)])
     _transports.clear()
     _shared.clear()
     _probe_cache.clear()
+    _selections.clear()
     _registry_lock = threading.RLock()
 
 
@@ -1450,7 +1479,8 @@ class CudaShmTransport:
             if error is not None:
                 self._release(slot, drop=True)
                 future._set_error(as_sonic_error(error, model=model, version=version,
-                                                 address=self.address))
+                                                 address=self.address),
+                                  raw=error if _is_rpc_error(error) else None)
                 return
             try:
                 response = done.result()
@@ -1503,7 +1533,8 @@ def _inline_future(connection: Connection, request: Any, model: str, version: st
             return
         error = done.exception() if not done.cancelled() else InferenceError("cancelled")
         if error is not None:
-            future._set_error(as_sonic_error(error, model=model, version=version, address=address))
+            future._set_error(as_sonic_error(error, model=model, version=version, address=address),
+                              raw=error if _is_rpc_error(error) else None)
             return
         response = done.result()
         outputs: dict[str, Any] = {name: array.copy() for name, array in decode_response(response).items()}

@@ -495,8 +495,14 @@ _routers_pid = os.getpid()
 _routers_lock = threading.Lock()
 
 
+#: Routers and scheduler inherited from a parent process: kept referenced so that nothing of the
+#: parent's is finalized (channels closed, threads joined) in a forked child.
+_inherited: list = []
+
+
 def _reset_after_fork() -> None:
     global _routers, _routers_pid, _routers_lock, _scheduler
+    _inherited.append((_routers, _scheduler))
     _routers, _routers_pid, _routers_lock = {}, os.getpid(), threading.Lock()
     _scheduler = _Scheduler()
 

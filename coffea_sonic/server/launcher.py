@@ -134,18 +134,15 @@ def server_environment() -> dict[str, str]:
     return env
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the process that started it dies.
+def _parent_death_prefix() -> list[str]:
+    """``setpriv --pdeathsig TERM`` when available: the server gets SIGTERM when we die.
 
-    Without this a client killed with SIGKILL (or a timed-out job) leaves an orphaned server.
+    Without it a client killed with SIGKILL (or a timed-out job) leaves an orphaned server. No
+    ``preexec_fn``: that runs Python (and every at-fork hook) in the forked child of a threaded
+    process, which can deadlock.
     """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux/glibc: the atexit/finalizer cleanup still applies
-        pass
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
 
 
 def _remove_stale_shm_regions() -> list[str]:
@@ -250,7 +247,7 @@ class LocalTritonServer:
         self.log_verbose = log_verbose
         self.repository_options = dict(repository_options or {})
         # Linux delivers the parent-death signal when the starting *thread* exits: start a
-        # long-lived server from the main thread, or pass die_with_parent=False.
+        # long-lived server from the main thread (or a long-lived one), or pass False.
         self.die_with_parent = die_with_parent
         self.shm_prefix = f"csonic_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         self.device: str | None = None
@@ -339,10 +336,10 @@ class LocalTritonServer:
         if stale:
             logger.info("removed %d shared-memory regions of servers whose owner is gone", len(stale))
         with open(self.log_path, "wb") as log:
+            prefix = _parent_death_prefix() if self.die_with_parent else []
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=server_environment(), start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None)
+                prefix + command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=server_environment(), start_new_session=True)
         self._finalizer = weakref.finalize(
             self, _finalize, self.process, self.shm_prefix, workdir if self.workdir is None else None,
             self.keep_workdir, 10.0)

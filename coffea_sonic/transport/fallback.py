@@ -76,9 +76,16 @@ _executor: ThreadPoolExecutor | None = None
 _last_warning: dict[str, float] = {}
 
 
+#: Engines inherited from a parent process: kept referenced so their finalizers never run in a
+#: forked child (one would stop the parent's fallback server; others may wait on the parent's
+#: threads, which do not exist here).
+_inherited_engines: list[dict] = []
+
+
 def _reset_after_fork() -> None:
-    global _engines_lock, _executor
-    _engines.clear()
+    global _engines, _engines_lock, _executor
+    _inherited_engines.append(_engines)
+    _engines = {}
     _engines_lock = threading.Lock()
     _executor = None
     _last_warning.clear()

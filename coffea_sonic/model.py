@@ -65,6 +65,7 @@ from .transport import fallback as fallback_module
 from .transport.codec import decode_response, encode_request
 from .transport.metadata import ModelInfo, TensorInfo
 from .transport.secrets import Secret, header_fingerprint, normalize_headers, resolve_headers
+from .transport.shm import select_transport, shared_transport
 from .transport.status import as_sonic_error, describe, is_retryable, server_outcome
 from .transport.tls import TlsOptions
 from .transport.url import ModelRef, parse_model_url
@@ -103,8 +104,9 @@ class _Piece:
     endpoint: Endpoint | None = None
     last_address: str = ""
     avoid: frozenset[str] = frozenset()
-    #: the encoded request, kept while retries may need it
+    #: the encoded request (gRPC) or the piece's arrays (shared memory), kept for retries
     request: Any = None
+    tensors: Any = None
     bytes_sent: int = 0
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -349,8 +351,13 @@ class TritonModel:
         expected_checksum: str | None = None,
         retry: RetryPolicy | Mapping[str, Any] | None = None,
         fallback: fallback_module.FallbackChoice = None,
+        transport: str = "auto",
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
+        if transport not in ("auto", "shm", "grpc"):
+            raise ConfigurationError(f"transport must be 'auto', 'shm' or 'grpc', not {transport!r}")
+        #: "auto": system shared memory to servers on this host (probed once), gRPC otherwise
+        self.transport = transport
         if not urls:
             raise ConfigurationError("TritonModel needs at least one URL")
         self._refs: list[ModelRef] = [parse_model_url(u) for u in urls]
@@ -541,6 +548,11 @@ class TritonModel:
             self._no_server(piece)
             return
         try:
+            if self._uses_shared_memory(endpoint, runtime):
+                future = self._send_through_shm(piece, endpoint, runtime)
+                piece.future = future
+                future.add_done_callback(lambda done, piece=piece: self._on_answer(piece, done))
+                return
             if piece.request is None:
                 tensors = piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
                 piece.request = encode_request(self.model_name, runtime.version, tensors,
@@ -561,6 +573,35 @@ class TritonModel:
             return
         piece.future = future
         future.add_done_callback(lambda done, piece=piece: self._on_answer(piece, done))
+
+    def _uses_shared_memory(self, endpoint: Endpoint, runtime: "_Runtime") -> bool:
+        if self.transport == "grpc":
+            return False
+        return select_transport(endpoint.address, self.transport, connection=endpoint.connection,
+                                metadata=runtime.metadata) == "shm"
+
+    def _send_through_shm(self, piece: _Piece, endpoint: Endpoint, runtime: "_Runtime") -> Any:
+        """Send a piece through this process' shared-memory transport to ``endpoint``.
+
+        The future behaves like gRPC's (its result is a ``ModelInferResponse``), so answers,
+        errors, retries and failover take the same path as over gRPC.
+        """
+        call = piece.call
+        if piece.tensors is None:
+            piece.tensors = piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
+            piece.bytes_sent = sum(array.nbytes for array in piece.tensors.values())
+        if piece.last_address and piece.last_address != endpoint.address:
+            self._add_stats(failovers=1)
+        piece.attempts += 1
+        piece.endpoint, piece.last_address = endpoint, endpoint.address
+        piece.sent_at = time.perf_counter()
+        transport = shared_transport(endpoint.address, "shm", metadata=runtime.metadata,
+                                     headers_fingerprint=header_fingerprint(self.headers)
+                                     if self.headers else "",
+                                     connection=endpoint.connection)
+        return transport.submit(self.model_name, runtime.version, piece.tensors, call.info.outputs,
+                                timeout_s=self.timeout_s, metadata=runtime.metadata,
+                                request_id=f"{call.call_id}.{piece.index}")
 
     def _on_answer(self, piece: _Piece, future: Any) -> None:
         call = piece.call

@@ -39,7 +39,8 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--http-port", type=int, default=8000, help="HTTP port, 0 = pick a free one")
     serve.add_argument("--metrics-port", type=int, default=8002,
                        help="Prometheus metrics port, 0 = pick a free one")
-    serve.add_argument("--instances", type=int, default=1, help="model instances per device")
+    serve.add_argument("--instances", type=int, default=None,
+                       help="model instances per device (default: 4 on GPU, 1 on CPU)")
     serve.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS")
     serve.set_defaults(func=run_serve)
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import awkward as ak

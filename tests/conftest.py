@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
@@ -28,3 +29,24 @@ def _quiet_thread_pools():
     # Two cores shared by server and client: keep onnxruntime/BLAS from oversubscribing them.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     yield
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory):
+    """A private CA and a server certificate for 127.0.0.1 signed by it."""
+    directory = tmp_path_factory.mktemp("tls")
+    ca_key, ca, key, csr, cert = (directory / name for name in
+                                  ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out",
+             str(ca), "-days", "2", "-subj", "/CN=coffea-sonic test CA")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+             "-subj", "/CN=localhost")
+    extensions = directory / "san.cnf"
+    extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions))
+    return {"ca": str(ca), "cert": str(cert), "key": str(key)}

@@ -23,27 +23,6 @@ TOKEN_ENV = "COFFEA_SONIC_CHECK_TEST_TOKEN"
 TOKEN = "t0ken-value-that-must-never-be-printed"
 
 
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-@pytest.fixture(scope="module")
-def certificates(tmp_path_factory):
-    """A private CA and a server certificate for 127.0.0.1 signed by it."""
-    directory = tmp_path_factory.mktemp("tls")
-    ca_key, ca, key, csr, cert = (directory / name for name in
-                                  ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out",
-             str(ca), "-days", "2", "-subj", "/CN=coffea-sonic test CA")
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
-             "-subj", "/CN=localhost")
-    extensions = directory / "san.cnf"
-    extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-             "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions))
-    return {"ca": str(ca), "cert": str(cert), "key": str(key)}
-
-
 @pytest.fixture(scope="module")
 def tls_server(certificates):
     """A real Triton serving jet_tagger over gRPC with TLS only."""

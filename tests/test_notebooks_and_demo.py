@@ -9,7 +9,6 @@ from pathlib import Path
 
 import nbformat
 import numpy as np
-import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]

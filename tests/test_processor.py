@@ -112,7 +112,6 @@ class _ScorePerJet(SonicMixin, processor.ProcessorABC):
 
 def test_jagged_outputs_align_with_events_of_zero_one_and_many_jets(server_url):
     features = zoo.example_inputs("jet_tagger", 9, seed=1)["features"]
-    names = zoo.spec("jet_tagger").input_names  # noqa: F841 - documents the single input
     fields = ("pt", "eta", "phi", "mass", "btagDeepFlavB", "nConstituents")
     flat = ak.zip({name: features[:, index] for index, name in enumerate(fields)})
     counts = np.array([0, 1, 0, 5, 3, 0])

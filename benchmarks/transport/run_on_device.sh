@@ -14,7 +14,7 @@ OUT=${OUT:-/tmp/transport-out}
 BUDGET=${BUDGET:-560}
 mkdir -p "$OUT"
 # shellcheck disable=SC1091
-source benchmarks/transport/triton-gpu-env.sh "$DEV" || exit 1
+source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
 export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc

@@ -101,8 +101,7 @@ def torch_module(name: str):
         from . import torch_models
     except MissingDependencyError:
         raise
-    model_spec = spec(name)
-    if not model_spec.shipped:
+    if not spec(name).shipped:
         return torch_models.build(name)
     import onnx
     import torch
@@ -160,7 +159,7 @@ def example_inputs(name: str, n: int, seed: int = 0) -> dict[str, np.ndarray]:
     >>> x["pf_points"].shape, x["pf_mask"].dtype
     ((3, 2, 32), dtype('float32'))
     """
-    model_spec = spec(name)
+    spec(name)  # unknown names raise ModelNotFoundError here
     rng = np.random.default_rng(seed)
     if name == "jet_tagger":
         columns = [

@@ -15,8 +15,7 @@ import math
 import numpy as np
 
 from ..errors import MissingDependencyError, ModelNotFoundError
-from .spec import (EMTRK_PATCH, JET_CLASSES, JET_TAGGER_FEATURES, PARTICLENET_FEATURES,
-                   PARTICLENET_MAX_CONSTITUENTS)
+from .spec import EMTRK_PATCH, JET_CLASSES, JET_TAGGER_FEATURES, PARTICLENET_FEATURES
 
 try:
     import torch

@@ -481,7 +481,31 @@ def _plan(inputs: Mapping[str, np.ndarray], outputs: Sequence[OutputSpec],
     return _Layout(tuple(placed_inputs), tuple(placed_outputs), max(offset, 1))
 
 
-class SystemShmTransport:
+class _PooledTransport:
+    """What both shared-memory transports share: context manager, per-process connection, slots."""
+
+    address: str
+    _connection: Connection | None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def connection(self) -> Connection:
+        if self._connection is None or self._connection.pid != os.getpid():
+            self._connection = get_connection(self.address)
+        return self._connection
+
+    def regions(self) -> list[str]:
+        """Names of the regions this transport holds now."""
+        with self._condition:
+            return sorted(slot.region.name for slot in (*self._free, *self._busy))
+
+
+class SystemShmTransport(_PooledTransport):
     """Requests to one Triton server on this host, tensors through system shared memory.
 
     Parameters
@@ -541,24 +565,7 @@ class SystemShmTransport:
         # configuration only: the receiving process makes its own regions
         return (_rebuild_system, (self.address, self.metadata, self.max_slots, self.copy_threads))
 
-    def __enter__(self) -> "SystemShmTransport":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    @property
-    def connection(self) -> Connection:
-        if self._connection is None or self._connection.pid != os.getpid():
-            self._connection = get_connection(self.address)
-        return self._connection
-
     # -- regions ------------------------------------------------------------------------------------
-    def regions(self) -> list[str]:
-        """Names of the regions this transport holds now."""
-        with self._condition:
-            return sorted(slot.region.name for slot in (*self._free, *self._busy))
-
     def _register(self, slot: _Slot, timeout_s: float) -> None:
         from tritonclient.grpc import service_pb2
 
@@ -1254,7 +1261,7 @@ def _numpy_dtype_of(tensor: Any) -> np.dtype:
             torch.bool: np.dtype(bool)}[tensor.dtype]
 
 
-class CudaShmTransport:
+class CudaShmTransport(_PooledTransport):
     """Requests to one Triton server on this host, tensors through CUDA IPC memory on ``device``.
 
     For inputs that already live on the local GPU (torch CUDA tensors): each slot is a device
@@ -1308,22 +1315,6 @@ class CudaShmTransport:
 
     def __repr__(self) -> str:
         return f"CudaShmTransport({self.address!r}, device={self.device})"
-
-    def __enter__(self) -> "CudaShmTransport":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    @property
-    def connection(self) -> Connection:
-        if self._connection is None or self._connection.pid != os.getpid():
-            self._connection = get_connection(self.address)
-        return self._connection
-
-    def regions(self) -> list[str]:
-        with self._condition:
-            return sorted(slot.region.name for slot in (*self._free, *self._busy))
 
     def _acquire(self, nbytes: int, timeout_s: float) -> _Slot | None:
         """A registered slot of at least ``nbytes``, or None when all are busy (never waits,

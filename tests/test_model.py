@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import pickletools
 import threading
 import time
 
@@ -15,6 +14,7 @@ from coffea_sonic import zoo
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.model import TritonModel
 from coffea_sonic.transport import channel
+from helpers import pickled_class_names
 
 TOLERANCE = 1e-5
 
@@ -122,24 +122,12 @@ def test_stats_count_requests_rows_bytes_and_latency(triton_server):
     assert stats.latency_s > 0 and stats.wait_s >= 0 and stats.failed_requests == 0
 
 
-def _class_names(blob: bytes) -> list[str]:
-    strings, names = [], []
-    for opcode, argument, _ in pickletools.genops(blob):
-        if isinstance(argument, str):
-            strings.append(argument)
-        if opcode.name in ("GLOBAL", "INST"):
-            names.append(str(argument))
-        elif opcode.name == "STACK_GLOBAL":
-            names.append(".".join(strings[-2:]))
-    return names
-
-
 def test_pickle_of_a_used_model_holds_no_grpc_object(triton_server):
     model = TritonModel(triton_server.url("jet_tagger"),
                         headers={"authorization": "Bearer not-in-pickles"})
     model(zoo.example_inputs("jet_tagger", 3))
     blob = pickle.dumps(model)
-    offending = [n for n in _class_names(blob) if "grpc" in n.lower() or "tritonclient" in n]
+    offending = [n for n in pickled_class_names(blob) if "grpc" in n.lower() or "tritonclient" in n]
     assert offending == []
     assert b"not-in-pickles" not in blob
     assert pickle.loads(blob).stats.requests == 0  # counters start over in every copy

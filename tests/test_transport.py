@@ -4,7 +4,6 @@ validation and statistics; plus the in-flight window and header passing against 
 from __future__ import annotations
 
 import pickle
-import pickletools
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ from coffea_sonic.transport.secrets import header_fingerprint, normalize_headers
 from coffea_sonic.transport.status import as_sonic_error, is_retryable_code
 from coffea_sonic.transport.validation import (GRPC_MESSAGE_LIMIT, piece_arrays, plan_pieces,
                                                validate_inputs)
+from helpers import pickled_class_names
 
 JET_INFO = ModelInfo("jet_tagger", ("1",), "python", 65536, (TensorInfo("features", "FP32", (6,)),),
                      (TensorInfo("probs", "FP32", (3,)),))
@@ -202,21 +202,9 @@ def test_retry_classification_by_grpc_status():
 
 # -- pickling and the fake-stub request path -------------------------------------------------------
 
-def _global_names(blob: bytes) -> set[str]:
-    names, recent = set(), []
-    for opcode, argument, _ in pickletools.genops(blob):
-        if isinstance(argument, str):
-            recent.append(argument)
-        if opcode.name in ("GLOBAL", "INST"):
-            names.add(str(argument))
-        elif opcode.name == "STACK_GLOBAL":
-            names.add(" ".join(recent[-2:]))
-    return names
-
-
 def test_pickle_of_a_fresh_model_has_no_grpc_class():
     model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger", headers={"x-trace": "1"})
-    names = _global_names(pickle.dumps(model))
+    names = pickled_class_names(pickle.dumps(model))
     assert not [name for name in names if "grpc" in name.split(" ")[0] or "triton" in name]
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .errors import ConfigurationError, InferenceError, ModelNotFoundError, ServerUnavailableError
 from .transport.channel import Connection, get_connection
-from .transport.metadata import ModelInfo, fetch_model_info
+from .transport.metadata import ModelInfo, fetch_model_info, models_in_index
 from .transport.status import as_sonic_error, describe, server_outcome
 from .transport.tls import TlsOptions
 
@@ -257,15 +257,7 @@ class Router:
                                          address=endpoint.address) from None
                 self.mark_failed(endpoint, describe(error))
                 continue
-            served: dict[str, list[str]] = {}
-            for entry in index.models:
-                if entry.state and entry.state != "READY":
-                    continue
-                served.setdefault(entry.name, [])
-                if entry.version:
-                    served[entry.name].append(entry.version)
-            endpoint.served = {name: tuple(sorted(v, key=lambda x: int(x) if x.isdigit() else 0))
-                               for name, v in served.items()}
+            endpoint.served = models_in_index(index)
 
     def model_info(self, model: str, version: str, *,
                    timeout_s: float, expected_checksum: str | None = None) -> tuple[ModelInfo, str]:

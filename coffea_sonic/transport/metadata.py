@@ -164,6 +164,11 @@ def served_models(connection: Connection, *, timeout_s: float,
 
     index = connection.stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True),
                                             timeout=timeout_s, metadata=metadata)
+    return models_in_index(index)
+
+
+def models_in_index(index: Any) -> dict[str, tuple[str, ...]]:
+    """``{model: (ready versions...)}`` of a ``RepositoryIndexResponse`` (versions in order)."""
     served: dict[str, list[str]] = {}
     for entry in index.models:
         if entry.state and entry.state != "READY":

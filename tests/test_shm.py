@@ -25,20 +25,15 @@ from coffea_sonic.errors import ConfigurationError, ModelNotFoundError, ServerUn
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.transport import shm
 from coffea_sonic.transport.channel import get_connection
-from coffea_sonic.transport.codec import decode_response, encode_request
+from coffea_sonic.transport.codec import decode_response
 from coffea_sonic.transport.shm import SystemShmTransport, region_prefix, select_transport
+from helpers import grpc_reference
 
 ROWS = {"jet_tagger": 300, "particlenet_lite": 40, "emtrk_cnn": 12}
 
 
 def outputs_of(name: str):
     return zoo.spec(name).outputs
-
-
-def grpc_reference(address: str, name: str, inputs: dict) -> dict:
-    """Plain gRPC, tensors in the message: what TritonModel sends today."""
-    response = get_connection(address).stub.ModelInfer(encode_request(name, "", inputs), timeout=60)
-    return decode_response(response)
 
 
 def dev_shm_names(pid: int) -> list[str]:

@@ -15,17 +15,12 @@ import pytest
 from coffea_sonic import zoo
 from coffea_sonic.errors import ModelNotFoundError, ServerUnavailableError
 from coffea_sonic.server.launcher import free_port
-from coffea_sonic.transport.channel import get_connection
-from coffea_sonic.transport.codec import decode_response, encode_request
+from coffea_sonic.transport.codec import decode_response
 from coffea_sonic.transport.http import HttpBinaryTransport
 from coffea_sonic.transport.shm import CudaShmTransport
+from helpers import grpc_reference
 
 ROWS = {"jet_tagger": 300, "particlenet_lite": 40, "emtrk_cnn": 12}
-
-
-def grpc_reference(address: str, name: str, inputs: dict) -> dict:
-    response = get_connection(address).stub.ModelInfer(encode_request(name, "", inputs), timeout=60)
-    return decode_response(response)
 
 
 def assert_same_rows(got: np.ndarray, want: np.ndarray) -> None:

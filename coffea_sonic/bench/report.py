@@ -278,6 +278,18 @@ def markdown_report(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _save_figure(figure, path: Path, results: dict | None = None) -> bool:
+    """Write a benchmark figure (titled with the machine and date of ``results``) and free it."""
+    import matplotlib.pyplot as plt
+
+    if results is not None:
+        figure.suptitle(f"{machine_label(results['machine'])}, {results['machine']['date'][:10]}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
 def _plot_batch(results: dict, path: Path) -> bool:
     import matplotlib.pyplot as plt
 
@@ -309,11 +321,7 @@ def _plot_batch(results: dict, path: Path) -> bool:
                  title=f"{model}: one client process (★ = tool's default batching)")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()
-    figure.suptitle(f"{machine_label(results['machine'])}, {results['machine']['date'][:10]}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return _save_figure(figure, path, results)
 
 
 def _plot_clients(results: dict, path: Path) -> bool:
@@ -361,11 +369,7 @@ def _plot_clients(results: dict, path: Path) -> bool:
         axis.set_ylim(bottom=0)
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
-    figure.suptitle(f"{machine_label(results['machine'])}, {results['machine']['date'][:10]}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return _save_figure(figure, path, results)
 
 
 def _plot_in_flight(results: dict, path: Path) -> bool:
@@ -384,10 +388,7 @@ def _plot_in_flight(results: dict, path: Path) -> bool:
              title="remote: pipelining")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return _save_figure(figure, path)
 
 
 def _plot_e2e(results: dict, path: Path) -> bool:
@@ -411,10 +412,7 @@ def _plot_e2e(results: dict, path: Path) -> bool:
     axis.set_ylim(bottom=0)
     axis.grid(True, alpha=0.3)
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return _save_figure(figure, path)
 
 
 def write_outputs(results: dict, output_dir: str | os.PathLike) -> dict[str, Path]:

@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
         after = _server_statistics(urls)
     delta = {name: after[name] - before[name] for name in before if name in after}
     summary = summarise(result, wall_s, workers, delta)
-    summary.update({"plot": str(output / "scores.png"), "server": summary["server"],
+    summary.update({"plot": str(output / "scores.png"),
                     "machine": {"host": platform.node(), "cpus": os.cpu_count(),
                                 "python": platform.python_version()},
                     "executor": args.executor, "fileset": fileset})

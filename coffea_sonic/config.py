@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "COFFEA_SONIC_"
 DASK_PREFIX = "coffea_sonic"
-_URL_SERVER = re.compile(r"^(?P<scheme>triton\+grpcs?://)(?P<server>[^/]+)(?P<path>/.*)$")
+_URL_SERVER = re.compile(r"^(?P<scheme>triton\+(?:grpc|http)s?://)(?P<server>[^/]+)(?P<path>/.*)$")
 
 
 def config_file() -> Path:

@@ -21,8 +21,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ServerUnavailableError
-from .tls import TlsOptions
+from ...core.tls import TlsOptions
+from ...errors import ServerUnavailableError
 
 __all__ = ["Connection", "channel_options", "close_all", "get_connection", "pool_size"]
 

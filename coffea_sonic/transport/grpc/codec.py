@@ -7,8 +7,6 @@ a zero-copy ``np.frombuffer`` view into the response bytes).
 >>> request = encode_request("m", "", {"x": np.ones((2, 3), np.float32)})
 >>> request.inputs[0].datatype, list(request.inputs[0].shape), len(request.raw_input_contents[0])
 ('FP32', [2, 3], 24)
->>> triton_dtype(np.dtype("float64")), numpy_dtype("INT64")
-('FP64', dtype('int64'))
 """
 
 from __future__ import annotations
@@ -18,41 +16,12 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import InferenceError
+from ...core.tensors import numpy_dtype, triton_dtype
+from ...errors import InferenceError
 
-__all__ = ["decode_response", "encode_request", "numpy_dtype", "triton_dtype"]
+__all__ = ["decode_response", "encode_request", "raw_bytes"]
 
-_TRITON_TO_NUMPY: dict[str, np.dtype] = {
-    "BOOL": np.dtype(bool), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32), "UINT64": np.dtype(np.uint64), "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(object),
-}
-_NUMPY_TO_TRITON: dict[np.dtype, str] = {value: key for key, value in _TRITON_TO_NUMPY.items()}
-
-
-def numpy_dtype(datatype: str) -> np.dtype:
-    """numpy dtype of Triton datatype ``datatype`` (``"FP32"``; config's ``TYPE_FP32`` also works)."""
-    name = datatype[5:] if datatype.startswith("TYPE_") else datatype
-    if name == "STRING":
-        name = "BYTES"
-    try:
-        return _TRITON_TO_NUMPY[name]
-    except KeyError:
-        raise InferenceError(f"Triton datatype {datatype!r} has no numpy equivalent "
-                             "(BF16 is not supported by this client)") from None
-
-
-def triton_dtype(dtype: np.dtype) -> str:
-    """Triton datatype name of numpy ``dtype``."""
-    dtype = np.dtype(dtype)
-    if dtype.kind in "SU":
-        return "BYTES"
-    return _NUMPY_TO_TRITON[dtype]
-
-
-def _raw_bytes(array: np.ndarray) -> bytes:
+def raw_bytes(array: np.ndarray) -> bytes:
     if array.dtype == object or array.dtype.kind in "SU":
         from tritonclient.utils import serialize_byte_tensor
 
@@ -72,7 +41,7 @@ def encode_request(model: str, version: str, inputs: Mapping[str, np.ndarray],
         tensor.name = name
         tensor.datatype = triton_dtype(array.dtype)
         tensor.shape.extend(array.shape)
-        request.raw_input_contents.append(_raw_bytes(array))
+        request.raw_input_contents.append(raw_bytes(array))
     return request
 
 

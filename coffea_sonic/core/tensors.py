@@ -1,0 +1,131 @@
+"""What a model declares: tensors (name, Triton datatype, per-row dims) and signatures.
+
+Core types shared by every layer: transports fill them from a server's answers, the client
+validates inputs against them, the server writer and zoo describe models with them.
+
+>>> info = ModelInfo(name="m", versions=("1",), platform="python", max_batch_size=8,
+...                  inputs=(TensorInfo("x", "FP32", (4,)),), outputs=(TensorInfo("y", "FP32", (2,)),))
+>>> info.inputs[0].dtype, info.batching, len(info.checksum)
+(dtype('float32'), True, 16)
+>>> triton_dtype(np.dtype("float64")), numpy_dtype("INT64")
+('FP64', dtype('int64'))
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import InferenceError
+
+__all__ = ["ModelInfo", "TensorInfo", "numpy_dtype", "signature_checksum", "triton_dtype"]
+
+_TRITON_TO_NUMPY: dict[str, np.dtype] = {
+    "BOOL": np.dtype(bool), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32), "UINT64": np.dtype(np.uint64), "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16), "INT32": np.dtype(np.int32), "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
+}
+_NUMPY_TO_TRITON: dict[np.dtype, str] = {value: key for key, value in _TRITON_TO_NUMPY.items()}
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    """numpy dtype of Triton datatype ``datatype`` (``"FP32"``; config's ``TYPE_FP32`` also works)."""
+    name = datatype[5:] if datatype.startswith("TYPE_") else datatype
+    if name == "STRING":
+        name = "BYTES"
+    try:
+        return _TRITON_TO_NUMPY[name]
+    except KeyError:
+        raise InferenceError(f"Triton datatype {datatype!r} has no numpy equivalent "
+                             "(BF16 is not supported by this client)") from None
+
+
+def triton_dtype(dtype: np.dtype) -> str:
+    """Triton datatype name of numpy ``dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "SU":
+        return "BYTES"
+    return _NUMPY_TO_TRITON[dtype]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One declared tensor: name, Triton datatype (``"FP32"``), per-row dims (``-1`` = variable).
+
+    >>> TensorInfo("x", "FP32", (-1, 3)).describe()
+    'x FP32[-1, 3]'
+    """
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return numpy_dtype(self.datatype)
+
+    def describe(self) -> str:
+        return f"{self.name} {self.datatype}{list(self.dims)}"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served signature of one model (one version, or the latest when ``version`` is ``""``)."""
+
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    max_batch_size: int
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    checksum: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.checksum:
+            object.__setattr__(self, "checksum", signature_checksum(
+                self.platform, self.max_batch_size, self.inputs, self.outputs))
+
+    @property
+    def batching(self) -> bool:
+        """True if the model takes a leading batch dimension (``max_batch_size > 0``)."""
+        return self.max_batch_size > 0
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+    @property
+    def latest_version(self) -> str:
+        numeric = [v for v in self.versions if v.isdigit()]
+        return max(numeric, key=int) if numeric else ""
+
+    def describe(self) -> str:
+        """One line: ``name: inputs -> outputs (max_batch_size N)``."""
+        ins = ", ".join(t.describe() for t in self.inputs)
+        outs = ", ".join(t.describe() for t in self.outputs)
+        return f"{self.name}: {ins} -> {outs} (max_batch_size {self.max_batch_size})"
+
+
+def signature_checksum(platform: str, max_batch_size: int, inputs: Sequence[TensorInfo],
+                       outputs: Sequence[TensorInfo]) -> str:
+    """16 hex digits over what a client relies on (not instance counts or devices).
+
+    >>> len(signature_checksum("python", 8, [TensorInfo("x", "FP32", (4,))], []))
+    16
+    """
+    canonical = json.dumps({
+        "platform": platform, "max_batch_size": max_batch_size,
+        "inputs": [[t.name, t.datatype, list(t.dims)] for t in inputs],
+        "outputs": [[t.name, t.datatype, list(t.dims)] for t in outputs],
+    }, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

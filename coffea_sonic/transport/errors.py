@@ -1,0 +1,177 @@
+"""The one error classifier: what a failure on the wire means, whatever the wire.
+
+Every transport turns its failures into a :class:`TransportError` whose ``kind`` tells the
+client what to do:
+
+========================  =============================================  ========================
+kind                      meaning                                        the client
+========================  =============================================  ========================
+``busy``                  overloaded (queue full, RESOURCE_EXHAUSTED)    backs off, retries
+``down``                  gone, restarting, connection lost              quarantines, fails over
+``timeout``               no answer within the deadline                  quarantines, fails over
+``shm_region``            the server does not know our memory region     resends without shm
+``restricted``            the protocol group is behind a key             works without it
+``unauthenticated``       token or certificate refused                   raises (configuration)
+``not_found``             model or version not served there              raises
+``bad_request``           the server rejected the inputs                 raises
+``cancelled``             cancelled by us                                nothing
+``internal``              anything else the server answered              raises
+========================  =============================================  ========================
+
+>>> classify("UNAVAILABLE", "failed to connect to all addresses")
+'down'
+>>> classify("UNAVAILABLE", "Exceeds maximum queue size")
+'busy'
+>>> classify("NOT_FOUND", "Unable to find shared memory region: 'csonic-shm-1'")
+'shm_region'
+>>> classify("UNAVAILABLE", "This protocol is restricted, expecting header 'triton-grpc-protocol-k'")
+'restricted'
+>>> TransportError("down", "connection refused", address="h:1").retryable
+True
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import (ConfigurationError, InferenceError, InputValidationError, ModelNotFoundError,
+                      ServerUnavailableError, SonicError)
+
+__all__ = ["KINDS", "TransportError", "classify", "from_grpc", "from_http_status",
+           "to_sonic_error"]
+
+KINDS = ("busy", "down", "timeout", "shm_region", "restricted", "unauthenticated", "not_found",
+         "bad_request", "cancelled", "internal")
+
+#: Fragments of error details that mean "this server, right now" even under a generic status.
+TRANSIENT_MESSAGES: tuple[str, ...] = (
+    "connection reset", "socket closed", "broken pipe", "stream removed", "rst_stream",
+    "goaway", "endpoint read failed", "failed to connect", "connection refused",
+    "stub process is not healthy", "exceeds maximum queue size", "server is not ready",
+    "shutting down",
+)
+_SHM_REGION = re.compile(r"shared[ _]memory|shm region|cuda ipc", re.IGNORECASE)
+_RESTRICTED = re.compile(r"protocol is restricted|api is restricted|restricted, expecting header",
+                         re.IGNORECASE)
+_BUSY = re.compile(r"queue size|too many|resource[ _]exhausted", re.IGNORECASE)
+
+
+def classify(code: str, details: str = "") -> str:
+    """The kind of a failure with gRPC status name ``code`` and server ``details``."""
+    code = code.removeprefix("StatusCode.")
+    lowered = details.lower()
+    if _RESTRICTED.search(details):
+        return "restricted"
+    if _SHM_REGION.search(details) and code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        return "shm_region"
+    if code == "RESOURCE_EXHAUSTED" or (_BUSY.search(details) and code != "INVALID_ARGUMENT"):
+        return "busy"
+    if code == "DEADLINE_EXCEEDED":
+        return "timeout"
+    if code in ("UNAVAILABLE", "ABORTED"):
+        return "down"
+    if code in ("UNKNOWN", "INTERNAL", "CANCELLED") and any(
+            fragment in lowered for fragment in TRANSIENT_MESSAGES):
+        return "down"
+    if code == "CANCELLED":
+        return "cancelled"
+    if code == "NOT_FOUND":
+        return "not_found"
+    if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+        return "unauthenticated"
+    if code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"):
+        return "bad_request"
+    return "internal"
+
+
+class TransportError(SonicError):
+    """A classified failure of one call to one server (see the module docstring for kinds)."""
+
+    def __init__(self, kind: str, detail: str, *, address: str = "", code: str = "") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown transport error kind {kind!r}")
+        self.kind, self.detail, self.address, self.code = kind, detail, address, code
+        where = f" at {address}" if address else ""
+        super().__init__(f"{code or kind}{where}: {detail}" if detail else f"{code or kind}{where}")
+
+    @property
+    def retryable(self) -> bool:
+        """Whether sending the request again (maybe elsewhere) may succeed."""
+        return self.kind in ("busy", "down", "timeout")
+
+    @property
+    def outcome(self) -> str:
+        """What it says about the server: ``busy``, ``down`` or ``other`` (the request's fault)."""
+        if self.kind == "busy":
+            return "busy"
+        return "down" if self.kind in ("down", "timeout") else "other"
+
+    def describe(self) -> str:
+        """``CODE: details`` as the server put it."""
+        return f"{self.code or self.kind}: {self.detail}" if self.detail else (self.code or self.kind)
+
+    def __reduce__(self):
+        return (_rebuild, (self.kind, self.detail, self.address, self.code))
+
+
+def _rebuild(kind: str, detail: str, address: str, code: str) -> TransportError:
+    return TransportError(kind, detail, address=address, code=code)
+
+
+def from_grpc(error: BaseException, address: str = "") -> TransportError:
+    """A ``grpc.RpcError`` (or anything else raised by a gRPC call) as a TransportError."""
+    if isinstance(error, TransportError):
+        return error
+    code_of = getattr(error, "code", None)
+    if callable(code_of):
+        code = getattr(code_of(), "name", str(code_of()))
+        details_of = getattr(error, "details", None)
+        details = (details_of() if callable(details_of) else "") or ""
+        return TransportError(classify(code, details), details.strip(), address=address, code=code)
+    if isinstance(error, (ConnectionError, TimeoutError, OSError)):
+        return TransportError("down", f"{type(error).__name__}: {error}", address=address)
+    return TransportError("internal", f"{type(error).__name__}: {error}", address=address)
+
+
+#: HTTP statuses of Triton's HTTP/REST API, in gRPC's words (one classifier for both).
+_HTTP_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED",
+               404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED", 429: "RESOURCE_EXHAUSTED",
+               499: "CANCELLED", 500: "INTERNAL", 502: "UNAVAILABLE", 503: "UNAVAILABLE",
+               504: "DEADLINE_EXCEEDED"}
+
+
+def from_http_status(status: int, details: str, address: str = "") -> TransportError:
+    """An HTTP error answer as a TransportError (statuses mapped to gRPC's names first)."""
+    code = _HTTP_CODES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
+    return TransportError(classify(code, details), details.strip(), address=address,
+                          code=f"HTTP {status}")
+
+
+def to_sonic_error(error: BaseException, *, model: str, version: str = "",
+                   address: str = "") -> SonicError:
+    """The public exception a user sees for a failure serving ``model``/``version``."""
+    if isinstance(error, SonicError) and not isinstance(error, TransportError):
+        return error
+    if not isinstance(error, TransportError):
+        error = from_grpc(error, address)
+    address = error.address or address
+    what = f"model {model!r}" + (f" version {version}" if version else "")
+    text = error.describe()
+    kind = error.kind
+    if kind == "not_found":
+        return ModelNotFoundError(f"Triton at {address} does not serve {what} ({text})")
+    if kind == "unauthenticated":
+        return ConfigurationError(
+            f"Triton at {address} refused our credentials for {what} ({text}); check the "
+            "authorization header (e.g. headers={'authorization': Secret.bearer_from_env('NAME')}"
+            " with NAME set here and on the workers) and TLS settings")
+    if kind == "restricted":
+        return ConfigurationError(
+            f"Triton at {address} restricts this call for {what} ({text}); pass the server's "
+            "key as TritonModel(protocol_key=('KEY', Secret.from_env('NAME'))) or the settings "
+            "protocol_key_name / protocol_key_env")
+    if kind == "bad_request":
+        return InputValidationError(f"Triton at {address} rejected the inputs of {what}: {text}")
+    if error.retryable:
+        return ServerUnavailableError(f"Triton at {address} could not serve {what}: {text}")
+    return InferenceError(f"Triton at {address} failed on {what}: {text}")

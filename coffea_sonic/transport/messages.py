@@ -1,0 +1,75 @@
+"""Triton's protocol messages -> our core types (shared by the gRPC and HTTP transports).
+
+Both wires answer with the same messages (HTTP's JSON is parsed into the gRPC protobuf types), so
+the repository index, a model's signature and its statistics are read in one place each.
+
+The model config is the source of truth for per-row dims (``dims`` exclude the batch dimension when
+``max_batch_size > 0``); the metadata gives the available versions.
+
+>>> from tritonclient.grpc import service_pb2
+>>> index = service_pb2.RepositoryIndexResponse()
+>>> entry = index.models.add(name="m", version="2", state="READY")
+>>> models_in_index(index)
+{'m': ('2',)}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.tensors import ModelInfo, TensorInfo
+from ..stats import ServerStatistics
+
+__all__ = ["model_info_from_responses", "models_in_index", "statistics_from_response"]
+
+
+def _tensors(declared: Any) -> tuple[TensorInfo, ...]:
+    from tritonclient.grpc import model_config_pb2
+
+    return tuple(
+        TensorInfo(name=t.name,
+                   datatype=model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_"),
+                   dims=tuple(int(d) for d in t.dims))
+        for t in declared)
+
+
+def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
+    """Build :class:`ModelInfo` from gRPC ``ModelMetadataResponse`` and ``ModelConfigResponse``."""
+    declared = config.config
+    platform = declared.backend or declared.platform or metadata.platform
+    inputs = _tensors(declared.input)
+    outputs = _tensors(declared.output)
+    if not inputs and metadata.inputs:  # config-less (auto-completed) models: trust the metadata
+        skip = 1 if declared.max_batch_size > 0 else 0
+        inputs = tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)[skip:]) for t in metadata.inputs)
+        outputs = tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)[skip:]) for t in metadata.outputs)
+    # BYTES is reported as TYPE_STRING in configs
+    inputs = tuple(TensorInfo(t.name, "BYTES" if t.datatype == "STRING" else t.datatype, t.dims)
+                   for t in inputs)
+    outputs = tuple(TensorInfo(t.name, "BYTES" if t.datatype == "STRING" else t.datatype, t.dims)
+                    for t in outputs)
+    return ModelInfo(name=metadata.name, versions=tuple(metadata.versions), platform=platform,
+                     max_batch_size=int(declared.max_batch_size), inputs=inputs, outputs=outputs)
+
+
+def models_in_index(index: Any) -> dict[str, tuple[str, ...]]:
+    """``{model: (ready versions...)}`` of a ``RepositoryIndexResponse`` (versions in order)."""
+    served: dict[str, list[str]] = {}
+    for entry in index.models:
+        if entry.state and entry.state != "READY":
+            continue
+        served.setdefault(entry.name, [])
+        if entry.version:
+            served[entry.name].append(entry.version)
+    return {name: tuple(sorted(versions, key=lambda v: int(v) if v.isdigit() else 0))
+            for name, versions in sorted(served.items())}
+
+
+def statistics_from_response(response: Any, model: str) -> ServerStatistics:
+    """Summed :class:`~coffea_sonic.stats.ServerStatistics` of ``model``'s versions in a
+    ``ModelStatisticsResponse``."""
+    total = ServerStatistics()
+    for entry in response.model_stats:
+        if entry.name == model:
+            total += ServerStatistics.from_model_stats([entry])
+    return total

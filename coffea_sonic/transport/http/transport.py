@@ -1,284 +1,366 @@
-"""Triton's HTTP/REST endpoint with the binary-tensor extension, sent with the fewest copies.
+"""Triton's HTTP/REST API (v2, binary tensor extension) as a :class:`~..base.Transport`.
 
-For large payloads to a server on *another* host this is the fastest network path measured here
-(see ``benchmarks/transport/RESULTS-transport.md``): a request is one small JSON header followed by
-the tensors' own bytes, written straight from the numpy arrays to the socket (``sendall`` on a
-memoryview: no serialisation copy, and the GIL is released while the kernel copies), and the
-answer is read with ``readinto`` into one buffer that the output arrays then view. gRPC's Python
-client, by contrast, copies every tensor into a protobuf message and again into gRPC's buffers
-while holding the GIL.
+The wire of ``triton+http[s]://`` URLs. Tensors go from the arrays' memory to the socket and
+come back into one buffer per answer that the outputs view (:mod:`.wire`), so an answer is copied
+once, into the request's ``out`` destinations where they fit. For large payloads to another host
+this beats gRPC's Python client, which copies every tensor into a protobuf message and again into
+gRPC's buffers while holding the GIL; the socket calls here release it.
 
-Optional ``compression="gzip"`` or ``"deflate"`` compresses requests and asks for compressed
-answers (``Content-Encoding`` / ``Accept-Encoding``, both understood by Triton): worth it only on
-slow wide-area links, since it costs far more CPU than it saves on a fast network.
+* ``max_connections``: requests in flight through :meth:`HttpTransport.submit` (a thread and a
+  keep-alive connection each); idle connections are kept for the next request. A pooled
+  connection the server has closed meanwhile (a restart) is replaced once, transparently.
+* ``compression="gzip"`` or ``"deflate"``: compressed requests and answers, worth it only on slow
+  wide-area links (it costs far more CPU than it saves on a fast network).
+* TLS from ``settings.tls`` (verifying; mutual TLS; ``server_name`` for SNI, verification and the
+  ``Host`` header), headers from ``settings.metadata()`` on every request (the restricted-API key
+  under its own name, as Triton's ``--http-restricted-api=...:KEY=VALUE`` expects it).
+* Every failure is a :class:`~..errors.TransportError`; HTTP error answers are classified by
+  :func:`~..errors.from_http_status` (a restricted API answers ``403 This API is restricted``:
+  kind ``restricted``). Sockets, threads and TLS contexts are made per process, after any fork;
+  a pickle carries the configuration only.
 
-Connections are kept alive in a per-transport pool (one per request in flight); requests of
-:meth:`HttpBinaryTransport.submit` run on a small thread pool, which overlaps well because the
-socket calls release the GIL.
-
->>> transport = HttpBinaryTransport("127.0.0.1:8000", compression="gzip")
+>>> import pickle
+>>> from coffea_sonic.core.endpoint import ServerSettings
+>>> transport = HttpTransport(ServerSettings("127.0.0.1:1", protocol="http"), compression="gzip")
 >>> transport
-HttpBinaryTransport('127.0.0.1:8000', compression='gzip')
+HttpTransport('127.0.0.1:1', compression='gzip')
+>>> pickle.loads(pickle.dumps(transport)).compression
+'gzip'
+>>> try:
+...     transport.ready(timeout_s=2.0)
+... except TransportError as error:
+...     print(error.kind, error.retryable)
+down True
 >>> transport.close()
-
-With a server running (``LocalTritonServer`` gives ``server.http_address``)::
-
-    transport = HttpBinaryTransport(server.http_address)
-    outputs = transport.infer("jet_tagger", "", {"features": features}, [("probs", "FP32", (3,))])
 """
 
 from __future__ import annotations
 
-import gzip
+import dataclasses
 import json
-import logging
 import os
-import socket
 import ssl
 import threading
-import zlib
+import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal, Sequence
+from urllib.parse import quote
 
-import numpy as np
+from ...core.endpoint import DEFAULT_HTTP_PORT, ServerSettings, parse_address
+from ...core.tensors import ModelInfo
+from ...errors import ConfigurationError, InferenceError
+from ...stats import ServerStatistics
+from ..base import InferAnswer, InferRequest, Transport, TransportFuture, answer_from
+from ..errors import TransportError, from_http_status
+from ..messages import model_info_from_responses, models_in_index, statistics_from_response
+from .wire import (Connection, ProtocolError, Response, compress, decode_outputs, decompress,
+                   encode_inputs, error_message, ssl_context)
 
-from ..errors import (ConfigurationError, InferenceError, InputValidationError, ModelNotFoundError,
-                      ServerUnavailableError, SonicError)
-from .codec import numpy_dtype, triton_dtype
-from .shm import OutputSpec, TransportFuture
-
-__all__ = ["Compression", "HttpBinaryTransport"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["Compression", "HttpTransport"]
 
 Compression = Literal["gzip", "deflate"]
-#: Socket buffer sizes asked for (the kernel may cap them): fewer wake-ups for large payloads.
-SOCKET_BUFFER_BYTES = 4 << 20
+_STALE = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+_PORT_HINT = ("; is the server running, and is this its HTTP port (Triton's default 8000), "
+              "not the gRPC one?")
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection (blocking socket; used by one request at a time)."""
+class _Call:
+    """One request in flight through :meth:`HttpTransport.submit`: its future and connection."""
 
-    def __init__(self, host: str, port: int, timeout_s: float,
-                 ssl_context: ssl.SSLContext | None) -> None:
-        sock = socket.create_connection((host, port), timeout=timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
-            except OSError:
-                pass
-        if ssl_context is not None:
-            sock = ssl_context.wrap_socket(sock, server_hostname=host)
-        self.sock = sock
-        self.reader = sock.makefile("rb", buffering=1 << 16)
-        self.pid = os.getpid()
+    __slots__ = ("future", "connection")
 
-    def close(self) -> None:
-        try:
-            self.reader.close()
-            self.sock.close()
-        except OSError:
-            pass
+    def __init__(self, future: TransportFuture) -> None:
+        self.future, self.connection = future, None
+
+    def abort(self) -> None:  # the future's cancel hook: fail the socket calls in progress
+        connection = self.connection
+        if connection is not None:
+            connection.abort()
 
 
-class HttpBinaryTransport:
-    """Requests to one Triton server over HTTP with binary tensors (any host).
+class HttpTransport(Transport):
+    """Requests and control calls to one server over HTTP (see the module docstring)."""
 
-    Parameters
-    ----------
-    address:
-        ``host:port`` of the server's HTTP endpoint (Triton's default port is 8000).
-    max_connections:
-        Requests in flight at once through :meth:`submit` (one connection each).
-    compression:
-        ``None`` (default), ``"gzip"`` or ``"deflate"`` for requests and answers.
-    ssl_context:
-        An ``ssl.SSLContext`` for ``https`` endpoints (e.g. behind a TLS-terminating proxy).
-    headers:
-        Extra HTTP headers for every request (e.g. resolved ``authorization``).
+    name = "http"
 
-    The interface matches :class:`~coffea_sonic.transport.shm.SystemShmTransport`:
-    :meth:`submit` returns a :class:`~coffea_sonic.transport.shm.TransportFuture`.
-    """
-
-    kind = "http"
-
-    def __init__(self, address: str, *, max_connections: int = 8,
-                 compression: Compression | None = None,
-                 ssl_context: ssl.SSLContext | None = None,
-                 headers: Mapping[str, str] | None = None) -> None:
-        from .url import parse_address
-
+    def __init__(self, settings: ServerSettings, *, max_connections: int = 8,
+                 compression: Compression | None = None) -> None:
         if compression not in (None, "gzip", "deflate"):
-            raise ConfigurationError(f"compression must be None, 'gzip' or 'deflate', not {compression!r}")
-        if not isinstance(max_connections, int) or max_connections < 1:
+            raise ConfigurationError(
+                f"compression must be None, 'gzip' or 'deflate', not {compression!r}")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) \
+                or max_connections < 1:
             raise ConfigurationError(f"max_connections must be an int >= 1, not {max_connections!r}")
-        self.address = address
-        self.host, self.port = parse_address(address, what="Triton HTTP address")
+        if settings.protocol != "http":  # the restricted-API key goes under its own name
+            settings = dataclasses.replace(settings, protocol="http")
+        self.settings = settings
+        self.address = settings.address
+        self.host, self.port = parse_address(settings.address, what="Triton HTTP address",
+                                             default_port=DEFAULT_HTTP_PORT)
         self.max_connections = max_connections
         self.compression = compression
-        self.ssl_context = ssl_context
-        self.headers = dict(headers or {})
-        self._idle: list[_Connection] = []
-        self._lock = threading.Lock()
-        self._executor: ThreadPoolExecutor | None = None
+        #: requests answered, tensor bytes sent and received, connections opened (this process)
+        self.stats = {"requests": 0, "bytes_sent": 0, "bytes_received": 0, "connections": 0}
+        self._reset()
+
+    def _reset(self) -> None:
         self._pid = os.getpid()
-        self.stats = {"requests": 0, "bytes_sent": 0, "bytes_received": 0, "connections_made": 0}
+        self._lock = threading.Lock()
+        self._idle: list[Connection] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._context: ssl.SSLContext | None = None
+        self._common: bytes | None = None
+
+    def __reduce__(self):
+        # configuration only: every process makes its own sockets, threads and TLS context
+        return (_rebuild, (self.settings, self.max_connections, self.compression))
 
     def __repr__(self) -> str:
         extra = f", compression={self.compression!r}" if self.compression else ""
-        return f"HttpBinaryTransport({self.address!r}{extra})"
-
-    def __reduce__(self):
-        # configuration only: sockets and threads are made again in the receiving process
-        return (_rebuild, (self.address, self.max_connections, self.compression, self.headers))
-
-    def __enter__(self) -> "HttpBinaryTransport":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+        return f"{type(self).__name__}({self.address!r}{extra})"
 
     # -- connections --------------------------------------------------------------------------------
-    def _take(self, timeout_s: float) -> _Connection:
-        self._after_fork_check()
+
+    def _prepared(self) -> bytes:
+        """The header lines every request carries (made once per process: TLS files and
+        secrets are read here, in the process that sends)."""
+        if self._pid != os.getpid():  # forked: the parent's sockets and threads are not ours
+            self._reset()
+        common = self._common
+        if common is None:
+            tls = self.settings.tls
+            host = tls.server_name if tls is not None and tls.server_name else self.host
+            host = f"[{host}]" if ":" in host else host
+            try:
+                self._context = ssl_context(tls) if tls is not None else None
+                lines = [("Host", f"{host}:{self.port}"), *self.settings.metadata()]
+                if any(c in text for line in lines for text in line for c in "\r\n\0"):
+                    raise ConfigurationError("a header name or value contains a line break")
+                common = "".join(f"{name}: {value}\r\n" for name, value in lines).encode("latin-1")
+            except (ConfigurationError, OSError, ValueError) as error:
+                raise TransportError("unauthenticated", f"cannot set up TLS or headers: {error}",
+                                     address=self.address) from None
+            self._common = common
+        return common
+
+    def _take(self, deadline: float) -> Connection:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-            self.stats["connections_made"] += 1
-        try:
-            return _Connection(self.host, self.port, timeout_s, self.ssl_context)
-        except OSError as error:
-            raise ServerUnavailableError(
-                f"cannot connect to Triton's HTTP endpoint at {self.address}: {error}; is the "
-                "server running, and is this its HTTP port (default 8000), not the gRPC one?") from None
+            self.stats["connections"] += 1
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed before connecting")
+        tls = self.settings.tls
+        return Connection(self.host, self.port, left, self._context,
+                          tls.server_name if tls is not None else None)
 
-    def _give_back(self, connection: _Connection) -> None:
-        with self._lock:
-            if len(self._idle) < self.max_connections:
-                self._idle.append(connection)
-                return
+    def _give_back(self, connection: Connection) -> None:
+        if connection.pid == os.getpid():
+            with self._lock:
+                if len(self._idle) < self.max_connections:
+                    self._idle.append(connection)
+                    return
         connection.close()
 
-    def _after_fork_check(self) -> None:
-        if self._pid != os.getpid():  # sockets and threads of the parent are not ours
-            self._pid = os.getpid()
-            self._idle = []
-            self._lock = threading.Lock()
-            self._executor = None
-
-    # -- requests -----------------------------------------------------------------------------------
-    def infer(self, model: str, version: str, inputs: Mapping[str, np.ndarray],
-              outputs: Iterable[Any] = (), *, rows: int | None = -1, timeout_s: float = 60.0,
-              metadata: Sequence[tuple[str, str]] = (), request_id: str = "") -> dict[str, np.ndarray]:
-        """Run one request in this thread: ``{output name: array}``."""
-        return self._roundtrip(model, version, inputs, [OutputSpec.coerce(o) for o in outputs],
-                               timeout_s, metadata, request_id)
-
-    def submit(self, model: str, version: str, inputs: Mapping[str, np.ndarray],
-               outputs: Iterable[Any] = (), *, rows: int | None = -1, timeout_s: float = 60.0,
-               metadata: Sequence[tuple[str, str]] = (), request_id: str = "") -> TransportFuture:
-        """Send one request on the pool; the future completes with the outputs or our error.
-
-        ``outputs`` names the outputs to return (empty: all of them); ``rows`` is accepted for
-        interface compatibility (HTTP answers carry their own shapes).
-        """
-        self._after_fork_check()
-        specs = [OutputSpec.coerce(o) for o in outputs]
-        future = TransportFuture()
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.max_connections,
-                                                    thread_name_prefix="csonic-http")
-            executor = self._executor
-
-        def run() -> None:
+    def _exchange(self, method: str, path: str, parts: Sequence[Any], timeout_s: float,
+                  extra: Sequence[tuple[str, Any]] = (), call: _Call | None = None) -> Response:
+        """One request and its answer; failures of the wire as TransportError."""
+        common = self._prepared()
+        deadline = time.monotonic() + timeout_s
+        length = sum(memoryview(part).nbytes for part in parts)
+        head = b"".join([f"{method} {path} HTTP/1.1\r\n".encode(), common,
+                         "".join(f"{name}: {value}\r\n" for name, value in extra).encode(),
+                         f"Content-Length: {length}\r\n\r\n".encode()])
+        for attempt in (0, 1):
+            connection = None
             try:
-                result = self._roundtrip(model, version, inputs, specs, timeout_s, metadata,
-                                         request_id)
-            except BaseException as error:  # noqa: BLE001 - surfaced through the future
-                future._set_error(error)
-                return
-            future._set_outputs(result, None)
+                connection = self._take(deadline)
+                if call is not None:
+                    call.connection = connection
+                    if call.future.cancelled():
+                        raise ConnectionAbortedError("cancelled")
+                response = connection.exchange(head, parts, deadline)
+            except (OSError, ValueError) as error:
+                if connection is not None:
+                    connection.close()
+                if call is not None and call.future.cancelled():
+                    raise TransportError("cancelled", "request cancelled",
+                                         address=self.address) from None
+                if (attempt == 0 and connection is not None and connection.used
+                        and isinstance(error, _STALE)):
+                    continue  # a kept-alive connection the server had closed: once more, fresh
+                raise self._wire_error(error, method, path) from None
+            if response.keep_alive:
+                self._give_back(connection)
+            else:
+                connection.close()
+            return response
+        raise AssertionError("unreachable")
 
-        executor.submit(run)
+    def _wire_error(self, error: BaseException, method: str, path: str) -> TransportError:
+        kind = "down"
+        if isinstance(error, TimeoutError):
+            kind = "timeout"
+        elif isinstance(error, ssl.SSLCertVerificationError):
+            kind = "unauthenticated"
+        hint = _PORT_HINT if isinstance(error, (ConnectionRefusedError, ProtocolError)) else ""
+        return TransportError(kind, f"{method} {path}: {type(error).__name__}: {error}{hint}",
+                              address=self.address)
+
+    def _status_error(self, response: Response, body: Any = None) -> TransportError:
+        message = error_message(response.body if body is None else body)
+        return from_http_status(response.status, message or f"HTTP {response.status}",
+                                self.address)
+
+    # -- inference ----------------------------------------------------------------------------------
+
+    def submit(self, request: InferRequest) -> TransportFuture:
+        future = TransportFuture()
+        call = _Call(future)
+        future.on_cancel = call.abort
+        try:
+            self._prepared()
+            with self._lock:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(self.max_connections,
+                                                        thread_name_prefix="csonic-http")
+                self._executor.submit(self._run, request, call)
+        except TransportError as error:
+            future.fail(error)
+        except RuntimeError as error:  # interpreter shutting down
+            future.fail(TransportError("down", str(error), address=self.address))
         return future
 
-    def _request_header(self, model: str, version: str, arrays: Mapping[str, np.ndarray],
-                        blobs: list[Any], specs: Sequence[OutputSpec], request_id: str) -> bytes:
-        described = []
-        for (name, array), blob in zip(arrays.items(), blobs):
-            described.append({"name": name, "shape": list(array.shape),
-                              "datatype": triton_dtype(array.dtype),
-                              "parameters": {"binary_data_size": memoryview(blob).nbytes}})
-        body: dict[str, Any] = {"inputs": described}
-        if request_id:
-            body["id"] = request_id
-        if specs:
-            body["outputs"] = [{"name": spec.name, "parameters": {"binary_data": True}}
-                               for spec in specs]
-        else:
-            body["parameters"] = {"binary_data_output": True}
-        return json.dumps(body, separators=(",", ":")).encode()
-
-    def _roundtrip(self, model: str, version: str, inputs: Mapping[str, np.ndarray],
-                   specs: Sequence[OutputSpec], timeout_s: float,
-                   metadata: Sequence[tuple[str, str]], request_id: str) -> dict[str, np.ndarray]:
-        arrays = {name: np.asarray(array) for name, array in inputs.items()}
-        blobs = [_binary(array) for array in arrays.values()]
-        header = self._request_header(model, version, arrays, blobs, specs, request_id)
-        payload = sum(memoryview(blob).nbytes for blob in blobs)
-        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-        extra = dict(self.headers)
-        extra.update({key: value for key, value in metadata})
-        parts: list[Any] = [header, *blobs]
-        if self.compression:
-            compressor = _compressor(self.compression)
-            parts = [compressor.compress(memoryview(part).cast("B")) for part in parts]
-            parts.append(compressor.flush())
-            extra["Content-Encoding"] = self.compression
-            extra["Accept-Encoding"] = self.compression
-        length = sum(memoryview(part).nbytes for part in parts)
-        lines = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}",
-                 "Content-Type: application/octet-stream",
-                 f"Inference-Header-Content-Length: {len(header)}",
-                 f"Content-Length: {length}"]
-        lines += [f"{key}: {value}" for key, value in extra.items()]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode()
-        what = f"model {model!r}" + (f" version {version}" if version else "")
-        connection = self._take(timeout_s)
+    def _run(self, request: InferRequest, call: _Call) -> None:
+        if call.future.done():  # cancelled while queued
+            return
         try:
-            connection.sock.settimeout(timeout_s)
-            # the tensors go from the arrays' memory to the socket: no copy in Python
-            connection.sock.sendall(head + bytes(parts[0]))  # HTTP head + JSON: small
-            for part in parts[1:]:
-                connection.sock.sendall(memoryview(part).cast("B"))
-            status, headers, body = _read_response(connection.reader)
-        except (OSError, ValueError) as error:
-            connection.close()
-            kind = "timed out" if isinstance(error, (socket.timeout, TimeoutError)) else "failed"
-            raise ServerUnavailableError(
-                f"HTTP request to Triton at {self.address} for {what} {kind}: "
-                f"{type(error).__name__}: {error}") from None
-        if headers.get("connection", "").lower() == "close":
-            connection.close()
-        else:
-            self._give_back(connection)
+            call.future.resolve(self._infer(request, call))
+        except (TransportError, InferenceError) as error:
+            call.future.fail(error)
+        except Exception as error:  # noqa: BLE001 - never lose an error in a pool thread
+            call.future.fail(InferenceError(f"model {request.model!r} at {self.address}: "
+                                            f"{type(error).__name__}: {error}"))
+
+    def infer(self, request: InferRequest) -> InferAnswer:
+        """Send ``request`` and wait for the answer, in this thread."""
+        return self._infer(request)
+
+    def _infer(self, request: InferRequest, call: _Call | None = None) -> InferAnswer:
+        try:
+            header, blobs = encode_inputs(request.inputs, [o.name for o in request.outputs],
+                                          request.request_id)
+        except (KeyError, TypeError, ValueError) as error:
+            raise TransportError("bad_request", f"cannot encode the inputs: {error!r}",
+                                 address=self.address) from None
+        sent = sum(memoryview(blob).nbytes for blob in blobs)
+        parts: list[Any] = [header, *blobs]
+        extra: list[tuple[str, Any]] = [("Content-Type", "application/octet-stream"),
+                                        ("Inference-Header-Content-Length", len(header))]
+        if self.compression:
+            parts = compress(self.compression, parts)
+            extra += [("Content-Encoding", self.compression), ("Accept-Encoding", self.compression)]
+        path = _model_path(request.model, request.version) + "/infer"
+        response = self._exchange("POST", path, parts, request.timeout_s, extra, call)
+        body: Any = response.body
+        encoding = response.headers.get("content-encoding", "identity").lower()
+        what = f"model {request.model!r} at {self.address}"
+        try:
+            if encoding != "identity":
+                body = decompress(encoding, body)
+            if response.status != 200:
+                raise self._status_error(response, body)
+            header_length = int(response.headers.get("inference-header-content-length", len(body)))
+            version, arrays, received = decode_outputs(body, header_length)
+        except InferenceError as wrong:  # the server's answer is malformed: not retried
+            raise InferenceError(f"{what}: {wrong}") from None
+        except ValueError as error:  # a header length that is not a number
+            raise InferenceError(f"{what}: unreadable answer ({error})") from None
         with self._lock:
             self.stats["requests"] += 1
-            self.stats["bytes_sent"] += payload
-            self.stats["bytes_received"] += len(body)
-        encoding = headers.get("content-encoding", "").lower()
-        if encoding:
-            body = bytearray(_decompress(encoding, body))
-        if status != 200:
-            raise _http_error(status, body, what, self.address)
-        header_length = int(headers.get("inference-header-content-length", len(body)))
-        return _decode(body, header_length, model, self.address)
+            self.stats["bytes_sent"] += sent
+            self.stats["bytes_received"] += received
+        return answer_from(request, arrays, version=version, nbytes=received)
+
+    # -- control calls ------------------------------------------------------------------------------
+
+    def _get(self, path: str, timeout_s: float, body: bytes = b"") -> Any:
+        """The JSON answer of GET ``path`` (POST ``body`` when given)."""
+        response = self._exchange("POST" if body else "GET", path, [body] if body else [],
+                                  timeout_s, [("Content-Type", "application/json")] if body else ())
+        if response.status != 200:
+            raise self._status_error(response)
+        try:
+            return json.loads(bytes(response.body))
+        except ValueError as error:
+            raise TransportError("internal", f"{path}: answer is not JSON ({error})",
+                                 address=self.address) from None
+
+    def _parse(self, data: Any, message: Any, what: str) -> Any:
+        from google.protobuf import json_format
+
+        try:
+            return json_format.ParseDict(data, message, ignore_unknown_fields=True)
+        except (json_format.ParseError, TypeError, ValueError) as error:
+            raise TransportError("internal", f"cannot read the {what}: {error}",
+                                 address=self.address) from None
+
+    def _status(self, path: str, timeout_s: float) -> bool:
+        response = self._exchange("GET", path, (), timeout_s)
+        if response.status in (401, 403):  # refused: not an answer about readiness
+            raise self._status_error(response)
+        return response.status == 200
+
+    def ready(self, timeout_s: float) -> bool:
+        return self._status("/v2/health/ready", timeout_s)
+
+    def model_ready(self, model: str, version: str, timeout_s: float) -> bool:
+        """Whether ``model`` (``version``; ``""``: any) is loaded and ready on this server."""
+        return self._status(_model_path(model, version) + "/ready", timeout_s)
+
+    def model_index(self, timeout_s: float) -> dict[str, tuple[str, ...]]:
+        from tritonclient.grpc import service_pb2
+
+        entries = self._get("/v2/repository/index", timeout_s, b'{"ready":true}')
+        return models_in_index(self._parse({"models": entries if isinstance(entries, list) else []},
+                                           service_pb2.RepositoryIndexResponse(),
+                                           "repository index"))
+
+    def model_info(self, model: str, version: str, timeout_s: float) -> ModelInfo:
+        from tritonclient.grpc import model_config_pb2, service_pb2
+
+        path = _model_path(model, version)
+        metadata = self._parse(self._get(path, timeout_s), service_pb2.ModelMetadataResponse(),
+                               "model metadata")
+        # the config JSON uses the proto's field names; the gRPC answer wraps it in "config"
+        config = self._parse(self._get(path + "/config", timeout_s),
+                             model_config_pb2.ModelConfig(), "model config")
+        return model_info_from_responses(metadata, service_pb2.ModelConfigResponse(config=config))
+
+    def statistics(self, model: str, version: str, timeout_s: float) -> ServerStatistics:
+        from tritonclient.grpc import service_pb2
+
+        answer = self._get(_model_path(model, version) + "/stats", timeout_s)
+        return statistics_from_response(self._parse(answer, service_pb2.ModelStatisticsResponse(),
+                                                    "model statistics"), model)
+
+    def server_metadata(self, timeout_s: float) -> dict[str, Any]:
+        """Server name, version and extensions (for ``coffea-sonic check``)."""
+        answer = self._get("/v2", timeout_s)
+        return {"name": answer.get("name", ""), "version": answer.get("version", ""),
+                "extensions": list(answer.get("extensions", []))}
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "tls": self.settings.tls is not None,
+                "compression": self.compression, "max_connections": self.max_connections,
+                **self.stats}
 
     def close(self) -> None:
-        """Close idle connections and stop the request threads."""
+        """Close idle connections and let the request threads end (usable again afterwards)."""
+        if self._pid != os.getpid():
+            self._reset()
+            return
         with self._lock:
             idle, self._idle = self._idle, []
             executor, self._executor = self._executor, None
@@ -288,122 +370,11 @@ class HttpBinaryTransport:
             executor.shutdown(wait=False)
 
 
-def _rebuild(address: str, max_connections: int, compression: Compression | None,
-             headers: dict) -> HttpBinaryTransport:
-    return HttpBinaryTransport(address, max_connections=max_connections, compression=compression,
-                               headers=headers)
+def _model_path(model: str, version: str) -> str:
+    path = f"/v2/models/{quote(model, safe='')}"
+    return path + f"/versions/{quote(version, safe='')}" if version else path
 
 
-def _binary(array: np.ndarray) -> Any:
-    """The bytes Triton expects for ``array`` (a view of its memory when possible)."""
-    if array.dtype == object or array.dtype.kind in "SU":
-        from tritonclient.utils import serialize_byte_tensor
-
-        serialized = serialize_byte_tensor(array)
-        return serialized.item() if serialized.size else b""
-    contiguous = np.ascontiguousarray(array)
-    return memoryview(contiguous.reshape(-1).view(np.uint8)) if contiguous.size else b""
-
-
-def _compressor(kind: str):
-    if kind == "gzip":
-        return zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    return zlib.compressobj(1, zlib.DEFLATED, zlib.MAX_WBITS)
-
-
-def _decompress(encoding: str, body: bytes | bytearray) -> bytes:
-    if encoding == "gzip":
-        return gzip.decompress(bytes(body))
-    if encoding == "deflate":
-        try:
-            return zlib.decompress(bytes(body))
-        except zlib.error:  # raw deflate without the zlib header
-            return zlib.decompress(bytes(body), -zlib.MAX_WBITS)
-    raise InferenceError(f"Triton answered with unsupported Content-Encoding {encoding!r}")
-
-
-def _read_response(reader) -> tuple[int, dict[str, str], bytearray]:
-    status_line = reader.readline(65536)
-    if not status_line:
-        raise ConnectionResetError("server closed the connection")
-    parts = status_line.decode("latin-1").split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-        raise ValueError(f"not an HTTP response: {status_line[:80]!r}")
-    status = int(parts[1])
-    headers: dict[str, str] = {}
-    while True:
-        line = reader.readline(65536)
-        if line in (b"\r\n", b"\n", b""):
-            break
-        key, _, value = line.decode("latin-1").partition(":")
-        headers[key.strip().lower()] = value.strip()
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        body = bytearray()
-        while True:
-            size = int(reader.readline(65536).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                reader.readline(65536)
-                break
-            body += _read_exactly(reader, size)
-            reader.readline(65536)
-        return status, headers, body
-    return status, headers, _read_exactly(reader, int(headers.get("content-length", "0")))
-
-
-def _read_exactly(reader, size: int) -> bytearray:
-    body = bytearray(size)
-    view = memoryview(body)
-    received = 0
-    while received < size:
-        count = reader.readinto(view[received:])
-        if not count:
-            raise ConnectionResetError(f"connection closed after {received} of {size} bytes")
-        received += count
-    return body
-
-
-def _decode(body: bytearray, header_length: int, model: str,
-            address: str) -> dict[str, np.ndarray]:
-    try:
-        described = json.loads(bytes(body[:header_length]))
-    except ValueError as error:
-        raise InferenceError(f"model {model!r} at {address}: answer header is not JSON ({error})") from None
-    outputs: dict[str, np.ndarray] = {}
-    offset = header_length
-    for tensor in described.get("outputs", []):
-        dtype = numpy_dtype(tensor["datatype"])
-        shape = tuple(int(d) for d in tensor["shape"])
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
-        if size is None:  # answered as JSON (the server ignored binary_data)
-            outputs[tensor["name"]] = np.asarray(tensor.get("data", []), dtype=dtype).reshape(shape)
-            continue
-        chunk = memoryview(body)[offset: offset + size]
-        offset += size
-        if dtype == object:
-            from tritonclient.utils import deserialize_bytes_tensor
-
-            outputs[tensor["name"]] = deserialize_bytes_tensor(bytes(chunk)).reshape(shape)
-        else:
-            expected = int(np.prod(shape)) * dtype.itemsize
-            if size != expected:
-                raise InferenceError(
-                    f"model {model!r} output {tensor['name']!r}: {size} bytes for shape "
-                    f"{list(shape)} {tensor['datatype']} (expected {expected})")
-            outputs[tensor["name"]] = np.frombuffer(chunk, dtype=dtype).reshape(shape)
-    return outputs
-
-
-def _http_error(status: int, body: bytes | bytearray, what: str, address: str) -> SonicError:
-    try:
-        message = json.loads(bytes(body)).get("error", "")
-    except ValueError:
-        message = bytes(body[:200]).decode("utf-8", "replace")
-    text = f"Triton at {address} answered HTTP {status} for {what}: {message}"
-    lowered = message.lower()
-    if status == 404 or "unknown model" in lowered or "not found" in lowered:
-        return ModelNotFoundError(text)
-    if status in (502, 503, 504) or "not ready" in lowered or "exceeds maximum queue" in lowered:
-        return ServerUnavailableError(text)
-    if status == 400 and ("input" in lowered or "shape" in lowered or "datatype" in lowered):
-        return InputValidationError(text)
-    return InferenceError(text)
+def _rebuild(settings: ServerSettings, max_connections: int,
+             compression: Compression | None) -> HttpTransport:
+    return HttpTransport(settings, max_connections=max_connections, compression=compression)

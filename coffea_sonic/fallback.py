@@ -20,6 +20,7 @@ counted in ``model.stats.fallback_calls`` / ``fallback_rows``.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import threading
@@ -29,14 +30,24 @@ from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
-from ..errors import ConfigurationError
+from .errors import ConfigurationError
 
-__all__ = ["FallbackChoice", "fallback_engine", "resolve_fallback", "submit", "warn_fallback"]
+__all__ = ["BUILTIN", "FallbackChoice", "declared_info", "fallback_engine", "resolve_fallback",
+           "submit", "warn_fallback"]
 
 logger = logging.getLogger("coffea_sonic.fallback")
 
 Engine = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 FallbackChoice = Union[None, bool, str, Callable[[str], Engine]]
+
+#: The built-in fallbacks, implemented by the layers above the client (engines, the embedded
+#: server, the zoo) and found by name, so the client never imports what imports it.
+BUILTIN: dict[str, dict[str, str]] = {
+    "cpu": {"engine": "coffea_sonic.engines:fallback_engine",
+            "info": "coffea_sonic.zoo:declared_info"},
+    "local": {"engine": "coffea_sonic.server.fallback:local_fallback_engine",
+              "info": "coffea_sonic.zoo:declared_info"},
+}
 
 _OFF = {"", "off", "none", "false", "no", "0"}
 _CPU = {"cpu", "on", "true", "yes", "1", "engine"}
@@ -48,7 +59,7 @@ def resolve_fallback(value: FallbackChoice) -> str | Callable[[str], Engine] | N
     ``value`` None means "use the configured setting" (default off).
     """
     if value is None:
-        from .. import config
+        from . import config
 
         value = config.setting("fallback", "off")
     if value is False:
@@ -94,18 +105,6 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _local_server_engine(model: str) -> Engine:
-    from ..model import TritonModel
-    from ..server import LocalTritonServer
-
-    server = LocalTritonServer(models=[model], device="cpu").start()
-    logger.warning("coffea-sonic: started a local fallback Triton server for %s at %s",
-                   model, server.grpc_address)
-    client = TritonModel(server.url(model), fallback="off")
-    client._fallback_server = server  # keeps the server alive as long as the engine
-    return client
-
-
 def fallback_engine(choice: str | Callable[[str], Engine], model: str) -> Engine:
     """The (cached, per process) engine that runs ``model`` for fallback ``choice``."""
     key = (choice, model)
@@ -115,19 +114,7 @@ def fallback_engine(choice: str | Callable[[str], Engine], model: str) -> Engine
     with _engines_lock:
         engine = _engines.get(key)
         if engine is None:
-            if choice == "cpu":
-                from .. import zoo
-                from ..engines import CpuEngine
-
-                if model not in zoo.names():
-                    raise ConfigurationError(
-                        f"fallback='cpu' runs zoo models only, and {model!r} is not one; pass "
-                        "fallback=factory with factory(model_name) -> engine(inputs) -> outputs")
-                engine = CpuEngine(model)
-            elif choice == "local":
-                engine = _local_server_engine(model)
-            else:
-                engine = choice(model)
+            engine = _builtin(choice, "engine")(model) if isinstance(choice, str) else choice(model)
             _engines[key] = engine
         return engine
 
@@ -150,3 +137,18 @@ def warn_fallback(model: str, rows: int, reason: str) -> None:
         _last_warning[model] = now
         logger.warning("coffea-sonic: FALLBACK: running %s in-process for %d rows because no "
                        "server can serve it (%s)", model, rows, reason)
+
+
+def _builtin(choice: str, what: str) -> Callable[[str], Any]:
+    module, _, name = BUILTIN[choice][what].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def declared_info(choice: str | Callable[[str], Engine] | None, model: str) -> Any:
+    """What ``model`` declares according to a built-in fallback (the zoo), or None.
+
+    Used when no server can describe the model but a fallback can still run it.
+    """
+    if not isinstance(choice, str):
+        return None
+    return _builtin(choice, "info")(model)

@@ -1,7 +1,7 @@
 """``TritonModel``: a picklable client of one model served by one or several Triton servers.
 
 Drop-in for ``coffea.ml_tools.triton_wrapper`` URLs (``triton+grpc://host:port/model[/version]``,
-``triton+grpcs://`` for TLS), but a call is validated on the client, split by ``max_batch_size``
+``triton+grpcs://`` for TLS, ``triton+http[s]://`` for Triton's HTTP API), but a call is validated on the client, split by ``max_batch_size``
 and by bytes, sent as concurrent requests through a bounded in-flight window, and reassembled once
 in input order. ``infer_async`` sends at once and returns a handle, so CPU work overlaps the
 request (SONIC's acquire/produce).
@@ -9,7 +9,7 @@ request (SONIC's acquire/produce).
 >>> from coffea_sonic.model import TritonModel
 >>> model = TritonModel("triton+grpc://127.0.0.1:8001/jet_tagger/1", timeout_s=30)
 >>> model
-TritonModel('triton+grpc://127.0.0.1:8001/jet_tagger/1', timeout_s=30, max_in_flight=4)
+TritonModel('triton+grpc://127.0.0.1:8001/jet_tagger/1', timeout_s=30)
 >>> import pickle
 >>> pickle.loads(pickle.dumps(model)).url
 'triton+grpc://127.0.0.1:8001/jet_tagger/1'
@@ -35,12 +35,17 @@ Policies:
   retries of transient failures (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``RESOURCE_EXHAUSTED``,
   resets) with backoff on another server, never of ``INVALID_ARGUMENT``/``NOT_FOUND``/validation
   errors; optional in-process fallback (see :mod:`coffea_sonic.routing`,
-  :mod:`coffea_sonic.transport.fallback`).
+  :mod:`coffea_sonic.fallback`).
 * Versions: an unpinned URL is resolved once per process to the highest version served, and every
   request names it; a pinned version must be the one that answers.
-* Connection: never pickled; one gRPC channel per process and server, made after any fork.
-* Secrets: header values are :class:`~coffea_sonic.transport.Secret` (redacted in reprs, never
-  pickled in clear; use ``Secret.bearer_from_env("NAME")`` for Dask workers).
+* Transports (:mod:`coffea_sonic.transport`): ``"auto"`` sends tensors through shared memory to a
+  server proven to be on this host (not behind a balancer), over the URL's protocol otherwise;
+  request size and in-flight window default per transport (:data:`TRANSPORT_DEFAULTS`).
+* Connection: never pickled; one channel (and slot pool) per process and server, made after any
+  fork.
+* Secrets: header values are :class:`~coffea_sonic.core.secrets.Secret` (redacted in reprs, never
+  pickled in clear; use ``Secret.bearer_from_env("NAME")`` for Dask workers); so is the key of
+  servers that restrict protocol groups (``protocol_key``).
 """
 
 from __future__ import annotations
@@ -51,191 +56,47 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .errors import (ConfigurationError, InferenceError, ModelNotFoundError,
-                     ServerUnavailableError)
-from .routing import Endpoint, RetryPolicy, Router, call_later, get_router
+from . import fallback as fallback_module
+from .calls import Call, InferenceHandle, Piece, Window
+from .core.endpoint import (ModelRef, ServerSettings, configured_headers, configured_protocol_key,
+                            configured_tls, parse_model_url)
+from .core.secrets import Secret, normalize_headers
+from .core.tensors import ModelInfo
+from .core.tls import TlsOptions
+from .errors import ConfigurationError, InferenceError, ModelNotFoundError, ServerUnavailableError
+from .routing import RetryPolicy, Router, call_later, get_router
 from .stats import InferenceStats, ServerStatistics
-from .transport import fallback as fallback_module
-from .transport.codec import decode_response, encode_request
-from .transport.metadata import ModelInfo, TensorInfo
-from .transport.secrets import Secret, header_fingerprint, normalize_headers, resolve_headers
-from .transport.shm import select_transport, shared_transport
-from .transport.status import as_sonic_error, describe, is_retryable, server_outcome
-from .transport.tls import TlsOptions
-from .transport.url import ModelRef, parse_model_url
-from .transport.validation import (GRPC_MESSAGE_LIMIT, NonFinitePolicy, empty_outputs,
-                                   piece_arrays, plan_pieces, validate_inputs)
+from .transport.base import InferAnswer, InferRequest
+from .transport.errors import TransportError, to_sonic_error
+from .validation import (GRPC_MESSAGE_LIMIT, NonFinitePolicy, empty_outputs, piece_arrays,
+                         plan_pieces, validate_inputs)
 
-__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "InferenceHandle", "ServerDelta", "TritonModel"]
+__all__ = ["TRANSPORT_DEFAULTS", "InferenceHandle", "ServerDelta", "TritonModel"]
 
 logger = logging.getLogger(__name__)
 
-#: Default cap on one request's tensor bytes. Measured on the H100 (benchmarks/RESULTS.md):
-#: Python gRPC moves a 38 MB request at 0.25 GB/s but 2.4 MB ones at 1.2 GB/s, and four 38 MB
-#: requests in flight cost 2.5x their bytes in client memory; a few MiB keeps both in check while
-#: a whole jet_tagger max batch (65 536 rows, 1.5 MB) still fits in one request.
-DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
+#: Default (max request bytes, requests in flight) per transport, used unless given.
+#: gRPC and HTTP: Python gRPC moves a 38 MB request at 0.25 GB/s but 2.4 MB ones at 1.2 GB/s
+#: (H100 machine, benchmarks/RESULTS.md), and several requests in flight overlap the copies of
+#: one with the server's work on another. Shared memory has no message cost: bigger requests
+#: mean fewer, larger batches on the server, and a few in flight keep it busy.
+TRANSPORT_DEFAULTS: dict[str, tuple[int, int]] = {
+    "grpc": (4 * 2**20, 4),
+    "http": (4 * 2**20, 4),
+    "shm": (16 * 2**20, 4),
+    "cuda": (16 * 2**20, 4),
+    "memory": (4 * 2**20, 4),
+}
+#: Kept for callers of the first releases: gRPC's default request cap.
+DEFAULT_MAX_REQUEST_BYTES = TRANSPORT_DEFAULTS["grpc"][0]
 
 _call_ids = itertools.count(1)
-
-
-@dataclass(eq=False)
-class _Piece:
-    """One request: rows ``start:stop`` of a call, plus ``pad`` zero rows."""
-
-    call: "_Call"
-    index: int
-    start: int
-    stop: int
-    pad: int
-    future: Any = None
-    sent_at: float = 0.0
-    #: sends so far, when the first one was tried, and the last retry deadline
-    attempts: int = 0
-    busy_attempts: int = 0
-    deadline: float = 0.0
-    first_try: float = 0.0
-    endpoint: Endpoint | None = None
-    last_address: str = ""
-    avoid: frozenset[str] = frozenset()
-    #: the encoded request (gRPC) or the piece's arrays (shared memory), kept for retries
-    request: Any = None
-    tensors: Any = None
-    bytes_sent: int = 0
-    errors: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def rows(self) -> int:
-        return self.stop - self.start
-
-
-@dataclass(eq=False)
-class _Call:
-    """State shared by the pieces of one ``infer_async`` call."""
-
-    call_id: int
-    arrays: dict[str, np.ndarray]
-    rows: int
-    runtime: "_Runtime"
-    info: ModelInfo
-    pieces: list[_Piece] = field(default_factory=list)
-    results: list[dict[str, np.ndarray] | None] = field(default_factory=list)
-    remaining: int = 0
-    error: BaseException | None = None
-    outputs: dict[str, np.ndarray] | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-class InferenceHandle:
-    """The pending result of :meth:`TritonModel.infer_async`; ``result()`` gives the outputs.
-
-    ``result(timeout)`` raises ``TimeoutError`` if not done in time (the requests go on), or the
-    error that failed the call. A call gets all its outputs or raises: never partial outputs.
-    """
-
-    def __init__(self, model: "TritonModel", call: _Call) -> None:
-        self._model = model
-        self._call = call
-        self._assembled: dict[str, np.ndarray] | None = call.outputs
-
-    def done(self) -> bool:
-        """True once every request of the call is answered (or one failed)."""
-        return self._call.done.is_set()
-
-    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
-        """``{output name: array}`` with rows in input order; blocks until available."""
-        call = self._call
-        if not call.done.is_set():
-            began = time.perf_counter()
-            finished = call.done.wait(timeout)
-            self._model._add_stats(wait_s=time.perf_counter() - began)
-            if not finished:
-                raise TimeoutError(
-                    f"model {self._model.model_name!r}: {call.rows} rows not answered within "
-                    f"{timeout} s (requests still running)")
-        if call.error is not None:
-            raise call.error
-        if self._assembled is None:
-            self._assembled = self._model._assemble(call)
-        return self._assembled
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The error that failed the call, or None once it succeeded."""
-        if not self._call.done.wait(timeout):
-            raise TimeoutError(f"model {self._model.model_name!r}: call not done within {timeout} s")
-        return self._call.error
-
-    def cancel(self) -> None:
-        """Stop sending this call's remaining requests; ``result()`` then raises."""
-        self._model._fail(self._call, InferenceError(
-            f"model {self._model.model_name!r}: call cancelled by the caller"))
-
-
-class _Window:
-    """At most ``limit`` requests in flight; the rest wait in FIFO order (retries first).
-
-    The limit adapts like TCP's congestion window: an overloaded answer (queue full) halves it,
-    down to one; each good answer grows it back by about one per window, up to ``limit``. So a
-    client backs off from a saturated server instead of hammering its queue.
-    """
-
-    def __init__(self, limit: int, start: Callable[[_Piece], None]) -> None:
-        self._max_limit = limit
-        self._limit = float(limit)
-        self._start = start
-        self._in_flight = 0
-        self._queue: deque[_Piece] = deque()
-        self._lock = threading.Lock()
-
-    def submit(self, pieces: Sequence[_Piece]) -> None:
-        with self._lock:
-            self._queue.extend(pieces)
-        self.pump()
-
-    def submit_front(self, piece: _Piece) -> None:
-        with self._lock:
-            self._queue.appendleft(piece)
-        self.pump()
-
-    def release(self, pump: bool = True) -> None:
-        """Free one slot; start waiting pieces now unless ``pump`` is False (call pump later)."""
-        with self._lock:
-            self._in_flight -= 1
-        if pump:
-            self.pump()
-
-    def answered(self, overloaded: bool) -> None:
-        """Adapt the limit to an answer: halve on overload, grow slowly on success."""
-        with self._lock:
-            if overloaded:
-                self._limit = max(1.0, self._limit / 2)
-            elif self._limit < self._max_limit:
-                self._limit = min(float(self._max_limit), self._limit + 1.0 / self._limit)
-
-    def pump(self) -> None:
-        while True:
-            with self._lock:
-                if self._in_flight >= int(self._limit) or not self._queue:
-                    return
-                piece = self._queue.popleft()
-                self._in_flight += 1
-            # started outside the lock: starting may complete (and release) synchronously
-            self._start(piece)
-
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @property
-    def limit(self) -> int:
-        return int(self._limit)
+_TRANSPORT_NAMES = ("auto", "grpc", "shm", "http")
 
 
 @dataclass(eq=False)
@@ -244,82 +105,49 @@ class _Runtime:
 
     pid: int
     router: Router
-    metadata: tuple[tuple[str, str], ...]
-    window: _Window
+    window: Window | None = None
+    #: the transport kind whose defaults size requests and the window
+    kind: str = ""
     info: ModelInfo | None = None
     #: the version every request names ("" only when no server could be asked)
     version: str = ""
 
 
-def _configured_tls() -> TlsOptions:
-    """TLS options for ``triton+grpcs://`` URLs from the settings ``ca_file``, ``cert_file``,
-    ``key_file``, ``server_name`` (``COFFEA_SONIC_CA_FILE``..., Dask config, facility file)."""
-    from . import config
-
-    return TlsOptions.coerce({
-        "root_certificates": config.setting("ca_file"),
-        "certificate_chain": config.setting("cert_file"),
-        "private_key": config.setting("key_file"),
-        "server_name": config.setting("server_name"),
-    })
-
-
-def _configured_headers() -> dict[str, str | Secret]:
-    """``authorization: Bearer <token>`` when the settings ``token_env`` (the NAME of the variable
-    holding the token) or ``token_file`` are set; only the name or path is ever kept."""
-    from . import config
-
-    token_file = config.setting("token_file")
-    if token_file:
-        return {"authorization": Secret.from_file(token_file, prefix="Bearer ")}
-    token_env = config.setting("token_env")
-    if token_env:
-        return {"authorization": Secret.bearer_from_env(str(token_env))}
-    return {}
-
-
-def _zoo_info(model: str) -> ModelInfo | None:
-    """The zoo's declaration of ``model`` as a ModelInfo (used when no server can describe it)."""
-    from . import zoo
-
-    if model not in zoo.names():
-        return None
-    spec = zoo.spec(model)
-
-    def tensors(declared) -> tuple[TensorInfo, ...]:
-        return tuple(TensorInfo(t.name, t.triton_dtype.removeprefix("TYPE_"), tuple(t.dims))
-                     for t in declared)
-
-    return ModelInfo(name=model, versions=("1",), platform="python",
-                     max_batch_size=spec.max_batch_size, inputs=tensors(spec.inputs),
-                     outputs=tensors(spec.outputs))
-
-
 class TritonModel:
-    """Client of one Triton model: validated, split, pipelined gRPC inference on numpy dicts.
+    """Client of one Triton model: validated, split, pipelined inference on numpy dicts.
 
     Parameters
     ----------
     url:
-        ``triton+grpc://host:port/model[/version]`` (``triton+grpcs://`` for TLS), or a list of
-        such URLs of the same model on several servers. No version means the latest served.
+        ``triton+grpc://host:port/model[/version]`` (``triton+grpcs://`` for TLS,
+        ``triton+http[s]://`` for the HTTP API), or a list of such URLs of the same model on
+        several servers. No version means the latest served.
     timeout_s:
         Deadline of each request (a slower server is given up on and the request retried
         elsewhere). ``connect_timeout_s``: how long to wait for a server to answer at all.
-    max_in_flight:
-        Requests of this model in flight at once (per process and model object); more queue.
+    transport:
+        ``"auto"`` (default: shared memory to a server proven to be on this host, the URL's
+        protocol otherwise), ``"grpc"``, ``"shm"`` (demand shared memory), ``"http"`` (with
+        ``triton+http://`` URLs), or a factory ``f(ServerSettings) -> Transport``.
+    max_in_flight, max_request_bytes:
+        Requests of this model in flight at once (per process and model object), and the cap on
+        one request's tensor bytes (calls are split by rows to stay under it). None: the
+        transport's default (:data:`TRANSPORT_DEFAULTS`).
     ssl:
-        ``True`` (system CA roots), a mapping or :class:`~coffea_sonic.transport.TlsOptions`
+        ``True`` (system CA roots), a mapping or :class:`~coffea_sonic.core.tls.TlsOptions`
         (CA bundle, client certificate and key for mutual TLS, server-name override). None:
         ``triton+grpcs://`` URLs use the settings ``ca_file``, ``cert_file``, ``key_file``,
         ``server_name`` (``COFFEA_SONIC_CA_FILE``, ...) or the system roots.
     headers:
         Sent with every request, e.g. ``{"authorization": Secret.bearer_from_env("TOKEN")}``.
         Sensitive plain-string values (authorization, token, key, ...) are wrapped in
-        :class:`~coffea_sonic.transport.Secret` automatically. None: a bearer token from the
+        :class:`~coffea_sonic.core.secrets.Secret` automatically. None: a bearer token from the
         settings ``token_env`` (``COFFEA_SONIC_TOKEN_ENV=NAME``) or ``token_file``, if set.
-    max_request_bytes:
-        Cap on one request's tensor bytes (calls are split by rows to stay under it).
+    protocol_key:
+        ``("KEY", Secret.from_env("NAME"))`` for servers that restrict protocol groups
+        (``--grpc-restricted-protocol=...:KEY=VALUE``; PyTriton: ``triton-access-token``).
+        Not needed for inference (it stays open); it unlocks the repository index, shared memory
+        and statistics. None: the settings ``protocol_key_name`` + ``protocol_key_env``.
     nonfinite:
         ``"pass"`` (default) sends NaN/inf as given; ``"raise"`` rejects them.
     expected_checksum:
@@ -331,7 +159,7 @@ class TritonModel:
     fallback:
         ``"off"``, ``"cpu"``, ``"local"`` or a factory ``f(model) -> engine``; None reads the
         ``fallback`` setting (``COFFEA_SONIC_FALLBACK``, default off). See
-        :mod:`coffea_sonic.transport.fallback`.
+        :mod:`coffea_sonic.fallback`.
 
     >>> TritonModel("triton+grpc://127.0.0.1:8001/jet_tagger").version
     ''
@@ -342,21 +170,23 @@ class TritonModel:
         url: str | Sequence[str],
         *,
         timeout_s: float = 60.0,
-        max_in_flight: int = 4,
+        max_in_flight: int | None = None,
         ssl: TlsOptions | Mapping[str, Any] | bool | None = None,
         headers: Mapping[str, str | Secret] | None = None,
-        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_request_bytes: int | None = None,
         connect_timeout_s: float = 10.0,
         nonfinite: NonFinitePolicy = "pass",
         expected_checksum: str | None = None,
         retry: RetryPolicy | Mapping[str, Any] | None = None,
         fallback: fallback_module.FallbackChoice = None,
-        transport: str = "auto",
+        transport: str | Callable[[ServerSettings], Any] = "auto",
+        protocol_key: Any = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
-        if transport not in ("auto", "shm", "grpc"):
-            raise ConfigurationError(f"transport must be 'auto', 'shm' or 'grpc', not {transport!r}")
-        #: "auto": system shared memory to servers on this host (probed once), gRPC otherwise
+        if not callable(transport) and transport not in _TRANSPORT_NAMES:
+            raise ConfigurationError(
+                f"transport must be one of {', '.join(map(repr, _TRANSPORT_NAMES))} or a factory "
+                f"f(ServerSettings) -> Transport, not {transport!r}")
         self.transport = transport
         if not urls:
             raise ConfigurationError("TritonModel needs at least one URL")
@@ -367,7 +197,7 @@ class TritonModel:
                 raise ConfigurationError(
                     f"all URLs of one TritonModel must name the same model and version: "
                     f"{urls[0]!r} vs {text!r}")
-        if len({ref.address for ref in self._refs}) != len(self._refs):
+        if len({(ref.protocol, ref.address) for ref in self._refs}) != len(self._refs):
             raise ConfigurationError(f"a server is listed twice in {urls}")
         self._ref = first
         self.urls = urls
@@ -376,10 +206,10 @@ class TritonModel:
             raise ConfigurationError(f"timeout_s must be > 0 seconds, not {timeout_s!r}")
         if connect_timeout_s is None or not connect_timeout_s > 0:
             raise ConfigurationError(f"connect_timeout_s must be > 0, not {connect_timeout_s!r}")
-        if not isinstance(max_in_flight, int) or max_in_flight < 1:
+        if max_in_flight is not None and (not isinstance(max_in_flight, int) or max_in_flight < 1):
             raise ConfigurationError(f"max_in_flight must be an int >= 1, not {max_in_flight!r}")
-        if not isinstance(max_request_bytes, int) or not (
-                1 <= max_request_bytes <= GRPC_MESSAGE_LIMIT - (1 << 20)):
+        if max_request_bytes is not None and (not isinstance(max_request_bytes, int) or not (
+                1 <= max_request_bytes <= GRPC_MESSAGE_LIMIT - (1 << 20))):
             raise ConfigurationError(
                 "max_request_bytes must be an int between 1 and gRPC's 2 GiB message limit "
                 f"(less 1 MiB framing), not {max_request_bytes!r}")
@@ -388,12 +218,19 @@ class TritonModel:
         tls = TlsOptions.coerce(ssl)
         if ssl is False and any(ref.tls for ref in self._refs):
             raise ConfigurationError(f"{urls} ask for TLS (triton+grpcs) but ssl=False")
-        url_tls = _configured_tls() if tls is None and any(r.tls for r in self._refs) else None
+        url_tls = configured_tls() if tls is None and any(r.tls for r in self._refs) else None
         self.tls = tls if tls is not None else (url_tls if first.tls else None)
-        self._server_tls = [tls if tls is not None else (url_tls if ref.tls else None)
-                            for ref in self._refs]
         if headers is None:
-            headers = _configured_headers()
+            headers = configured_headers()
+        self.headers = normalize_headers(headers)
+        if protocol_key is None:
+            protocol_key = configured_protocol_key()
+        #: how each server is reached (the one settings type of TritonModel, check, monitor)
+        self.servers: list[ServerSettings] = [
+            ServerSettings.build(ref.address, protocol=ref.protocol,
+                                 tls=tls if tls is not None else (url_tls if ref.tls else None),
+                                 headers=self.headers, protocol_key=protocol_key)
+            for ref in self._refs]
         self.timeout_s = float(timeout_s)
         self.connect_timeout_s = float(connect_timeout_s)
         self.max_in_flight = max_in_flight
@@ -402,7 +239,6 @@ class TritonModel:
         self.expected_checksum = expected_checksum
         self.retry = RetryPolicy.coerce(retry)
         self.fallback = fallback_module.resolve_fallback(fallback)
-        self.headers = normalize_headers(headers)
         self._init_runtime_fields()
 
     def _init_runtime_fields(self) -> None:
@@ -433,9 +269,15 @@ class TritonModel:
         return [ref.address for ref in self._refs]
 
     def __repr__(self) -> str:
-        extras = [f"timeout_s={self.timeout_s:g}", f"max_in_flight={self.max_in_flight}"]
+        extras = [f"timeout_s={self.timeout_s:g}"]
+        if self.max_in_flight is not None:
+            extras.append(f"max_in_flight={self.max_in_flight}")
+        if self.transport != "auto":
+            extras.append(f"transport={self.transport if isinstance(self.transport, str) else 'custom'!r}")
         if self.headers:
             extras.append(f"headers={sorted(self.headers)}")
+        if self.servers[0].protocol_key is not None:
+            extras.append(f"protocol_key={self.servers[0].protocol_key[0]!r}")
         if self.tls is not None and not self._ref.tls:
             extras.append("ssl=True")
         if self.fallback is not None:
@@ -466,14 +308,10 @@ class TritonModel:
         with self._runtime_lock:
             runtime = self._runtime
             if runtime is None or runtime.pid != pid:
-                metadata = resolve_headers(self.headers)
-                router = get_router(
-                    [(ref.address, tls) for ref, tls in zip(self._refs, self._server_tls)],
-                    headers_fingerprint=header_fingerprint(self.headers) if self.headers else "",
-                    metadata=metadata, policy=self.retry, connect_timeout_s=self.connect_timeout_s)
-                runtime = _Runtime(pid=pid, router=router, metadata=metadata,
-                                   window=_Window(self.max_in_flight, self._start_piece),
-                                   version=self.version)
+                router = get_router(self.servers, policy=self.retry,
+                                    connect_timeout_s=self.connect_timeout_s,
+                                    transport=self.transport)
+                runtime = _Runtime(pid=pid, router=router, version=self.version)
                 self._runtime = runtime
             return runtime
 
@@ -489,7 +327,7 @@ class TritonModel:
                             self.model_name, self.version, timeout_s=self.timeout_s,
                             expected_checksum=self.expected_checksum)
                     except ServerUnavailableError as error:
-                        info = _zoo_info(self.model_name) if self.fallback else None
+                        info = fallback_module.declared_info(self.fallback, self.model_name)
                         if info is None:
                             raise
                         fallback_module.warn_fallback(self.model_name, 0, str(error))
@@ -504,8 +342,30 @@ class TritonModel:
         self.info
         return self._get_runtime().version
 
+    @property
+    def transport_kind(self) -> str:
+        """The transport this process' requests use (``"shm"``, ``"grpc"``, ``"http"``, ...)."""
+        return self._window(self._get_runtime())[1]
+
+    def _window(self, runtime: _Runtime) -> tuple[Window, str]:
+        """The runtime's in-flight window, sized by the transport of the first usable server."""
+        if runtime.window is None:
+            with self._runtime_lock:
+                if runtime.window is None:
+                    kind = "grpc"
+                    endpoint = next((e for e in runtime.router.endpoints if e.healthy), None)
+                    if endpoint is not None:
+                        try:
+                            kind = runtime.router.data_transport(endpoint).name
+                        except TransportError:
+                            pass  # decided again per request; the request reports the error
+                    limit = self.max_in_flight or TRANSPORT_DEFAULTS.get(kind, (0, 4))[1]
+                    runtime.kind = kind
+                    runtime.window = Window(limit, self._start_piece)
+        return runtime.window, runtime.kind
+
     def close(self) -> None:
-        """Forget this object's per-process state (pooled channels stay for other models)."""
+        """Forget this object's per-process state (pooled transports stay for other models)."""
         self._runtime = None
 
     # -- inference ----------------------------------------------------------------------------------
@@ -519,21 +379,24 @@ class TritonModel:
         info = self.info
         runtime = self._get_runtime()
         arrays, rows = validate_inputs(info, inputs, self.nonfinite)
-        call = _Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=runtime, info=info)
+        call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=runtime, info=info)
         self._add_stats(calls=1)
         if rows == 0:
             call.outputs = empty_outputs(info)
             call.done.set()
             return InferenceHandle(self, call)
-        plan = plan_pieces(info, arrays, rows, self.max_request_bytes)
-        call.pieces = [_Piece(call, index, start, stop, pad)
+        window, kind = self._window(runtime)
+        cap = self.max_request_bytes or TRANSPORT_DEFAULTS.get(kind, DEFAULT_MAX_REQUEST_BYTES)[0]
+        plan = plan_pieces(info, arrays, rows, cap)
+        call.pieces = [Piece(call, index, start, stop, pad)
                        for index, (start, stop, pad) in enumerate(plan)]
         call.results = [None] * len(call.pieces)
         call.remaining = len(call.pieces)
-        runtime.window.submit(call.pieces)
+        call.out = _preallocate(info, rows)
+        window.submit(call.pieces)
         return InferenceHandle(self, call)
 
-    def _start_piece(self, piece: _Piece) -> None:
+    def _start_piece(self, piece: Piece) -> None:
         call = piece.call
         runtime = call.runtime
         if call.error is not None:  # the call already failed: don't send the rest
@@ -548,24 +411,22 @@ class TritonModel:
             self._no_server(piece)
             return
         try:
-            if self._uses_shared_memory(endpoint, runtime):
-                future = self._send_through_shm(piece, endpoint, runtime)
-                piece.future = future
-                future.add_done_callback(lambda done, piece=piece: self._on_answer(piece, done))
-                return
-            if piece.request is None:
-                tensors = piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
-                piece.request = encode_request(self.model_name, runtime.version, tensors,
-                                               request_id=f"{call.call_id}.{piece.index}")
-                # from the arrays: reading raw_input_contents back would copy every byte again
-                piece.bytes_sent = sum(array.nbytes for array in tensors.values())
+            transport = runtime.router.data_transport(endpoint)
+            if piece.tensors is None:
+                piece.tensors = piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
+                piece.bytes_sent = sum(array.nbytes for array in piece.tensors.values())
+            request = InferRequest(
+                self.model_name, runtime.version, piece.tensors, call.info.outputs,
+                rows=piece.rows + piece.pad if call.info.batching else None,
+                timeout_s=self.timeout_s, request_id=f"{call.call_id}.{piece.index}",
+                out=({name: array[piece.start:piece.stop] for name, array in call.out.items()}
+                     if call.out is not None else None))
             if piece.last_address and piece.last_address != endpoint.address:
                 self._add_stats(failovers=1)
             piece.attempts += 1
-            piece.endpoint, piece.last_address = endpoint, endpoint.address
+            piece.endpoint, piece.last_address, piece.transport = endpoint, endpoint.address, transport
             piece.sent_at = time.perf_counter()
-            future = endpoint.connection.stub.ModelInfer.future(
-                piece.request, timeout=self.timeout_s, metadata=runtime.metadata)
+            future = transport.submit(request)
         except Exception as error:  # noqa: BLE001 - any failure to send fails the call
             runtime.router.release(endpoint, "other")
             runtime.window.release()
@@ -574,36 +435,7 @@ class TritonModel:
         piece.future = future
         future.add_done_callback(lambda done, piece=piece: self._on_answer(piece, done))
 
-    def _uses_shared_memory(self, endpoint: Endpoint, runtime: "_Runtime") -> bool:
-        if self.transport == "grpc":
-            return False
-        return select_transport(endpoint.address, self.transport, connection=endpoint.connection,
-                                metadata=runtime.metadata) == "shm"
-
-    def _send_through_shm(self, piece: _Piece, endpoint: Endpoint, runtime: "_Runtime") -> Any:
-        """Send a piece through this process' shared-memory transport to ``endpoint``.
-
-        The future behaves like gRPC's (its result is a ``ModelInferResponse``), so answers,
-        errors, retries and failover take the same path as over gRPC.
-        """
-        call = piece.call
-        if piece.tensors is None:
-            piece.tensors = piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
-            piece.bytes_sent = sum(array.nbytes for array in piece.tensors.values())
-        if piece.last_address and piece.last_address != endpoint.address:
-            self._add_stats(failovers=1)
-        piece.attempts += 1
-        piece.endpoint, piece.last_address = endpoint, endpoint.address
-        piece.sent_at = time.perf_counter()
-        transport = shared_transport(endpoint.address, "shm", metadata=runtime.metadata,
-                                     headers_fingerprint=header_fingerprint(self.headers)
-                                     if self.headers else "",
-                                     connection=endpoint.connection)
-        return transport.submit(self.model_name, runtime.version, piece.tensors, call.info.outputs,
-                                timeout_s=self.timeout_s, metadata=runtime.metadata,
-                                request_id=f"{call.call_id}.{piece.index}")
-
-    def _on_answer(self, piece: _Piece, future: Any) -> None:
+    def _on_answer(self, piece: Piece, future: Any) -> None:
         call = piece.call
         runtime = call.runtime
         endpoint = piece.endpoint
@@ -618,34 +450,44 @@ class TritonModel:
             if error is None:
                 runtime.router.release(endpoint, "ok")
                 runtime.window.answered(overloaded=False)
-                response = future.result()
-                outputs = self._check_response(call.info, piece, response, endpoint.address)
-                bytes_received = sum(array.nbytes for array in outputs.values())
+                answer: InferAnswer = future.result()
+                outputs = self._check_answer(call.info, piece, answer, endpoint.address)
                 self._add_stats(requests=1, rows=piece.rows, bytes_sent=piece.bytes_sent,
-                                bytes_received=bytes_received, latency_s=latency)
+                                bytes_received=answer.nbytes, latency_s=latency)
                 self._record(piece, outputs)
                 return
-            detail = describe(error)
-            outcome = server_outcome(error)
-            runtime.router.release(endpoint, outcome, detail)
+            if not isinstance(error, TransportError):  # e.g. a malformed answer: never retried
+                runtime.router.release(endpoint, "other")
+                self._fail(call, error)
+                return
+            if error.kind == "shm_region" and piece.transport.name in ("shm", "cuda"):
+                # the server does not know our region (a balancer sent the request elsewhere,
+                # or it restarted): this server gets plain requests from now on; not a failure
+                runtime.router.release(endpoint, "other")
+                runtime.router.disable_shm(endpoint, error.describe())
+                piece.attempts -= 1
+                runtime.window.submit_front(piece)
+                return
+            detail = error.describe()
+            runtime.router.release(endpoint, error.outcome, detail)
             piece.errors[endpoint.address] = detail
             self._add_stats(failed_requests=1)
-            if not is_retryable(error):
-                self._fail(call, as_sonic_error(error, model=self.model_name,
+            if not error.retryable:
+                self._fail(call, to_sonic_error(error, model=self.model_name,
                                                 version=runtime.version, address=endpoint.address))
                 return
-            if outcome == "busy":
+            if error.outcome == "busy":
                 runtime.window.answered(overloaded=True)
                 # overload is not the server failing: bounded by time, not by attempts
                 piece.busy_attempts += 1
                 piece.attempts -= 1
             self._retry(piece)
-        except Exception as error:  # noqa: BLE001 - never lose an error in a gRPC thread
+        except Exception as error:  # noqa: BLE001 - never lose an error in a transport thread
             self._fail(call, error)
         finally:
             runtime.window.pump()
 
-    def _retry(self, piece: _Piece) -> None:
+    def _retry(self, piece: Piece) -> None:
         """Send ``piece`` again after a backoff, elsewhere if possible; or give it up."""
         call = piece.call
         if piece.attempts >= self.retry.max_attempts or time.monotonic() >= piece.deadline:
@@ -659,7 +501,7 @@ class TritonModel:
                     piece.last_address, piece.errors.get(piece.last_address, "?"))
         call_later(delay, lambda: call.runtime.window.submit_front(piece))
 
-    def _no_server(self, piece: _Piece) -> None:
+    def _no_server(self, piece: Piece) -> None:
         """No healthy server serves the model right now: fall back, wait for one, or give up."""
         router = piece.call.runtime.router
         version = piece.call.runtime.version
@@ -679,7 +521,7 @@ class TritonModel:
         wait = min(left, max(router.seconds_until_probe(), self.retry.backoff_s(1)) + 0.05)
         call_later(wait, lambda: piece.call.runtime.window.submit_front(piece))
 
-    def _give_up(self, piece: _Piece, why: str) -> None:
+    def _give_up(self, piece: Piece, why: str) -> None:
         call = piece.call
         runtime = call.runtime
         if self.fallback is not None:
@@ -696,7 +538,7 @@ class TritonModel:
             + ". Start or fix a server, or enable the in-process fallback with fallback='cpu' "
               "(or COFFEA_SONIC_FALLBACK=cpu)"))
 
-    def _run_fallback(self, piece: _Piece, reason: str) -> None:
+    def _run_fallback(self, piece: Piece, reason: str) -> None:
         call = piece.call
         if call.error is not None:
             return
@@ -715,29 +557,35 @@ class TritonModel:
 
         fallback_module.submit(work)
 
-    def _record(self, piece: _Piece, outputs: dict[str, np.ndarray]) -> None:
+    def _record(self, piece: Piece, outputs: dict[str, np.ndarray]) -> None:
         call = piece.call
-        piece.request = None  # the bytes are no longer needed
         with call.lock:
             if call.results[piece.index] is not None:  # a late duplicate answer: keep the first
                 return
+            if call.out is not None:
+                for name, array in outputs.items():
+                    target = call.out[name][piece.start:piece.stop]
+                    if array is not target and not np.shares_memory(array, target):
+                        np.copyto(target, array[: piece.rows], casting="safe")
             call.results[piece.index] = outputs
             call.remaining -= 1
             finished = call.remaining == 0 and call.error is None
+        piece.tensors = None  # the request's bytes are no longer needed
         if finished:
             call.done.set()
 
-    def _check_response(self, info: ModelInfo, piece: _Piece, response: Any,
-                        address: str) -> dict[str, np.ndarray]:
+    def _check_answer(self, info: ModelInfo, piece: Piece, answer: InferAnswer,
+                      address: str) -> dict[str, np.ndarray]:
         version = piece.call.runtime.version
-        if version and response.model_version and response.model_version != version:
+        if version and answer.model_version and answer.model_version != version:
             raise InferenceError(
                 f"model {self.model_name!r}: requested version {version} but {address} answered "
-                f"with version {response.model_version}")
-        return self._check_outputs(info, piece, decode_response(response), address)
+                f"with version {answer.model_version}")
+        return self._check_outputs(info, piece, answer.outputs, address, answer.delivered)
 
-    def _check_outputs(self, info: ModelInfo, piece: _Piece, outputs: Mapping[str, Any],
-                       source: str) -> dict[str, np.ndarray]:
+    def _check_outputs(self, info: ModelInfo, piece: Piece, outputs: Mapping[str, Any],
+                       source: str, delivered: frozenset[str] = frozenset()
+                       ) -> dict[str, np.ndarray]:
         missing = [name for name in info.output_names if name not in outputs]
         if missing:
             raise InferenceError(
@@ -746,12 +594,21 @@ class TritonModel:
         sent_rows = piece.rows + piece.pad
         checked = {}
         for tensor in info.outputs:
+            if tensor.name in delivered:  # written into the call's rows, shape checked on arrival
+                checked[tensor.name] = outputs[tensor.name]
+                continue
             array = np.asarray(outputs[tensor.name])
-            if array.ndim == 0 or array.shape[0] != sent_rows:
+            if info.batching and (array.ndim == 0 or array.shape[0] != sent_rows):
                 raise InferenceError(
                     f"model {self.model_name!r} at {source}: output {tensor.name!r} has shape "
                     f"{list(array.shape)} for a request of {sent_rows} rows; refusing misaligned "
                     "outputs")
+            expected = tuple(tensor.dims)
+            got = array.shape[1:] if info.batching else array.shape
+            if len(got) != len(expected) or any(d >= 0 and d != g for d, g in zip(expected, got)):
+                raise InferenceError(
+                    f"model {self.model_name!r} at {source}: output {tensor.name!r} has per-row "
+                    f"shape {list(got)}, the model declares {list(expected)}")
             if array.dtype != tensor.dtype:
                 if not np.can_cast(array.dtype, tensor.dtype, casting="safe"):
                     raise InferenceError(
@@ -761,7 +618,7 @@ class TritonModel:
             checked[tensor.name] = array
         return checked
 
-    def _fail(self, call: _Call, error: BaseException) -> None:
+    def _fail(self, call: Call, error: BaseException) -> None:
         with call.lock:
             if call.error is not None or call.done.is_set():
                 return
@@ -772,16 +629,21 @@ class TritonModel:
                 future.cancel()
         call.done.set()
 
-    def _assemble(self, call: _Call) -> dict[str, np.ndarray]:
-        """Concatenate the pieces' outputs in input order (the one copy of the output bytes)."""
-        outputs: dict[str, np.ndarray] = {}
-        for name in call.info.output_names:
-            parts = [result[name][: piece.rows]
-                     for piece, result in zip(call.pieces, call.results)]
-            outputs[name] = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
-            if len(outputs[name]) != call.rows:  # a lost piece: never hand it out
-                raise InferenceError(
-                    f"model {self.model_name!r}: assembled {len(outputs[name])} rows of output "
+    def _assemble(self, call: Call) -> dict[str, np.ndarray]:
+        """The call's outputs in input order: the preallocated arrays every piece wrote into,
+        or (outputs of variable shape) the pieces' outputs concatenated once."""
+        if call.out is not None:
+            outputs = call.out
+        else:
+            outputs = {}
+            for name in call.info.output_names:
+                parts = [result[name][: piece.rows]
+                         for piece, result in zip(call.pieces, call.results)]
+                outputs[name] = np.concatenate(parts) if len(parts) > 1 else parts[0].copy()
+        for name, array in outputs.items():
+            if len(array) != call.rows or any(result is None for result in call.results):
+                raise InferenceError(  # a lost piece: never hand it out
+                    f"model {self.model_name!r}: assembled {len(array)} rows of output "
                     f"{name!r} for {call.rows} input rows")
         call.results = []  # the response bytes are no longer needed
         call.arrays = {}
@@ -795,23 +657,21 @@ class TritonModel:
     # -- server-side statistics -------------------------------------------------------------------
 
     def server_statistics(self) -> ServerStatistics:
-        """Triton's cumulative statistics for this model, summed over the reachable servers."""
-        import grpc
-        from tritonclient.grpc import service_pb2
+        """Triton's cumulative statistics for this model, summed over the reachable servers.
 
+        Servers that restrict their statistics are skipped (``protocol_key`` unlocks them);
+        raises if no server gives any.
+        """
         runtime = self._get_runtime()
         total = ServerStatistics()
-        failures = []
+        failures: list[BaseException] = []
         for endpoint in runtime.router.endpoints:
             try:
-                response = endpoint.connection.stub.ModelStatistics(
-                    service_pb2.ModelStatisticsRequest(name=self.model_name, version=self.version),
-                    timeout=min(self.timeout_s, self.connect_timeout_s), metadata=runtime.metadata)
-            except grpc.RpcError as error:
-                failures.append(as_sonic_error(error, model=self.model_name,
+                total += runtime.router.control(endpoint).statistics(
+                    self.model_name, self.version, min(self.timeout_s, self.connect_timeout_s))
+            except TransportError as error:
+                failures.append(to_sonic_error(error, model=self.model_name,
                                                version=self.version, address=endpoint.address))
-                continue
-            total += ServerStatistics.from_model_stats(response.model_stats)
         if len(failures) == len(runtime.router.endpoints):
             raise failures[0]
         return total
@@ -831,6 +691,16 @@ class TritonModel:
             yield measured
         finally:
             measured.delta = self.server_statistics() - measured.before
+
+
+def _preallocate(info: ModelInfo, rows: int) -> dict[str, np.ndarray] | None:
+    """The call's output arrays when every output's per-row shape is known, else None."""
+    if not info.batching:
+        return None
+    if any(d < 0 for t in info.outputs for d in t.dims) or any(
+            t.dtype == object for t in info.outputs):
+        return None
+    return {t.name: np.empty((rows, *t.dims), dtype=t.dtype) for t in info.outputs}
 
 
 @dataclass

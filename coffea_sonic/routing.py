@@ -5,7 +5,13 @@ A :class:`Router` belongs to one process and one set of servers (shared by every
 chunk learns about a dead server the next chunk knows too).
 
 * **Discovery**: each server's repository index says which models and versions it serves; a
-  request only goes to a server that serves its model and version.
+  request only goes to a server that serves its model and version. Servers that restrict the
+  repository protocol (PyTriton's default, ``--grpc-restricted-protocol=model-repository...``)
+  are asked per model instead (metadata and readiness stay open there).
+* **Transports**: control calls go over the URL's protocol (gRPC or HTTP); requests over the
+  transport asked for. ``"auto"`` uses shared memory only with a server on this host that is
+  proven to receive both our region registrations and our requests (not a load balancer in
+  front of several), and drops back to gRPC for that server on any region error.
 * **Balancing**: least outstanding requests among the healthy servers (ties rotate).
 * **Quarantine**: a server that fails at the transport level (unreachable, reset, too slow) is
   left alone for ``quarantine_s``, doubling per consecutive failure up to ``max_quarantine_s``.
@@ -34,11 +40,15 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
+from concurrent.futures import ThreadPoolExecutor
+
+from .core.endpoint import ServerSettings
+from .core.tensors import ModelInfo
 from .errors import ConfigurationError, InferenceError, ModelNotFoundError, ServerUnavailableError
-from .transport.channel import Connection, get_connection
-from .transport.metadata import ModelInfo, fetch_model_info, models_in_index
-from .transport.status import as_sonic_error, describe, server_outcome
-from .transport.tls import TlsOptions
+from .transport.base import Transport
+from .transport.errors import TransportError, to_sonic_error
+from .transport.registry import open_transport
+
 
 __all__ = ["Endpoint", "RetryPolicy", "Router", "call_later", "get_router"]
 
@@ -152,12 +162,12 @@ def call_later(delay_s: float, function: Callable[[], None]) -> None:
 class Endpoint:
     """One server as this process sees it."""
 
-    address: str
-    tls: TlsOptions | None
-    headers_fingerprint: str = ""
+    settings: ServerSettings
     outstanding: int = 0
     #: model -> versions ready on this server; None until discovered
     served: dict[str, tuple[str, ...]] | None = None
+    #: the server restricts its repository index: models are learnt one by one
+    index_restricted: bool = False
     #: monotonic time until which the server is quarantined (0: healthy)
     quarantined_until: float = 0.0
     quarantine_s: float = 0.0
@@ -168,10 +178,19 @@ class Endpoint:
     #: model -> why this server must not be used for it (signature mismatch)
     incompatible: dict[str, str] = field(default_factory=dict)
     requests: int = 0
+    #: why shared memory is not used with this server ("" while undecided or in use)
+    shm_off: str = ""
+    #: the transport requests use (decided on first use)
+    data: Transport | None = None
 
     @property
-    def connection(self) -> Connection:
-        return get_connection(self.address, self.tls, self.headers_fingerprint)
+    def address(self) -> str:
+        return self.settings.address
+
+    @property
+    def control(self) -> Transport:
+        """The transport of control calls: the URL's protocol (gRPC or HTTP)."""
+        return open_transport(self.settings, self.settings.protocol)
 
     @property
     def healthy(self) -> bool:
@@ -206,15 +225,14 @@ class Endpoint:
 class Router:
     """The servers of one model URL list, in one process (see the module docstring)."""
 
-    def __init__(self, servers: Sequence[tuple[str, TlsOptions | None]], *,
-                 headers_fingerprint: str, metadata: Sequence[tuple[str, str]],
-                 policy: RetryPolicy, connect_timeout_s: float) -> None:
+    def __init__(self, servers: Sequence[ServerSettings], *, policy: RetryPolicy,
+                 connect_timeout_s: float, transport: Any = "auto") -> None:
         if not servers:
             raise ConfigurationError("a router needs at least one server address")
-        self.endpoints = [Endpoint(address, tls, headers_fingerprint) for address, tls in servers]
-        self.metadata = tuple(metadata)
+        self.endpoints = [Endpoint(settings) for settings in servers]
         self.policy = policy
         self.connect_timeout_s = connect_timeout_s
+        self.transport = transport
         self.pid = os.getpid()
         self._lock = threading.Lock()
         self._rotation = itertools.count()
@@ -223,41 +241,123 @@ class Router:
         self._health_wakeup = threading.Event()
         #: (model, version) -> reference checksum, checked on every (re-)admitted server
         self._signatures: dict[tuple[str, str], str] = {}
+        self._infos: dict[tuple[str, str, str], ModelInfo] = {}
 
     def __repr__(self) -> str:
         return f"Router({[e.address for e in self.endpoints]})"
 
+    # -- transports -------------------------------------------------------------------------------
+
+    def control(self, endpoint: Endpoint) -> Transport:
+        """The transport of control calls to ``endpoint`` (a factory's transport, if given)."""
+        if callable(self.transport):
+            return self.transport(endpoint.settings)
+        return endpoint.control
+
+    def data_transport(self, endpoint: Endpoint) -> Transport:
+        """The transport requests to ``endpoint`` use (chosen once, see the module docstring)."""
+        data = endpoint.data
+        if data is not None and (data.name not in ("shm", "cuda") or not endpoint.shm_off):
+            return data
+        data = endpoint.data = self._choose(endpoint)
+        return data
+
+    def _choose(self, endpoint: Endpoint) -> Transport:
+        requested = self.transport
+        if callable(requested):
+            return requested(endpoint.settings)
+        settings = endpoint.settings
+        if requested == "http" and settings.protocol != "http":
+            raise ConfigurationError(
+                f"transport='http' needs triton+http:// URLs (the server's HTTP port), not "
+                f"{settings.address} over gRPC")
+        if requested in ("grpc", "http") or settings.protocol == "http":
+            return endpoint.control
+        if endpoint.shm_off:
+            if requested in ("shm", "cuda"):
+                raise ConfigurationError(
+                    f"transport={requested!r}: cannot use shared memory with {settings.address} "
+                    f"({endpoint.shm_off}); use transport='auto' or 'grpc'")
+            return endpoint.control
+        from .transport.shm import probe_shared_memory, shm_possible
+
+        usable, why = (False, "the server is not on this host")
+        if shm_possible(settings.address):
+            usable, why = probe_shared_memory(endpoint.control)
+        if not usable:
+            self.disable_shm(endpoint, why, quiet=requested == "auto")
+            return self._choose(endpoint)
+        return open_transport(settings, "cuda" if requested == "cuda" else "shm")
+
+    def disable_shm(self, endpoint: Endpoint, why: str, quiet: bool = False) -> None:
+        """Stop using shared memory with ``endpoint`` (logged once); requests go over gRPC."""
+        with self._lock:
+            if endpoint.shm_off:
+                return
+            endpoint.shm_off = why or "shared memory failed"
+        log = logger.info if quiet else logger.warning
+        log("coffea-sonic: not using shared memory with %s (%s); sending tensors over %s",
+            endpoint.address, endpoint.shm_off, endpoint.settings.protocol)
+
     # -- discovery --------------------------------------------------------------------------------
 
     def discover(self, endpoints: Sequence[Endpoint] | None = None, *, force: bool = False) -> None:
-        """Fetch the repository index of servers not yet discovered (all at once, in parallel).
+        """Ask servers not yet discovered what they serve (all at once, in parallel).
 
-        A server that cannot be reached within the connect timeout is quarantined.
+        A server that cannot be reached within the connect timeout is quarantined; one that
+        restricts its repository index is asked model by model later (:meth:`_learn`).
         """
-        import grpc
-        from tritonclient.grpc import service_pb2
-
         pending = [e for e in (endpoints or self.endpoints) if force or e.served is None]
-        futures = []
-        for endpoint in pending:
-            try:
-                future = endpoint.connection.stub.RepositoryIndex.future(
-                    service_pb2.RepositoryIndexRequest(ready=True),
-                    timeout=self.connect_timeout_s, metadata=self.metadata)
-            except Exception as error:  # noqa: BLE001 - e.g. unreadable TLS files
-                self.mark_failed(endpoint, f"{type(error).__name__}: {error}")
+        if not pending:
+            return
+        with ThreadPoolExecutor(len(pending), thread_name_prefix="csonic-discover") as pool:
+            answers = list(pool.map(self._index, pending))
+        for endpoint, answer in zip(pending, answers):
+            if isinstance(answer, TransportError):
+                if answer.kind == "restricted":
+                    endpoint.index_restricted, endpoint.served = True, {}
+                    logger.info("coffea-sonic: %s restricts its repository index; asking for "
+                                "each model instead", endpoint.address)
+                elif answer.outcome == "other":  # it answered: e.g. our token was refused
+                    raise to_sonic_error(answer, model="(repository index)",
+                                         address=endpoint.address)
+                else:
+                    self.mark_failed(endpoint, answer.describe())
                 continue
-            futures.append((endpoint, future))
-        for endpoint, future in futures:
-            try:
-                index = future.result()
-            except grpc.RpcError as error:
-                if server_outcome(error) == "other":  # it answered: e.g. our token was refused
-                    raise as_sonic_error(error, model="(repository index)", version="",
-                                         address=endpoint.address) from None
-                self.mark_failed(endpoint, describe(error))
-                continue
-            endpoint.served = models_in_index(index)
+            endpoint.index_restricted, endpoint.served = False, answer
+
+    def _index(self, endpoint: Endpoint) -> dict[str, tuple[str, ...]] | TransportError:
+        try:
+            return self.control(endpoint).model_index(self.connect_timeout_s)
+        except TransportError as error:
+            return error
+        except Exception as error:  # noqa: BLE001 - e.g. unreadable TLS files
+            return TransportError("down", f"{type(error).__name__}: {error}",
+                                  address=endpoint.address)
+
+    def _learn(self, endpoint: Endpoint, model: str, timeout_s: float) -> None:
+        """Fill ``endpoint.served[model]`` from the model's metadata (restricted index)."""
+        if not endpoint.index_restricted or endpoint.served is None or model in endpoint.served:
+            return
+        try:
+            info = self._info(endpoint, model, "", timeout_s)
+        except TransportError as error:
+            if error.kind == "not_found":
+                endpoint.served[model] = ()
+            elif error.outcome == "other":
+                raise to_sonic_error(error, model=model, address=endpoint.address) from None
+            else:
+                self.mark_failed(endpoint, error.describe())
+            return
+        endpoint.served[model] = info.versions
+
+    def _info(self, endpoint: Endpoint, model: str, version: str, timeout_s: float,
+              refresh: bool = False) -> ModelInfo:
+        key = (endpoint.address, model, version)
+        info = None if refresh else self._infos.get(key)
+        if info is None:
+            info = self._infos[key] = self.control(endpoint).model_info(model, version, timeout_s)
+        return info
 
     def model_info(self, model: str, version: str, *,
                    timeout_s: float, expected_checksum: str | None = None) -> tuple[ModelInfo, str]:
@@ -269,6 +369,9 @@ class Router:
         disagree about its signature.
         """
         self.discover()
+        for endpoint in self.endpoints:
+            if endpoint.healthy:
+                self._learn(endpoint, model, timeout_s)
         reachable = [e for e in self.endpoints if e.served is not None and e.healthy]
         if not reachable:
             raise ServerUnavailableError(
@@ -283,9 +386,11 @@ class Router:
         if not holders:
             what = f"model {model!r}" + (f" version {version}" if version else "")
             listing = "; ".join(
-                f"{e.address} serves " + (", ".join(
-                    f"{name} (versions {', '.join(v) or '?'})" for name, v in e.served.items())
-                    or "nothing")
+                f"{e.address} serves " + ("(its repository index is restricted)"
+                                          if e.index_restricted and not e.served.get(model)
+                                          else ", ".join(
+                    f"{name} (versions {', '.join(v) or '?'})" for name, v in e.served.items()
+                    if v) or "nothing")
                 for e in reachable)
             raise ModelNotFoundError(f"no server serves {what}: {listing}")
         reference: ModelInfo | None = None
@@ -316,13 +421,13 @@ class Router:
 
     def _fetch_info(self, endpoint: Endpoint, model: str, version: str,
                     timeout_s: float, refresh: bool = False) -> ModelInfo | None:
-        import grpc
-
         try:
-            return fetch_model_info(endpoint.connection, model, version, timeout_s=timeout_s,
-                                    metadata=self.metadata, refresh=refresh)
-        except (ServerUnavailableError, grpc.RpcError) as error:
-            self.mark_failed(endpoint, str(error))
+            return self._info(endpoint, model, version, timeout_s, refresh)
+        except TransportError as error:
+            if error.outcome == "other":
+                raise to_sonic_error(error, model=model, version=version,
+                                     address=endpoint.address) from None
+            self.mark_failed(endpoint, error.describe())
             return None
 
     # -- choosing and releasing ---------------------------------------------------------------------
@@ -385,7 +490,8 @@ class Router:
 
     def could_serve(self, model: str, version: str) -> bool:
         """Whether any server, healthy or not (or not yet discovered), may serve it at all."""
-        return any(e.served is None or e.serves(model, version) for e in self.endpoints)
+        return any(e.served is None or e.serves(model, version)
+                   or (e.index_restricted and model not in e.served) for e in self.endpoints)
 
     def seconds_until_probe(self) -> float:
         """Time until the next quarantined server is probed (0 when none is quarantined)."""
@@ -427,17 +533,12 @@ class Router:
                     self._probe(endpoint)
 
     def _probe(self, endpoint: Endpoint) -> None:
-        import grpc
-        from tritonclient.grpc import service_pb2
-
         timeout = min(self.connect_timeout_s, 2.0)
         try:
-            ready = endpoint.connection.stub.ServerReady(
-                service_pb2.ServerReadyRequest(), timeout=timeout, metadata=self.metadata).ready
-        except grpc.RpcError as error:
-            ready, detail = False, describe(error)
-        else:
+            ready = self.control(endpoint).ready(timeout)
             detail = "server not ready"
+        except TransportError as error:
+            ready, detail = False, error.describe()
         if ready:
             previous = endpoint.served
             endpoint.served = None
@@ -468,6 +569,10 @@ class Router:
     def _compatible(self, endpoint: Endpoint, timeout_s: float) -> bool:
         """Re-check the signatures of the models in use on a re-admitted server."""
         for (model, version), checksum in list(self._signatures.items()):
+            try:
+                self._learn(endpoint, model, timeout_s)
+            except Exception:  # noqa: BLE001 - treated as not serving it
+                continue
             if not endpoint.serves(model, version):
                 continue
             info = self._fetch_info(endpoint, model, version, timeout_s, refresh=True)
@@ -502,20 +607,19 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def get_router(servers: Sequence[tuple[str, TlsOptions | None]], *, headers_fingerprint: str,
-               metadata: Sequence[tuple[str, str]], policy: RetryPolicy,
-               connect_timeout_s: float) -> Router:
+def get_router(servers: Sequence[ServerSettings], *, policy: RetryPolicy,
+               connect_timeout_s: float, transport: Any = "auto") -> Router:
     """This process's router for ``servers`` with these settings (made on first use)."""
-    key = (tuple((address, tls.key() if tls else None) for address, tls in servers),
-           headers_fingerprint, policy, connect_timeout_s)
+    key = (tuple(settings.key() for settings in servers), policy, connect_timeout_s,
+           transport if isinstance(transport, str) else id(transport))
     router = _routers.get(key)
     if router is not None and router.pid == os.getpid():
         return router
     with _routers_lock:
         router = _routers.get(key)
         if router is None or router.pid != os.getpid():
-            router = Router(servers, headers_fingerprint=headers_fingerprint, metadata=metadata,
-                            policy=policy, connect_timeout_s=connect_timeout_s)
+            router = Router(servers, policy=policy, connect_timeout_s=connect_timeout_s,
+                            transport=transport)
             _routers[key] = router
         return router
 

@@ -11,7 +11,7 @@ the model, the tensor, what was expected and what was given, instead of a server
   like it would in-process; ``"raise"`` rejects inputs holding any.
 
 >>> import numpy as np
->>> from coffea_sonic.transport.metadata import ModelInfo, TensorInfo
+>>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
 >>> info = ModelInfo("m", ("1",), "python", 4, (TensorInfo("x", "FP32", (3,)),),
 ...                  (TensorInfo("y", "FP32", (2,)),))
 >>> arrays, rows = validate_inputs(info, {"x": np.zeros((10, 3), np.int16)})
@@ -27,8 +27,8 @@ from typing import Any, Literal, Mapping
 
 import numpy as np
 
-from ..errors import ConfigurationError, InputValidationError
-from .metadata import ModelInfo, TensorInfo
+from .errors import ConfigurationError, InputValidationError
+from .core.tensors import ModelInfo, TensorInfo
 
 __all__ = ["GRPC_MESSAGE_LIMIT", "NonFinitePolicy", "empty_outputs", "plan_pieces",
            "validate_inputs"]
@@ -197,7 +197,7 @@ def piece_arrays(arrays: Mapping[str, np.ndarray], start: int, stop: int,
 def empty_outputs(info: ModelInfo) -> dict[str, np.ndarray]:
     """Zero-row outputs with the declared dtypes and dims (variable dims become 0).
 
-    >>> from coffea_sonic.transport.metadata import ModelInfo, TensorInfo
+    >>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
     >>> info = ModelInfo("m", ("1",), "python", 4, (TensorInfo("x", "FP32", (3,)),),
     ...                  (TensorInfo("y", "INT64", (2,)),))
     >>> empty_outputs(info)["y"].shape, empty_outputs(info)["y"].dtype

@@ -23,7 +23,7 @@ from ..errors import InputValidationError, MissingDependencyError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CpuEngine", "GpuEngine"]
+__all__ = ["CpuEngine", "GpuEngine", "fallback_engine"]
 
 
 def _check_inputs(name: str, inputs: Mapping[str, np.ndarray]) -> None:
@@ -116,3 +116,20 @@ class GpuEngine:
 
     def __repr__(self) -> str:
         return f"GpuEngine({self.name!r}, {self.device})"
+
+
+def fallback_engine(model: str) -> "CpuEngine":
+    """The engine of ``fallback="cpu"``: the zoo model in-process with onnxruntime.
+
+    >>> fallback_engine("no_such_model")
+    Traceback (most recent call last):
+    ...
+    coffea_sonic.errors.ConfigurationError: fallback='cpu' runs zoo models only, and 'no_such_model' is not one; pass fallback=factory with factory(model_name) -> engine(inputs) -> outputs
+    """
+    from ..errors import ConfigurationError
+
+    if model not in zoo.names():
+        raise ConfigurationError(
+            f"fallback='cpu' runs zoo models only, and {model!r} is not one; pass "
+            "fallback=factory with factory(model_name) -> engine(inputs) -> outputs")
+    return CpuEngine(model)

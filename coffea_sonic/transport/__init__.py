@@ -1,26 +1,24 @@
-"""The gRPC transport under :class:`~coffea_sonic.model.TritonModel`.
+"""Transports: the wires to Triton servers, behind one interface (:class:`Transport`).
 
-* :mod:`.url` parses ``triton+grpc[s]://host:port/model[/version]``;
-* :mod:`.channel` keeps one fork-safe gRPC channel per process and server;
-* :mod:`.metadata` fetches and caches what a served model declares;
-* :mod:`.validation` checks inputs and splits calls into requests;
-* :mod:`.codec` turns numpy dicts into Triton requests and responses back;
-* :mod:`.status` classifies gRPC failures (retry elsewhere, or raise);
-* :mod:`.secrets` and :mod:`.tls` carry tokens and certificates safely.
+* :mod:`.base`: :class:`InferRequest`, :class:`InferAnswer`, :class:`TransportFuture`, the
+  :class:`Transport` interface;
+* :mod:`.errors`: :class:`TransportError` and the one classifier of failures;
+* :mod:`.grpc`: Triton's gRPC API (remote servers; control calls of every transport);
+* :mod:`.shm`: system and CUDA shared memory to a server on this host, on one slot pool;
+* :mod:`.http`: Triton's HTTP API with binary tensors (``triton+http://``);
+* :mod:`.memory`: in-process models, for fast unit tests;
+* :mod:`.registry`: one transport per process, server and kind.
 
->>> from coffea_sonic.transport import Secret, TlsOptions, parse_model_url
->>> parse_model_url("triton+grpcs://h:443/jet_tagger").tls
+Nothing here knows about models' policies (splitting, retries, fallback): that is the client's.
+
+>>> from coffea_sonic.transport import TransportError
+>>> TransportError("busy", "queue full").retryable
 True
 """
 
-from .channel import channel_options, close_all, get_connection
-from .metadata import ModelInfo, TensorInfo, fetch_model_info, served_models
-from .secrets import Secret
-from .tls import TlsOptions
-from .url import ModelRef, parse_address, parse_model_url
+from .base import InferAnswer, InferRequest, Transport, TransportFuture
+from .errors import TransportError, classify
+from .registry import close_all_transports, open_transport
 
-__all__ = [
-    "ModelInfo", "ModelRef", "Secret", "TensorInfo", "TlsOptions", "channel_options",
-    "close_all", "fetch_model_info", "get_connection", "parse_address", "parse_model_url",
-    "served_models",
-]
+__all__ = ["InferAnswer", "InferRequest", "Transport", "TransportError", "TransportFuture",
+           "classify", "close_all_transports", "open_transport"]

@@ -26,6 +26,7 @@ from .spec import (EMTRK_PATCH, JET_CLASSES, JET_TAGGER_FEATURES, MODEL_SPECS,
                    PARTICLENET_FEATURES, PARTICLENET_MAX_CONSTITUENTS, ModelSpec, TensorSpec)
 
 __all__ = [
+    "declared_info",
     "JET_CLASSES", "JET_TAGGER_FEATURES", "PARTICLENET_FEATURES", "PARTICLENET_MAX_CONSTITUENTS",
     "ModelSpec", "TensorSpec", "cache_dir", "example_inputs", "export_onnx", "names", "onnx_path",
     "spec", "torch_module",
@@ -182,3 +183,25 @@ def example_inputs(name: str, n: int, seed: int = 0) -> dict[str, np.ndarray]:
         patch = rng.uniform(0.0, 1.0, (n, 1, EMTRK_PATCH, EMTRK_PATCH)).astype(np.float32)
         return {"patch": patch}
     raise ModelNotFoundError(f"no example inputs for {name!r}")  # pragma: no cover
+
+
+def declared_info(name: str):
+    """The zoo's declaration of model ``name`` as a :class:`~coffea_sonic.core.tensors.ModelInfo`
+    (what a server serving it would declare), or None if the zoo has no such model.
+
+    >>> declared_info("jet_tagger").inputs[0].describe()
+    'features FP32[16]'
+    """
+    from ..core.tensors import ModelInfo, TensorInfo
+
+    if name not in names():
+        return None
+    declared = spec(name)
+
+    def tensors(specs) -> tuple:
+        return tuple(TensorInfo(t.name, t.triton_dtype.removeprefix("TYPE_"), tuple(t.dims))
+                     for t in specs)
+
+    return ModelInfo(name=name, versions=("1",), platform="python",
+                     max_batch_size=declared.max_batch_size, inputs=tensors(declared.inputs),
+                     outputs=tensors(declared.outputs))

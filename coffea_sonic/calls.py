@@ -1,0 +1,184 @@
+"""The bookkeeping of one ``TritonModel`` call: pieces (requests), the call, its handle, the window.
+
+Kept apart from :mod:`coffea_sonic.model` so each stays readable: a call is split into pieces
+(rows ``start:stop`` plus padding), each piece is one request in flight at a time, and a bounded
+window (:class:`Window`) decides how many are in flight.
+
+>>> window = Window(2, start=lambda piece: None)
+>>> window.limit, window.in_flight
+(2, 0)
+>>> window.answered(overloaded=True); window.limit
+1
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .core.tensors import ModelInfo
+from .errors import InferenceError
+
+__all__ = ["Call", "InferenceHandle", "Piece", "Window"]
+
+
+@dataclass(eq=False)
+class Piece:
+    """One request: rows ``start:stop`` of a call, plus ``pad`` zero rows."""
+
+    call: "Call"
+    index: int
+    start: int
+    stop: int
+    pad: int
+    future: Any = None
+    sent_at: float = 0.0
+    #: sends so far, when the first one was tried, and the last retry deadline
+    attempts: int = 0
+    busy_attempts: int = 0
+    deadline: float = 0.0
+    first_try: float = 0.0
+    endpoint: Endpoint | None = None
+    last_address: str = ""
+    avoid: frozenset[str] = frozenset()
+    #: the piece's input arrays (views of the call's), kept for retries
+    tensors: Any = None
+    #: the transport of the last send
+    transport: Any = None
+    bytes_sent: int = 0
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(eq=False)
+class Call:
+    """State shared by the pieces of one ``infer_async`` call."""
+
+    call_id: int
+    arrays: dict[str, np.ndarray]
+    rows: int
+    runtime: Any
+    info: ModelInfo
+    pieces: list[Piece] = field(default_factory=list)
+    results: list[dict[str, np.ndarray] | None] = field(default_factory=list)
+    #: the call's output arrays, preallocated when every output has fixed dims: each piece's
+    #: answer is written straight into its rows (None: outputs are concatenated at the end)
+    out: dict[str, np.ndarray] | None = None
+    remaining: int = 0
+    error: BaseException | None = None
+    outputs: dict[str, np.ndarray] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class InferenceHandle:
+    """The pending result of :meth:`TritonModel.infer_async`; ``result()`` gives the outputs.
+
+    ``result(timeout)`` raises ``TimeoutError`` if not done in time (the requests go on), or the
+    error that failed the call. A call gets all its outputs or raises: never partial outputs.
+    """
+
+    def __init__(self, model: Any, call: Call) -> None:
+        self._model = model
+        self._call = call
+        self._assembled: dict[str, np.ndarray] | None = call.outputs
+
+    def done(self) -> bool:
+        """True once every request of the call is answered (or one failed)."""
+        return self._call.done.is_set()
+
+    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
+        """``{output name: array}`` with rows in input order; blocks until available."""
+        call = self._call
+        if not call.done.is_set():
+            began = time.perf_counter()
+            finished = call.done.wait(timeout)
+            self._model._add_stats(wait_s=time.perf_counter() - began)
+            if not finished:
+                raise TimeoutError(
+                    f"model {self._model.model_name!r}: {call.rows} rows not answered within "
+                    f"{timeout} s (requests still running)")
+        if call.error is not None:
+            raise call.error
+        if self._assembled is None:
+            self._assembled = self._model._assemble(call)
+        return self._assembled
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error that failed the call, or None once it succeeded."""
+        if not self._call.done.wait(timeout):
+            raise TimeoutError(f"model {self._model.model_name!r}: call not done within {timeout} s")
+        return self._call.error
+
+    def cancel(self) -> None:
+        """Stop sending this call's remaining requests; ``result()`` then raises."""
+        self._model._fail(self._call, InferenceError(
+            f"model {self._model.model_name!r}: call cancelled by the caller"))
+
+
+class Window:
+    """At most ``limit`` requests in flight; the rest wait in FIFO order (retries first).
+
+    The limit adapts like TCP's congestion window: an overloaded answer (queue full) halves it,
+    down to one; each good answer grows it back by about one per window, up to ``limit``. So a
+    client backs off from a saturated server instead of hammering its queue.
+    """
+
+    def __init__(self, limit: int, start: Callable[[Piece], None]) -> None:
+        self._max_limit = limit
+        self._limit = float(limit)
+        self._start = start
+        self._in_flight = 0
+        self._queue: deque[Piece] = deque()
+        self._lock = threading.Lock()
+
+    def submit(self, pieces: Sequence[Piece]) -> None:
+        with self._lock:
+            self._queue.extend(pieces)
+        self.pump()
+
+    def submit_front(self, piece: Piece) -> None:
+        with self._lock:
+            self._queue.appendleft(piece)
+        self.pump()
+
+    def release(self, pump: bool = True) -> None:
+        """Free one slot; start waiting pieces now unless ``pump`` is False (call pump later)."""
+        with self._lock:
+            self._in_flight -= 1
+        if pump:
+            self.pump()
+
+    def answered(self, overloaded: bool) -> None:
+        """Adapt the limit to an answer: halve on overload, grow slowly on success."""
+        with self._lock:
+            if overloaded:
+                self._limit = max(1.0, self._limit / 2)
+            elif self._limit < self._max_limit:
+                self._limit = min(float(self._max_limit), self._limit + 1.0 / self._limit)
+
+    def pump(self) -> None:
+        while True:
+            with self._lock:
+                if self._in_flight >= int(self._limit) or not self._queue:
+                    return
+                piece = self._queue.popleft()
+                self._in_flight += 1
+            # started outside the lock: starting may complete (and release) synchronously
+            self._start(piece)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def limit(self) -> int:
+        return int(self._limit)

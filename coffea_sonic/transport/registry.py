@@ -1,0 +1,97 @@
+"""One transport per process, server settings and kind: shared by every model of a worker.
+
+Transports hold connections and shared-memory slots, so a worker that runs many chunks (and
+unpickles its models for each) must reuse them. Made lazily, after any fork; a forked child
+starts with an empty registry and never touches (or finalizes) its parent's transports.
+
+>>> from coffea_sonic.core.endpoint import ServerSettings
+>>> settings = ServerSettings("127.0.0.1:1")
+>>> open_transport(settings, "grpc") is open_transport(settings, "grpc")
+True
+>>> open_transport(settings, "grpc").name
+'grpc'
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from typing import Any
+
+from ..core.endpoint import ServerSettings
+from ..errors import ConfigurationError
+from .base import Transport
+
+__all__ = ["KINDS", "close_all_transports", "open_transport"]
+
+logger = logging.getLogger(__name__)
+
+#: transport kinds a TritonModel can ask for by name ("auto" picks one per server)
+KINDS = ("grpc", "shm", "cuda", "http")
+
+_transports: dict[tuple[Any, ...], Transport] = {}
+_lock = threading.Lock()
+_pid = os.getpid()
+# transports inherited from a parent process: kept referenced, never closed in the child
+_inherited: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _pid, _transports
+    _inherited.append(_transports)
+    _transports = {}
+    _lock = threading.Lock()
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _make(settings: ServerSettings, kind: str) -> Transport:
+    if kind == "grpc":
+        from .grpc import GrpcTransport
+
+        return GrpcTransport(settings)
+    if kind == "http":
+        from .http import HttpTransport
+
+        return HttpTransport(settings)
+    if kind == "shm":
+        from .shm import SystemShmTransport
+
+        return SystemShmTransport(settings)
+    if kind == "cuda":
+        from .shm import CudaShmTransport
+
+        return CudaShmTransport(settings)
+    raise ConfigurationError(f"transport kind must be one of {', '.join(KINDS)}, not {kind!r}")
+
+
+def open_transport(settings: ServerSettings, kind: str) -> Transport:
+    """This process' transport of ``kind`` to the server ``settings`` describe."""
+    key = (settings.key(), kind)
+    transport = _transports.get(key)
+    if transport is not None and _pid == os.getpid():
+        return transport
+    with _lock:
+        transport = _transports.get(key)
+        if transport is None:
+            transport = _transports[key] = _make(settings, kind)
+        return transport
+
+
+def close_all_transports() -> None:
+    """Close every transport of this process (at interpreter exit, and in tests)."""
+    with _lock:
+        transports = list(_transports.values())
+        _transports.clear()
+    for transport in transports:
+        try:
+            transport.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            logger.debug("closing %r failed", transport, exc_info=True)
+
+
+atexit.register(close_all_transports)

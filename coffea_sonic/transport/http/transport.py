@@ -202,8 +202,8 @@ class HttpTransport(Transport):
         kind = "down"
         if isinstance(error, TimeoutError):
             kind = "timeout"
-        elif isinstance(error, ssl.SSLCertVerificationError):
-            kind = "unauthenticated"
+        elif isinstance(error, ssl.SSLError) and "CERTIFICATE" in str(error.reason).upper():
+            kind = "unauthenticated"  # the server's certificate refused, or ours
         hint = _PORT_HINT if isinstance(error, (ConnectionRefusedError, ProtocolError)) else ""
         return TransportError(kind, f"{method} {path}: {type(error).__name__}: {error}{hint}",
                               address=self.address)

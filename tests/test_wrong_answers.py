@@ -11,6 +11,8 @@ shared memory.
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -131,6 +133,13 @@ def _assert_right(outputs: Mapping[str, np.ndarray], inputs: Mapping[str, np.nda
         np.testing.assert_array_equal(outputs[name], want, err_msg=name)
 
 
+def _registered_shm_regions(server: LocalTritonServer) -> list[str]:
+    """Names of the system shared-memory regions clients registered with ``server``."""
+    with urllib.request.urlopen(f"http://{server.http_address}/v2/systemsharedmemory/status",
+                                timeout=5) as response:
+        return [region["name"] for region in json.load(response)]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServer]:
     """A real tritonserver serving ``answer_<mode>`` for every mode."""
@@ -150,6 +159,8 @@ def test_a_correct_answer_is_returned_as_declared(server: LocalTritonServer, tra
     inputs = _inputs()
     _assert_right(model(inputs), inputs)
     assert model.stats.rows == ROWS and model.stats.failed_requests == 0
+    if transport == "shm":  # the answers really came through shared memory
+        assert _registered_shm_regions(server)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pickletools
+import threading
+import time
+from typing import Any, Callable, Iterable, TypeVar
 
-from coffea_sonic.transport.channel import get_connection
-from coffea_sonic.transport.codec import decode_response, encode_request
+T = TypeVar("T")
 
 
 def pickled_class_names(blob: bytes) -> set[str]:
@@ -23,5 +25,88 @@ def pickled_class_names(blob: bytes) -> set[str]:
 
 def grpc_reference(address: str, name: str, inputs: dict) -> dict:
     """Outputs over plain gRPC, tensors in the message: the reference other transports must equal."""
+    # Imported here so that tests using only the waiting helpers do not depend on transport
+    # internals (being refactored).
+    from coffea_sonic.transport.channel import get_connection
+    from coffea_sonic.transport.codec import decode_response, encode_request
+
     response = get_connection(address).stub.ModelInfer(encode_request(name, "", inputs), timeout=60)
     return decode_response(response)
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval: float = 0.05,
+             ignoring: tuple[type[BaseException], ...] = ()) -> T:
+    """Poll ``predicate`` until it returns something truthy, and return that.
+
+    Tests wait on the condition they need instead of sleeping a guessed time and asserting: on a
+    loaded 2-core machine any guess is either slow or flaky. Exceptions of the ``ignoring`` types
+    count as "not yet" (a server still starting refuses connections); on timeout the
+    AssertionError says ``what`` was awaited, for how long, and the last ignored error.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except ignoring as error:
+            last_error = error
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error is not None else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+class CheckedThread(threading.Thread):
+    """A thread whose outcome the test collects: ``finish()`` joins it and re-raises its error.
+
+    A plain ``threading.Thread`` prints its exception to stderr and lets the test pass; here an
+    assertion failing in the thread fails the test, and a thread that hangs is reported.
+    """
+
+    def __init__(self, target: Callable[..., Any], *args: Any, name: str | None = None) -> None:
+        super().__init__(name=name or getattr(target, "__name__", None), daemon=True)
+        self._function, self._arguments = target, args
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._function(*self._arguments)
+        except BaseException as error:  # noqa: BLE001 (re-raised by finish in the test's thread)
+            self.error = error
+
+    def finish(self, timeout: float) -> Any:
+        """Join within ``timeout`` seconds; re-raise the thread's exception; return its result."""
+        self.join(timeout)
+        if self.is_alive():
+            raise AssertionError(f"thread {self.name!r} still running after {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def run_in_threads(function: Callable[..., T], arguments: Iterable[tuple], timeout: float) -> list[T]:
+    """Call ``function(*args)`` for every ``args`` at once, one thread each; return the results.
+
+    Every thread is joined within one shared ``timeout``; the first exception raised in any
+    thread is re-raised here (the others are attached as notes).
+    """
+    threads = [CheckedThread(function, *args, name=f"{getattr(function, '__name__', 'worker')}"
+                             f"{tuple(args)!r}") for args in arguments]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    hung = [thread.name for thread in threads if thread.is_alive()]
+    if hung:
+        raise AssertionError(f"threads still running after {timeout:g} s: {hung}")
+    errors = [thread.error for thread in threads if thread.error is not None]
+    if errors:
+        first = errors[0]
+        for other in errors[1:]:
+            first.add_note(f"another thread also failed: {other!r}")
+        raise first
+    return [thread.result for thread in threads]

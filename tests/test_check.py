@@ -18,6 +18,7 @@ from coffea_sonic.facility.check import (CheckOptions, check_on_workers, check_s
 from coffea_sonic.facility.cluster import make_cluster
 from coffea_sonic.facility.gateway import TokenGateway
 from coffea_sonic.server import LocalTritonServer, free_port
+from helpers import CheckedThread
 
 TOKEN_ENV = "COFFEA_SONIC_CHECK_TEST_TOKEN"
 TOKEN = "t0ken-value-that-must-never-be-printed"
@@ -92,19 +93,29 @@ def test_non_triton_listener_is_not_grpc():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
+    listener.settimeout(0.1)  # so the answering thread sees ``done`` and can be joined
+    done = threading.Event()
 
     def answer_garbage() -> None:
-        while True:  # every probe gets an SSH banner, until the listener is closed
+        while not done.is_set():  # every probe gets an SSH banner until the check is over
             try:
                 connection, _ = listener.accept()
-            except OSError:
-                return
-            connection.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
-            connection.close()
+            except TimeoutError:
+                continue
+            with connection:
+                try:
+                    connection.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the probe hung up first: its business, not a failure of this fake
 
-    threading.Thread(target=answer_garbage, daemon=True).start()
-    report = check_server(f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=2)
-    listener.close()
+    answering = CheckedThread(answer_garbage)
+    answering.start()
+    try:
+        report = check_server(f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=2)
+    finally:
+        done.set()
+        answering.finish(timeout=10)
+        listener.close()
     finding = report.finding("protocol")
     assert finding.status == "fail" and "does not speak gRPC" in finding.summary
 

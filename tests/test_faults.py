@@ -7,8 +7,6 @@ import logging
 import os
 import pickle
 import signal
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +20,7 @@ from coffea_sonic.model import TritonModel
 from coffea_sonic.server import LocalTritonServer, free_port
 from coffea_sonic.server.repository import config_text, model_config
 from coffea_sonic.transport import Secret
+from helpers import CheckedThread, wait_for
 
 TOLERANCE = 1e-5
 #: a python-backend jet_tagger with the zoo signature that sleeps ``delay_s`` per execution
@@ -110,19 +109,16 @@ def test_kill_9_one_of_two_servers_mid_run_completes_with_clean_outputs(chunks, 
         clean = [engine(chunk)["probs"] for chunk in chunks]
         model = TritonModel([first.url("jet_tagger"), second.url("jet_tagger")],
                             max_request_bytes=24 * 250, timeout_s=20)
-        killed = threading.Event()
 
         def kill_when_busy() -> None:
-            while model.stats.requests < 10:
-                time.sleep(0.005)
+            wait_for(lambda: model.stats.requests >= 10, timeout=120, interval=0.005,
+                     what="the run to have sent 10 requests")
             os.kill(first.pid, signal.SIGKILL)
-            killed.set()
 
-        killer = threading.Thread(target=kill_when_busy, daemon=True)
+        killer = CheckedThread(kill_when_busy)
         killer.start()
         outputs = _run(model, chunks)
-        killer.join(10)
-        assert killed.is_set()
+        killer.finish(timeout=10)  # the kill happened mid-run (or its failure is raised here)
         _assert_same(outputs, clean)
         stats = model.stats
         assert stats.rows == sum(len(chunk["features"]) for chunk in chunks)
@@ -210,10 +206,9 @@ def test_restarted_server_is_readmitted(chunks):
         router = model._get_runtime().router
         assert not router.endpoints[0].healthy
         restarted = _jet_server(grpc_port=port)
-        deadline = time.monotonic() + 30
-        while not router.endpoints[0].healthy and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert router.endpoints[0].healthy, router.describe("jet_tagger")
+        wait_for(lambda: router.endpoints[0].healthy, timeout=30, interval=0.1,
+                 what=lambda: f"the restarted server to be readmitted: "
+                              f"{router.describe('jet_tagger')}")
         _run(model, chunks[4:8])
         assert _requests_served(restarted) > 0
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
-import threading
 import time
 
 import numpy as np
@@ -14,7 +13,7 @@ from coffea_sonic import zoo
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.model import TritonModel
 from coffea_sonic.transport import channel
-from helpers import pickled_class_names
+from helpers import pickled_class_names, run_in_threads, wait_for
 
 TOLERANCE = 1e-5
 
@@ -85,8 +84,10 @@ def test_infer_async_overlaps_the_callers_other_work(triton_server):
     expected = model(inputs)["probs"]
     synchronous_s = time.perf_counter() - began
     handle = model.infer_async(inputs)
-    time.sleep(2 * synchronous_s + 0.2)  # the caller's other work for this chunk
-    assert handle.done(), "the request should have completed while the caller worked"
+    # While the caller does other work (here: polls), the request completes in the background:
+    # nothing but the caller's own thread calling result() could otherwise make it progress.
+    wait_for(handle.done, timeout=60 + 2 * synchronous_s,
+             what="the request to complete without the caller waiting on its result")
     wait_before = model.stats.wait_s
     np.testing.assert_array_equal(handle.result()["probs"], expected)
     assert model.stats.wait_s == wait_before  # nothing left to wait for
@@ -96,20 +97,15 @@ def test_threads_sharing_one_model_each_get_their_own_rows(triton_server):
     model = TritonModel(triton_server.url("jet_tagger"), max_in_flight=2,
                         max_request_bytes=24 * 64)
     engine = CpuEngine("jet_tagger", threads=1)
-    failures: list[str] = []
 
     def work(seed: int) -> None:
         inputs = zoo.example_inputs("jet_tagger", 300 + seed, seed=seed)
         got = model(inputs)["probs"]
-        if not np.allclose(got, engine(inputs)["probs"], atol=TOLERANCE):
-            failures.append(f"thread {seed} got wrong rows")
+        assert got.shape == (300 + seed, 3), f"thread {seed} got {got.shape[0]} rows"
+        np.testing.assert_allclose(got, engine(inputs)["probs"], atol=TOLERANCE, rtol=1e-5,
+                                   err_msg=f"thread {seed} got wrong rows")
 
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not failures
+    run_in_threads(work, [(seed,) for seed in range(6)], timeout=120)
 
 
 def test_stats_count_requests_rows_bytes_and_latency(triton_server):

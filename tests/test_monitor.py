@@ -23,6 +23,7 @@ from coffea_sonic.cli import main as cli_main
 from coffea_sonic.errors import ConfigurationError
 from coffea_sonic.facility.monitor import figures, metrics_url, monitor, render_frame, scrape
 from coffea_sonic.server import free_port
+from helpers import CheckedThread, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "jet_tagger"
@@ -56,13 +57,15 @@ def _statistics(client) -> dict[str, float]:
 
 def _consistent_pair(server, client):
     """A scrape and the statistics taken when both have seen the same requests."""
-    for _ in range(50):
+    def agreeing_pair():
         stats = _statistics(client)
         snapshot = scrape(server.metrics_url)
         if snapshot.models[(MODEL, "1")].successes == stats["requests"] == _statistics(client)["requests"]:
             return snapshot, stats
-        time.sleep(0.1)
-    raise AssertionError("metrics and statistics never agreed on the request count")
+        return None
+
+    return wait_for(agreeing_pair, timeout=30, interval=0.1,
+                    what="metrics and statistics to agree on the request count")
 
 
 def _assert_figures_match(figure, before: dict, after: dict) -> None:
@@ -114,15 +117,17 @@ def test_monitor_once_shows_live_numbers_while_requests_flow(triton_server):
         while not stop.is_set():
             _infer(client, 256)
 
-    sender = threading.Thread(target=traffic)
+    sender = CheckedThread(traffic)
     sender.start()
     out = io.StringIO()
     try:
         code = monitor([triton_server.metrics_url], interval_s=0.5, once=True, out=out)
     finally:
         stop.set()
-        sender.join()
-        client.close()
+        try:
+            sender.finish(timeout=60)  # a failed request in the traffic thread fails the test
+        finally:
+            client.close()
     assert code == 0
     row = next(line for line in out.getvalue().splitlines() if line.strip().startswith(MODEL))
     inferences_per_s = row.split()[2]
@@ -183,6 +188,41 @@ def _query(base: str, expression: str) -> list[dict]:
     return answer["data"]["result"]
 
 
+def _start_prometheus(binary: str, config_path: Path, workdir: Path,
+                      attempts: int = 5) -> tuple[subprocess.Popen, str, Path]:
+    """Prometheus on a free loopback port: the process, its base URL and its log.
+
+    The port is picked free and bound by Prometheus a moment later; another process on this
+    shared machine may take it in between, so a start that fails with "address already in use"
+    is retried on a new port.
+    """
+    for attempt in range(attempts):
+        port = free_port()
+        log_path = workdir / f"prometheus-{attempt}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [binary, f"--config.file={config_path}",
+                 f"--storage.tsdb.path={workdir / f'data-{attempt}'}",
+                 f"--web.listen-address=127.0.0.1:{port}"],
+                stdout=subprocess.DEVNULL, stderr=log)
+        base = f"http://127.0.0.1:{port}"
+
+        def ready_or_exited() -> str | None:
+            if process.poll() is not None:
+                return "exited"
+            with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as response:
+                return "ready" if response.status == 200 else None
+
+        state = wait_for(ready_or_exited, timeout=60, what="prometheus to become ready",
+                         ignoring=(OSError,))
+        if state == "ready":
+            return process, base, log_path
+        text = log_path.read_text(errors="replace")
+        if "address already in use" not in text:
+            raise AssertionError(f"prometheus exited during start-up:\n{text[-2000:]}")
+    raise AssertionError(f"prometheus found its port taken {attempts} times in a row")
+
+
 @pytest.fixture
 def prometheus(prometheus_binary, triton_server, tmp_path):
     """Real Prometheus on loopback, scraping the embedded server every 0.5 s with our config."""
@@ -193,31 +233,15 @@ def prometheus(prometheus_binary, triton_server, tmp_path):
     job["static_configs"][0]["targets"] = [metrics_host]
     config_path = tmp_path / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    process = subprocess.Popen(
-        [prometheus_binary, f"--config.file={config_path}",
-         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))
-    base = f"http://127.0.0.1:{port}"
+    process, base, log_path = _start_prometheus(prometheus_binary, config_path, tmp_path)
     try:
-        for _ in range(200):
-            try:
-                with urllib.request.urlopen(f"{base}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise AssertionError("prometheus did not become ready:\n"
-                                 + (tmp_path / "prometheus.log").read_text()[-2000:])
         # target discovery is throttled (about 5 s) before the first scrape
-        for _ in range(300):
-            if [r for r in _query(base, 'up{job="triton"}') if r["value"][1] == "1"]:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("prometheus never scraped the server:\n"
-                                 + (tmp_path / "prometheus.log").read_text()[-2000:])
+        try:
+            wait_for(lambda: [r for r in _query(base, 'up{job="triton"}') if r["value"][1] == "1"],
+                     timeout=60, what="prometheus to scrape the server", interval=0.1)
+        except AssertionError as error:
+            error.add_note(log_path.read_text(errors="replace")[-2000:])
+            raise
         yield base
     finally:
         process.terminate()
@@ -229,11 +253,16 @@ def test_real_prometheus_scrapes_server_and_computes_the_queue_metric(prometheus
     deadline = time.monotonic() + 3.0
     while time.monotonic() < deadline:
         _infer(client, 512)
-    # two more scrapes after the traffic: Prometheus's latest sample equals a direct scrape
-    time.sleep(1.5)
-    direct = scrape(triton_server.metrics_url).models[(MODEL, "1")]
-    stored = _query(prometheus, f'nv_inference_queue_duration_us{{model="{MODEL}"}}')
-    assert stored and float(stored[0]["value"][1]) == direct.queue_us
+    # once it has scraped after the traffic, Prometheus's latest sample equals a direct scrape
+    query = f'nv_inference_queue_duration_us{{model="{MODEL}"}}'
+
+    def stored_equals_direct() -> list[dict] | None:
+        direct = scrape(triton_server.metrics_url).models[(MODEL, "1")]
+        stored = _query(prometheus, query)
+        return stored if stored and float(stored[0]["value"][1]) == direct.queue_us else None
+
+    stored = wait_for(stored_equals_direct, timeout=30, interval=0.2,
+                      what="Prometheus's latest queue-time sample to equal a direct scrape")
     assert stored[0]["metric"]["release"] == "coffea-sonic"
     load = _query(prometheus,
                   'sum by (release) (increase(nv_inference_queue_duration_us[30s])) / '

@@ -8,16 +8,19 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from coffea_sonic import zoo
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.errors import ServerStartError
 from coffea_sonic.server import LocalTritonServer, parse_config, write_repository
+from helpers import CheckedThread, wait_for
 
 
 def _children(pid: int) -> list[int]:
@@ -51,22 +54,31 @@ def _raw_infer(client, name: str, inputs: dict[str, np.ndarray]) -> dict[str, np
     return {key: np.concatenate(value) for key, value in pieces.items()}
 
 
-def test_serve_command_is_ready_quickly_with_all_models_and_stops_on_sigterm(tmp_path):
-    started = time.monotonic()
+def test_serve_command_becomes_ready_with_all_models_and_stops_on_sigterm(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "coffea_sonic.cli", "serve", "--device", "cpu", "--grpc-port", "0",
          "--http-port", "0", "--metrics-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines = []
-    try:
-        for line in process.stdout:
+    lines: list[str] = []
+
+    def read_output() -> None:
+        for line in process.stdout:  # until serve exits and its stdout closes
             lines.append(line)
-            if line.startswith("Press Ctrl-C"):
-                break
-        ready_after = time.monotonic() - started
-        assert ready_after < 15, f"serve took {ready_after:.1f} s to be ready:\n{''.join(lines)}"
+
+    reader = CheckedThread(read_output)
+    reader.start()
+    try:
+        # No start-up time limit (a loaded machine is slow, not broken): wait for serve to say it
+        # is ready, then for the server itself to answer that it is.
+        wait_for(lambda: process.poll() is not None
+                 or any(line.startswith("Press Ctrl-C") for line in lines),
+                 timeout=300, interval=0.1, what=lambda: "serve to report readiness; its output "
+                 f"so far:\n{''.join(lines)}")
+        assert process.poll() is None, f"serve exited early:\n{''.join(lines)}"
         address = next(line.split()[1] for line in lines if line.strip().startswith("gRPC"))
         client = grpcclient.InferenceServerClient(address)
+        wait_for(client.is_server_ready, timeout=60, what=f"the server at {address} to be ready",
+                 ignoring=(InferenceServerException,))
         for name in zoo.names():
             assert client.is_model_ready(name)
             metadata = client.get_model_metadata(name, as_json=True)
@@ -82,6 +94,7 @@ def test_serve_command_is_ready_quickly_with_all_models_and_stops_on_sigterm(tmp
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+        reader.finish(timeout=30)
     assert process.returncode == 0
     assert not _children(server_pid)
 
@@ -120,6 +133,30 @@ def test_two_servers_on_free_ports_leave_no_process_or_shm_region_after_stop():
         assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
     assert not glob.glob(f"/dev/shm/{first.shm_prefix}*")
     assert not glob.glob(f"/dev/shm/{second.shm_prefix}*")
+
+
+@pytest.mark.parametrize("kind", ["grpc", "metrics"])
+def test_picked_port_taken_before_the_server_binds_it_is_replaced(monkeypatch, kind):
+    import socket
+
+    from coffea_sonic.server import launcher
+
+    picks = iter(range(3))
+    real_free_port = launcher.free_port
+    with socket.socket() as squatter:  # another process wins the race for the picked port
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        position = ["grpc", "http", "metrics"].index(kind)  # the order start() picks them in
+        monkeypatch.setattr(launcher, "free_port", lambda host="127.0.0.1": (
+            taken if next(picks, None) == position else real_free_port(host)))
+        with LocalTritonServer(models=["jet_tagger"], device="cpu") as server:
+            assert server.ports[kind] != taken
+            client = grpcclient.InferenceServerClient(server.grpc_address)
+            assert client.is_model_ready("jet_tagger")
+            client.close()
+            with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+                assert b"nv_inference_count" in response.read()
 
 
 def test_broken_repository_fails_fast_with_the_servers_own_error(tmp_path):
@@ -174,11 +211,15 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
     server_pid, prefix = client.stdout.readline().split()
     os.kill(client.pid, signal.SIGKILL)  # no atexit, no finalizer: only the kernel can tell
     client.wait()
-    deadline = time.monotonic() + 30
-    while os.path.exists(f"/proc/{server_pid}") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    status = Path(f"/proc/{server_pid}/status")
-    assert not status.exists() or "zombie" in status.read_text()
+
+    def server_gone() -> bool:
+        try:
+            return "zombie" in Path(f"/proc/{server_pid}/status").read_text()
+        except FileNotFoundError:
+            return True
+
+    wait_for(server_gone, timeout=30, interval=0.2,
+             what=f"server {server_pid} to exit after the process that started it was killed")
     # the next server started anywhere on the machine removes the orphaned regions
     with LocalTritonServer(models=["jet_tagger"], device="cpu"):
         assert not glob.glob(f"/dev/shm/{prefix}*")

@@ -27,7 +27,7 @@ from coffea_sonic.transport import shm
 from coffea_sonic.transport.channel import get_connection
 from coffea_sonic.transport.codec import decode_response
 from coffea_sonic.transport.shm import SystemShmTransport, region_prefix, select_transport
-from helpers import grpc_reference
+from helpers import grpc_reference, run_in_threads
 
 ROWS = {"jet_tagger": 300, "particlenet_lite": 40, "emtrk_cnn": 12}
 
@@ -104,11 +104,7 @@ def test_concurrent_requests_from_threads_share_slots(triton_server):
                 results[index] = pooled.infer("jet_tagger", "", inputs[index],
                                               outputs_of("jet_tagger"))["probs"]
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        run_in_threads(work, [(i,) for i in range(6)], timeout=120)
         assert len(pooled.regions()) <= 3
     for index, want in enumerate(expected):
         # concurrent requests may share a dynamic batch: onnxruntime's sums then differ in the

@@ -22,7 +22,7 @@ from coffea_sonic.transport.secrets import header_fingerprint, normalize_headers
 from coffea_sonic.transport.status import as_sonic_error, is_retryable_code
 from coffea_sonic.transport.validation import (GRPC_MESSAGE_LIMIT, piece_arrays, plan_pieces,
                                                validate_inputs)
-from helpers import pickled_class_names
+from helpers import CheckedThread, pickled_class_names
 
 JET_INFO = ModelInfo("jet_tagger", ("1",), "python", 65536, (TensorInfo("features", "FP32", (6,)),),
                      (TensorInfo("probs", "FP32", (3,)),))
@@ -215,12 +215,12 @@ class _FakeFuture:
         tracker.enter()
 
         def finish():
-            time.sleep(delay_s)
+            time.sleep(delay_s)  # the fake server's latency
             tracker.leave()
             self._done.set()
             for callback in self._callbacks:
                 callback(self)
-        threading.Thread(target=finish, daemon=True).start()
+        tracker.start(finish)
 
     def add_done_callback(self, callback):
         self._callbacks.append(callback)
@@ -244,6 +244,21 @@ class _FakeFuture:
 class _Tracker:
     def __init__(self):
         self.lock, self.now, self.peak, self.metadata = threading.Lock(), 0, 0, []
+        self.threads: list[CheckedThread] = []
+
+    def start(self, answer) -> None:
+        """Answer one fake request from its own thread, as gRPC's callback threads do."""
+        thread = CheckedThread(answer, name=f"fake response {len(self.threads)}")
+        with self.lock:
+            self.threads.append(thread)
+        thread.start()
+
+    def finish(self, timeout: float = 30) -> None:
+        """Join every answering thread; re-raise what TritonModel's done-callback raised in one."""
+        with self.lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.finish(timeout)
 
     def enter(self):
         with self.lock:
@@ -302,6 +317,7 @@ def test_window_bounds_requests_in_flight_and_keeps_row_order():
     handles = [model.infer_async({"features": features}) for _ in range(3)]
     for handle in handles:
         np.testing.assert_array_equal(handle.result()["probs"], features[:, :3])
+    tracker.finish()
     assert tracker.peak == 3
     assert model.stats.requests == 30 and model.stats.rows == 300
 
@@ -311,5 +327,6 @@ def test_headers_go_to_every_request():
     model = _fake_model(tracker, headers={"authorization": "Bearer t0k", "x-trace": "run7"},
                         max_request_bytes=24 * 10)
     model({"features": np.zeros((25, 6), np.float32)})
+    tracker.finish()
     assert len(tracker.metadata) == 3
     assert all(m == {"authorization": "Bearer t0k", "x-trace": "run7"} for m in tracker.metadata)

@@ -7,7 +7,6 @@ answer exactly what plain gRPC answers, fail with our errors, and survive pickli
 from __future__ import annotations
 
 import pickle
-import threading
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from coffea_sonic.server.launcher import free_port
 from coffea_sonic.transport.codec import decode_response
 from coffea_sonic.transport.http import HttpBinaryTransport
 from coffea_sonic.transport.shm import CudaShmTransport
-from helpers import grpc_reference
+from helpers import grpc_reference, run_in_threads
 
 ROWS = {"jet_tagger": 300, "particlenet_lite": 40, "emtrk_cnn": 12}
 
@@ -65,21 +64,12 @@ def test_http_futures_from_many_threads_are_each_answered_in_order(triton_server
     # the gRPC-future shape TritonModel consumes
     response = futures[0].result()
     assert_same_rows(decode_response(response)["probs"], expected[0])
-    errors = []
 
     def hammer(index: int) -> None:
-        try:
-            got = http.infer("jet_tagger", "", inputs[index], zoo.spec("jet_tagger").outputs)
-            assert_same_rows(got["probs"], expected[index])
-        except BaseException as error:  # noqa: BLE001
-            errors.append(error)
+        got = http.infer("jet_tagger", "", inputs[index], zoo.spec("jet_tagger").outputs)
+        assert_same_rows(got["probs"], expected[index])
 
-    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert errors == []
+    run_in_threads(hammer, [(i,) for i in range(8)], timeout=120)
 
 
 def test_http_unknown_model_is_model_not_found(http):

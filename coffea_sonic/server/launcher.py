@@ -20,6 +20,7 @@ import glob
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,6 +47,10 @@ DeviceChoice = Literal["auto", "cpu", "gpu"]
 GPU_INSTANCES = 4
 #: How many lines of the server log a failed start reports.
 LOG_TAIL_LINES = 40
+#: Starts tried when a port picked free was taken by another process before the server bound it.
+PORT_ATTEMPTS = 5
+#: What tritonserver logs when a port it was given is in use (gRPC, HTTP and metrics alike).
+_PORT_TAKEN = re.compile(r"Socket '[^']*:(\d+)' already in use")
 
 
 def gpu_available() -> bool:
@@ -65,7 +70,14 @@ def gpu_available() -> bool:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks it)."""
+    """A TCP port that is free on ``host`` right now (the OS picks it).
+
+    Only "right now": another process may bind it before the caller's server does. Whoever hands
+    it to a server must retry on a new port when the bind fails (as ``LocalTritonServer`` does).
+
+    >>> 0 < free_port() < 65536
+    True
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
@@ -200,10 +212,16 @@ def _finalize(process: subprocess.Popen | None, shm_prefix: str, workdir: Path |
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+class _PortTaken(ServerStartError):
+    """tritonserver could not bind a port picked free for it: another process took it first."""
+
+
 class LocalTritonServer:
     """A real tritonserver on this machine, serving zoo models or an existing repository.
 
-    Ports given as 0 are picked free. Use it as a context manager (or ``start()`` / ``stop()``).
+    Ports given as 0 are picked free (tritonserver cannot report a port the OS chose for it, so
+    the launcher picks, and starts again on new ports if one was taken in between). Use it as a
+    context manager (or ``start()`` / ``stop()``).
 
     >>> server = LocalTritonServer(models=["jet_tagger"], grpc_port=0)
     >>> server.running
@@ -330,16 +348,36 @@ class LocalTritonServer:
             workdir / "models", self.models, backend="python", device=self.device,
             instances=instances, link=True, **self.repository_options)
         backend_dir = build_backend_dir(workdir / "backends")
-        for kind, port in self.ports.items():
-            if port == 0:
-                self.ports[kind] = free_port(self.host)
         self.log_path = workdir / "tritonserver.log"
-        command = self._command(repository, backend_dir)
-        logger.info("starting tritonserver (%s) on %s: %s", self.device, self.grpc_address,
-                    " ".join(command))
         stale = _remove_stale_shm_regions()
         if stale:
             logger.info("removed %d shared-memory regions of servers whose owner is gone", len(stale))
+        picked = [kind for kind, port in self.ports.items() if port == 0]
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            for kind in picked:
+                self.ports[kind] = free_port(self.host)
+            self._spawn(self._command(repository, backend_dir), workdir)
+            try:
+                self._wait_ready()
+                break
+            except _PortTaken as taken:
+                if attempt == PORT_ATTEMPTS:
+                    report = self._failure_report()
+                    self.stop()
+                    raise ServerStartError(f"{taken} ({attempt} attempts). {report}") from None
+                # Lost the race between free_port() and tritonserver's bind: start again on
+                # newly picked ports (the repository and backends are reused).
+                logger.info("%s; starting again on new ports (attempt %d of %d)", taken,
+                            attempt + 1, PORT_ATTEMPTS)
+                self._discard_failed_start()
+        logger.info("tritonserver ready: grpc %s, http %s, metrics %s (pid %d)",
+                    self.grpc_address, self.http_address, self.metrics_url, self.pid)
+        return self
+
+    def _spawn(self, command: list[str], workdir: Path) -> None:
+        """Start the tritonserver process; its finalizer stops it and cleans up after it."""
+        logger.info("starting tritonserver (%s) on %s: %s", self.device, self.grpc_address,
+                    " ".join(command))
         with open(self.log_path, "wb") as log:
             prefix = _parent_death_prefix() if self.die_with_parent else []
             self.process = subprocess.Popen(
@@ -350,10 +388,30 @@ class LocalTritonServer:
             self.keep_workdir, 10.0)
         atexit.register(self._finalizer)
         self._workdir_in_use = workdir
-        self._wait_ready()
-        logger.info("tritonserver ready: grpc %s, http %s, metrics %s (pid %d)",
-                    self.grpc_address, self.http_address, self.metrics_url, self.pid)
-        return self
+
+    def _discard_failed_start(self) -> None:
+        """Clean up after a process that failed to bind, keeping the workdir for the next try."""
+        if self._finalizer is not None:
+            self._finalizer.detach()  # its cleanup would delete the temporary workdir
+            atexit.unregister(self._finalizer)
+            self._finalizer = None
+        if self.process is not None:
+            _stop_process_group(self.process, 10.0)
+        _remove_shm_regions(self.shm_prefix)
+
+    def _metrics_enabled(self) -> bool:
+        return not any(arg.replace(" ", "") in ("--allow-metrics=false", "--allow-metrics=0")
+                       for arg in self.extra_args)
+
+    def _taken_picked_port(self) -> str | None:
+        """The failed start's port clash, if the log shows one on a port this launcher picked."""
+        if self.log_path is None or not self.log_path.exists():
+            return None
+        match = _PORT_TAKEN.search(self.log_path.read_text(errors="replace"))
+        if match is None:
+            return None
+        kinds = [kind for kind, port in self.ports.items() if str(port) == match.group(1)]
+        return f"{'/'.join(kinds) or 'a'} port {match.group(1)} was taken" if kinds else None
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of the server log."""
@@ -377,22 +435,42 @@ class LocalTritonServer:
         return (f"Errors in its log ({self.log_path}):\n{self.log_errors()}"
                 f"Last lines of its log:\n{self.log_tail()}")
 
+    def _answers(self, url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
     def _wait_ready(self) -> None:
+        """Wait until the server is ready on every port; raise ``_PortTaken`` on a lost port race.
+
+        tritonserver opens gRPC, HTTP, then metrics, and exits if any bind fails: HTTP readiness
+        alone can come just before it dies on a taken metrics port, so the metrics endpoint must
+        answer too, and a server that has logged a failed start is not ready.
+        """
         deadline = time.monotonic() + self.startup_timeout_s
         ready_url = f"http://{self.http_address}/v2/health/ready"
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
+            failed = False
+            if self.process.poll() is None and self._answers(ready_url) and (
+                    not self._metrics_enabled() or self._answers(self.metrics_url)):
+                if "failed to start" not in self.log_errors():
+                    return
+                failed = True
+                try:
+                    self.process.wait(timeout=30)  # it is on its way out
+                except subprocess.TimeoutExpired:
+                    pass
+            if failed or self.process.poll() is not None:
+                taken = self._taken_picked_port()
+                if taken is not None:
+                    raise _PortTaken(f"tritonserver could not start: {taken} before it bound it")
                 report = self._failure_report()
                 self.stop()
                 raise ServerStartError(
-                    f"tritonserver exited with code {self.process.returncode} during start-up. "
+                    f"tritonserver failed during start-up (exit code {self.process.returncode}). "
                     f"{report}")
-            try:
-                with urllib.request.urlopen(ready_url, timeout=1.0) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
             time.sleep(0.1)
         report = self._failure_report()
         self.stop()

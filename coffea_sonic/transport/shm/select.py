@@ -1,0 +1,148 @@
+"""Whether shared memory can serve a server: on this host, and the same server process.
+
+Shared memory works only when the process that maps our region is the process that serves our
+requests. A server on this host is not enough: behind a load balancer or proxy (HAProxy, Envoy:
+SuperSONIC's shape), a registration lands on one backend and the next request on another, which
+answers "Unable to find shared memory region". :func:`probe_shared_memory` proves the identity:
+
+1. the address must be this host (:func:`shm_possible`);
+2. a 4 KiB probe region is registered (the server must be able to open our ``/dev/shm``, and must
+   not restrict the shared-memory protocol);
+3. ``SystemSharedMemoryStatus`` is asked for that region ``checks`` times (8), each a separate
+   call on the channel the requests use: a per-request balancer spreads them over its backends,
+   and every backend but the one that mapped the region answers that it does not know it;
+4. the region is unregistered (once per check when the calls were spread: Triton answers OK for
+   a name it does not know, so every backend is asked).
+
+Any failure gives ``(False, reason)``. Answers are cached per process and server settings, except
+when the server could not be reached (``down``/``timeout``: asked again next time). A balancer that
+pins a connection to one backend (TCP, L4) passes the probe, rightly: the channel's requests all go
+where its registrations went; if it later moves the connection, the request fails with
+``shm_region`` and the client resends it over plain gRPC.
+
+>>> from coffea_sonic.core.endpoint import ServerSettings
+>>> from coffea_sonic.transport.grpc import GrpcTransport
+>>> shm_possible("127.0.0.1:8001"), shm_possible("192.0.2.1:8001")  # TEST-NET: never this host
+(True, False)
+>>> probe_shared_memory(GrpcTransport(ServerSettings("192.0.2.1:8001")))
+(False, 'server 192.0.2.1:8001 is not on this host')
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from ...errors import ConfigurationError
+from ..errors import TransportError
+from .regions import SystemRegion, host_of, is_local_host
+
+__all__ = ["PROBE_CHECKS", "forget_probes", "probe_shared_memory", "shm_possible"]
+
+logger = logging.getLogger(__name__)
+
+#: Status calls that must all find the probe region (a balancer over N backends escapes 8 calls
+#: with probability (1/N)^7 for random choice, never for round-robin).
+PROBE_CHECKS = 8
+
+
+def shm_possible(address: str) -> bool:
+    """Whether the server at ``address`` (``host:port``) is on this host."""
+    try:
+        return is_local_host(host_of(address))
+    except ConfigurationError:
+        return False
+
+
+_probes: dict[tuple, tuple[bool, str]] = {}
+_probes_lock = threading.Lock()
+
+
+def probe_shared_memory(grpc: Any, *, checks: int = PROBE_CHECKS,
+                        timeout_s: float = 5.0) -> tuple[bool, str]:
+    """``(usable, why)``: whether the server of ``grpc`` (a GrpcTransport) maps this process'
+    shared memory *and* serves this channel's requests from the process that mapped it."""
+    key = (os.getpid(), grpc.settings.key())
+    with _probes_lock:
+        if key in _probes:
+            return _probes[key]
+    answer, final = _probe(grpc, checks, timeout_s)
+    if final:
+        with _probes_lock:
+            _probes[key] = answer
+    logger.info("shared memory for %s: %s (%s)", grpc.address, "yes" if answer[0] else "no",
+                answer[1])
+    return answer
+
+
+def _probe(grpc: Any, checks: int, timeout_s: float) -> tuple[tuple[bool, str], bool]:
+    """The answer, and whether it may be cached."""
+    from tritonclient.grpc import service_pb2
+
+    if not shm_possible(grpc.address):
+        return (False, f"server {grpc.address} is not on this host"), True
+    try:
+        region = SystemRegion(4096)
+    except OSError as error:
+        return (False, f"no POSIX shared memory here ({error})"), True
+    try:
+        try:
+            grpc.rpc("SystemSharedMemoryRegister", service_pb2.SystemSharedMemoryRegisterRequest(
+                name=region.name, key=region.key, offset=0, byte_size=region.size), timeout_s)
+        except TransportError as error:
+            return (False, f"registration refused: {error.describe()}"), not error.retryable
+        region.unlink()
+        spread = True  # until every check found the region: unregister everywhere
+        try:
+            for check in range(checks):
+                status = grpc.rpc("SystemSharedMemoryStatus",
+                                  service_pb2.SystemSharedMemoryStatusRequest(name=region.name),
+                                  timeout_s)
+                known = status.regions.get(region.name)
+                if known is None or known.key != region.key or known.byte_size != region.size:
+                    return (False, f"status call {check + 1} of {checks} did not find the probe "
+                                   "region: a proxy or load balancer spreads requests over "
+                                   "several servers"), True
+            spread = False
+        except TransportError as error:
+            if error.retryable:
+                return (False, f"server unreachable during the probe: {error.describe()}"), False
+            return (False, f"status call {check + 1} of {checks} failed ({error.describe()}): a "
+                           "proxy or load balancer spreads requests over several servers"), True
+        finally:
+            _unregister(grpc, region.name, checks if spread else 1, timeout_s)
+        return (True, f"{checks} status calls all reached the server that mapped the region"), True
+    finally:
+        region.close()
+
+
+def _unregister(grpc: Any, name: str, times: int, timeout_s: float) -> None:
+    """Unregister ``name`` ``times`` times: behind a balancer each call may reach another backend
+    (Triton answers OK for a name it does not know)."""
+    from tritonclient.grpc import service_pb2
+
+    for _ in range(times):
+        try:
+            grpc.rpc("SystemSharedMemoryUnregister",
+                     service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout_s)
+        except TransportError as error:
+            if error.kind in ("down", "timeout"):
+                return  # gone: it has forgotten the region with everything else
+            logger.debug("unregistering probe region %s at %s: %s", name, grpc.address, error)
+
+
+def forget_probes() -> None:
+    """Forget every cached probe answer of this process (e.g. after a server moved)."""
+    with _probes_lock:
+        _probes.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _probes_lock
+    _probes.clear()  # keyed by pid anyway; a child probes for itself
+    _probes_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -49,6 +49,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_SLOTS = 8
 #: Seconds a clean-up call to the server may take (at exit a dead server must not hang us).
 CLEANUP_TIMEOUT_S = 2.0
+#: Unregistering a region the server still uses is retried this often, backing off up to
+#: RETRY_MAX_DELAY_S between tries (about 5 minutes in all).
+RETRY_ATTEMPTS = 40
+RETRY_MAX_DELAY_S = 10.0
 #: Errors of region creation that mean "no shared memory here" (send inline from now on).
 _NO_ROOM = (errno.ENOSPC, errno.ENOMEM, errno.EACCES, errno.EPERM, errno.ENOSYS, errno.ENOENT)
 
@@ -128,6 +132,7 @@ class SlotPool:
         self._closed = False
         self._swept = False
         self._inherited: list[Slot] = []
+        self._pending: set[Slot] = set()  # dropped, the server still using them
         #: why this pool sends everything inline (None: it does not)
         self.disabled: str | None = None
         self.stats = {"regions_made": 0, "regions_dropped": 0, "all_busy": 0, "retired": 0}
@@ -140,8 +145,8 @@ class SlotPool:
     # -- fork safety -----------------------------------------------------------------------------
     def _after_fork(self) -> None:
         """In a forked child (lock held): forget the parent's slots without touching them."""
-        self._inherited.extend([*self._free, *self._busy])
-        self._free, self._busy, self._making = [], set(), 0
+        self._inherited.extend([*self._free, *self._busy, *self._pending])
+        self._free, self._busy, self._pending, self._making = [], set(), set(), 0
         self._pid = os.getpid()
         self._swept = False
 
@@ -259,8 +264,12 @@ class SlotPool:
         for slot in free:
             self._discard(slot)
 
-    def _discard(self, slot: Slot, timeout_s: float = CLEANUP_TIMEOUT_S) -> bool:
-        """Unregister and free (only in the process that made it); False if the server is gone."""
+    def _discard(self, slot: Slot, timeout_s: float = CLEANUP_TIMEOUT_S, attempt: int = 0) -> bool:
+        """Unregister and free (only in the process that made it); False if the server is gone.
+
+        A region the server still uses (a cancelled or timed-out request it is still running:
+        Triton refuses with "currently in use") is kept, and unregistered again later.
+        """
         if not self.owned:
             self._inherited.append(slot)
             return True
@@ -273,14 +282,39 @@ class SlotPool:
             try:
                 self.grpc.rpc(f"{self.kind.rpc}SharedMemoryUnregister", request, timeout_s)
             except TransportError as error:  # a dead server has forgotten it anyway
+                if "in use" in error.detail.lower() and attempt < RETRY_ATTEMPTS:
+                    self._retry_later(slot, attempt + 1)
+                    return True
                 reachable = error.kind not in ("down", "timeout")
-                logger.debug("could not unregister %s at %s: %s", slot.name, self.grpc.address,
-                             error)
+                log = logger.warning if "in use" in error.detail.lower() else logger.debug
+                log("could not unregister %s at %s: %s", slot.name, self.grpc.address, error)
+        with self._lock:
+            self._pending.discard(slot)
         try:
             self.kind.free(slot.region)
         except Exception:  # noqa: BLE001 - freeing must not fail a request or an exit
             logger.debug("freeing %s failed", slot.name, exc_info=True)
         return reachable
+
+    def _retry_later(self, slot: Slot, attempt: int) -> None:
+        """Unregister ``slot`` again after a backoff, from a timer thread (kept until then)."""
+        with self._lock:
+            self._pending.add(slot)
+        delay = min(RETRY_MAX_DELAY_S, 0.05 * 2 ** attempt)
+        timer = threading.Timer(delay, self._retry, (slot, attempt))
+        timer.daemon = True
+        timer.start()
+
+    def _retry(self, slot: Slot, attempt: int) -> None:
+        with self._lock:
+            if slot not in self._pending or not self.owned:
+                return
+        self._discard(slot, CLEANUP_TIMEOUT_S, attempt)
+
+    def pending(self) -> list[str]:
+        """Regions dropped but still in use by the server (unregistered when it is done)."""
+        with self._lock:
+            return sorted(slot.name for slot in self._pending) if self.owned else []
 
     def regions(self) -> list[str]:
         """Names of the regions this pool holds now (this process' only)."""
@@ -290,7 +324,8 @@ class SlotPool:
             return sorted(slot.name for slot in (*self._free, *self._busy))
 
     def close(self) -> None:
-        """Unregister and free every free slot; busy ones go when their request ends."""
+        """Unregister and free every free slot; busy ones go when their request ends, pending
+        ones when the server lets them go (a sweep removes them once this process is gone)."""
         with self._lock:
             if not self.owned:
                 self._after_fork()

@@ -1,0 +1,314 @@
+"""System shared-memory transport (coffea_sonic.transport.shm) against real tritonservers.
+
+Answers equal in-process onnxruntime; outputs reach ``out`` destinations with one copy (traced
+allocations stay far below the output's size, where plain gRPC allocates at least that); a
+cancelled request's slot is dropped; a region the server does not know fails as ``shm_region``;
+a server restricting the shared-memory protocol fails as ``restricted``; the probe accepts a
+direct server and rejects two servers behind a per-request load balancer (HAProxy).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import subprocess
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from coffea_sonic import zoo
+from coffea_sonic.core.endpoint import ServerSettings
+from coffea_sonic.engines import CpuEngine
+from coffea_sonic.server import LocalTritonServer
+from coffea_sonic.server.launcher import free_port
+from coffea_sonic.transport.base import InferRequest
+from coffea_sonic.transport.errors import TransportError
+from coffea_sonic.transport.grpc import GrpcTransport
+from coffea_sonic.transport.shm import (SystemShmTransport, forget_probes, probe_shared_memory,
+                                        region_prefix)
+from helpers import wait_for
+
+MODEL = "jet_tagger"
+OUTPUTS = zoo.declared_info(MODEL).outputs
+
+
+@pytest.fixture(scope="module")
+def server():
+    started = LocalTritonServer(models=[MODEL], device="cpu").start()
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return CpuEngine(MODEL, threads=1)
+
+
+@pytest.fixture
+def transport(server):
+    with SystemShmTransport(ServerSettings(server.grpc_address)) as opened:
+        yield opened
+
+
+def request(rows: int, seed: int = 0, **options) -> InferRequest:
+    return InferRequest(MODEL, "", zoo.example_inputs(MODEL, rows, seed), OUTPUTS, rows=rows,
+                        **options)
+
+
+def server_regions(grpc: GrpcTransport) -> list[str]:
+    from tritonclient.grpc import service_pb2
+
+    status = grpc.rpc("SystemSharedMemoryStatus", service_pb2.SystemSharedMemoryStatusRequest(), 10)
+    return sorted(name for name in status.regions if name.startswith(region_prefix()))
+
+
+def unregister(grpc: GrpcTransport, name: str) -> None:
+    from tritonclient.grpc import service_pb2
+
+    grpc.rpc("SystemSharedMemoryUnregister",
+             service_pb2.SystemSharedMemoryUnregisterRequest(name=name), 10)
+
+
+def test_outputs_equal_in_process_onnxruntime(transport, reference):
+    sent = request(1000, seed=1)
+    answer = transport.infer(sent)
+    want = reference(sent.inputs)["probs"]
+    assert list(answer.outputs) == ["probs"] and answer.model_version == "1"
+    assert answer.outputs["probs"].shape == want.shape
+    np.testing.assert_allclose(answer.outputs["probs"], want, atol=1e-5)
+    assert answer.outputs["probs"].flags.owndata  # a copy, not a view of the reused slot
+    assert transport.stats["shm_requests"] == 1 and transport.stats["inline_requests"] == 0
+    assert len(transport.regions()) == 1
+    assert server_regions(transport.grpc) == transport.regions()  # registered, reused later
+    again = transport.infer(request(10, seed=2))
+    np.testing.assert_allclose(again.outputs["probs"], reference(request(10, seed=2).inputs)["probs"],
+                               atol=1e-5)
+    assert len(transport.regions()) == 1 and transport.pool.stats["regions_made"] == 1
+
+
+def traced_peak(send) -> int:
+    tracemalloc.start()
+    try:
+        send()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_out_destinations_receive_the_rows_with_one_copy(server, transport, reference):
+    rows = 65_536  # jet_tagger's max_batch_size: 786 kB of output
+    sent = request(rows, seed=3, out={"probs": np.full((rows, 3), np.nan, np.float32)})
+    transport.infer(request(rows, seed=4))  # the slot exists before measuring
+    target = sent.out["probs"]
+    answers = []
+    peak = traced_peak(lambda: answers.append(transport.infer(sent)))
+    answer = answers[0]
+    assert answer.delivered == frozenset({"probs"}) and answer.outputs["probs"] is target
+    np.testing.assert_allclose(target, reference(sent.inputs)["probs"], atol=1e-5)
+    # one copy, slot -> destination: no output-sized allocation at all
+    print(f"traced peak {peak} bytes for a {target.nbytes}-byte output")
+    assert peak < target.nbytes // 4, f"{peak} bytes traced for a {target.nbytes}-byte output"
+    # the same measurement sees plain gRPC's response bytes (so it would see a copy)
+    grpc = GrpcTransport(ServerSettings(server.grpc_address))
+    grpc_peak = traced_peak(lambda: grpc.infer(request(rows, seed=3, out={"probs": target})))
+    print(f"plain gRPC: traced peak {grpc_peak} bytes")
+    assert grpc_peak > target.nbytes
+
+
+def test_a_delivered_slice_and_an_undeliverable_output(transport, reference):
+    rows = 500
+    sent = request(rows, seed=5, out={"probs": np.zeros((300, 3), np.float32)})
+    answer = transport.infer(sent)
+    want = reference(sent.inputs)["probs"]
+    np.testing.assert_allclose(sent.out["probs"], want[:300], atol=1e-5)  # the first rows
+    wrong = request(rows, seed=5, out={"probs": np.zeros((rows, 4), np.float32)})
+    answer = transport.infer(wrong)  # per-row shape differs: copied out, for the client to check
+    assert answer.delivered == frozenset() and answer.outputs["probs"].flags.owndata
+    np.testing.assert_allclose(answer.outputs["probs"], want, atol=1e-5)
+
+
+def test_every_slot_busy_sends_inline(server, reference):
+    with SystemShmTransport(ServerSettings(server.grpc_address), max_slots=1) as one_slot:
+        sent = [request(20_000, seed=seed) for seed in range(3)]
+        futures = [one_slot.submit(piece) for piece in sent]
+        for piece, future in zip(sent, futures):
+            np.testing.assert_allclose(future.result(60).outputs["probs"],
+                                       reference(piece.inputs)["probs"], atol=1e-5)
+        assert one_slot.stats["inline_requests"] >= 1 and one_slot.pool.stats["all_busy"] >= 1
+        assert len(one_slot.regions()) == 1
+
+
+def test_cancel_drops_the_slot(server):
+    with SystemShmTransport(ServerSettings(server.grpc_address), max_slots=1) as cancelling:
+        for _ in range(5):  # cancel() is False only if the server answered first (unlikely)
+            future = cancelling.submit(request(65_536, seed=6))
+            if future.cancel():
+                break
+        assert future.cancelled()
+        wait_for(lambda: cancelling.pool.stats["regions_dropped"] >= 1, 30, "the slot dropped")
+        assert cancelling.regions() == []
+        # unregistered at the server, not just forgotten here (once the server has finished the
+        # cancelled request: until then Triton refuses, "currently in use", and the pool retries)
+        wait_for(lambda: server_regions(cancelling.grpc) == [], 60, "the region unregistered")
+        assert cancelling.pool.pending() == []
+        assert cancelling.infer(request(10)).outputs["probs"].shape == (10, 3)  # a fresh slot
+
+
+def test_region_unknown_to_the_server_is_shm_region(transport):
+    transport.infer(request(10))
+    transport.infer(request(10))
+    (name,) = transport.regions()
+    unregister(transport.grpc, name)  # behind the transport's back (a restart, a balancer)
+    future = transport.submit(request(10))
+    error = future.exception(60)
+    assert isinstance(error, TransportError) and error.kind == "shm_region", error
+    assert name in error.detail and not error.retryable
+    assert transport.regions() == [] and transport.stats["shm_region_errors"] == 1
+    assert transport.infer(request(10)).outputs["probs"].shape == (10, 3)  # no retry inside, but
+    assert transport.regions() != [name]                                   # a new region next
+
+
+def test_server_errors_are_classified_and_drop_the_slot(transport):
+    future = transport.submit(InferRequest("no_such_model", "", {"features": np.zeros((2, 6),
+                                           np.float32)}, OUTPUTS, rows=2))
+    error = future.exception(60)
+    assert isinstance(error, TransportError) and error.kind == "not_found", error
+    assert transport.regions() == [] and transport.pool.stats["regions_dropped"] == 1
+
+
+def test_pickles_as_configuration(server):
+    with SystemShmTransport(ServerSettings(server.grpc_address), max_slots=3) as original:
+        original.infer(request(5))
+        copy = pickle.loads(pickle.dumps(original))
+        assert (copy.settings, copy.max_slots, copy.regions()) == (original.settings, 3, [])
+        assert copy.infer(request(5)).outputs["probs"].shape == (5, 3)
+        copy.close()
+
+
+def test_probe_accepts_a_direct_server(server):
+    grpc = GrpcTransport(ServerSettings(server.grpc_address))
+    forget_probes()
+    usable, why = probe_shared_memory(grpc)
+    assert usable, why
+    assert server_regions(grpc) == []  # the probe region is gone
+    assert probe_shared_memory(grpc) == (usable, why)  # cached per process and settings
+
+
+def test_restricted_shared_memory_protocol_is_restricted():
+    with LocalTritonServer(models=[MODEL], device="cpu", extra_args=[
+            "--grpc-restricted-protocol=shared-memory:csonic-key=s3cret"]) as restricted:
+        settings = ServerSettings(restricted.grpc_address)
+        with SystemShmTransport(settings) as refused:
+            error = refused.submit(request(10)).exception(60)
+            assert isinstance(error, TransportError) and error.kind == "restricted", error
+        usable, why = probe_shared_memory(GrpcTransport(settings))
+        assert not usable and "restricted" in why
+        keyed = ServerSettings.build(restricted.grpc_address, protocol_key=("csonic-key", "s3cret"))
+        with SystemShmTransport(keyed) as allowed:
+            assert allowed.infer(request(10)).outputs["probs"].shape == (10, 3)
+        assert probe_shared_memory(GrpcTransport(keyed))[0]
+
+
+HAPROXY = """
+global
+  maxconn 256
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+frontend grpc
+  bind 127.0.0.1:{port} proto h2
+  default_backend tritons
+backend tritons
+  balance roundrobin
+{servers}
+"""
+
+
+def start_haproxy(tmp_path, addresses: list[str]) -> tuple[subprocess.Popen, str]:
+    """HAProxy balancing gRPC per request over ``addresses`` (retried on a taken port)."""
+    servers = "\n".join(f"  server s{i} {address} proto h2 check"
+                        for i, address in enumerate(addresses))
+    for _ in range(5):
+        port = free_port()
+        config = tmp_path / "haproxy.cfg"
+        config.write_text(HAPROXY.format(port=port, servers=servers))
+        process = subprocess.Popen(["haproxy", "-f", str(config)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
+        grpc = GrpcTransport(ServerSettings(f"127.0.0.1:{port}"))
+        try:
+            wait_for(lambda: process.poll() is not None or grpc.ready(2), 30, "HAProxy serving",
+                     ignoring=(TransportError,))
+        except AssertionError:
+            process.kill()
+            raise
+        if process.poll() is None:
+            return process, f"127.0.0.1:{port}"
+    raise AssertionError(f"HAProxy did not start: {process.stderr.read().decode()[-500:]}")
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy (apt-get install haproxy)")
+def test_probe_rejects_servers_behind_a_load_balancer(server, tmp_path):
+    with LocalTritonServer(models=[MODEL], device="cpu") as second:
+        proxy, address = start_haproxy(tmp_path, [server.grpc_address, second.grpc_address])
+        try:
+            balanced = GrpcTransport(ServerSettings(address))
+            usable, why = probe_shared_memory(balanced)
+            assert not usable and "load balancer" in why, why
+            for backend in (server, second):  # the probe region is gone from both
+                assert server_regions(GrpcTransport(ServerSettings(backend.grpc_address))) == []
+            # what auto would have run into: the request reaches the other server
+            with SystemShmTransport(ServerSettings(address)) as fooled:
+                kinds = set()
+                for _ in range(4):
+                    try:
+                        fooled.infer(request(10))
+                        kinds.add("ok")
+                    except TransportError as error:
+                        kinds.add(error.kind)
+                assert "shm_region" in kinds, kinds
+        finally:
+            proxy.terminate()
+            proxy.wait(10)
+
+
+def test_a_forked_child_never_touches_the_parents_regions(server):
+    import multiprocessing
+
+    with SystemShmTransport(ServerSettings(server.grpc_address)) as parent:
+        parent.infer(request(10))
+        mine = parent.regions()
+
+        def child(queue) -> None:
+            try:
+                answer = parent.infer(request(10))  # its own region, registered by the child
+                theirs = parent.regions()
+                parent.close()
+                queue.put((answer.outputs["probs"].shape, theirs))
+            except BaseException as error:  # noqa: BLE001
+                queue.put(repr(error))
+
+        context = multiprocessing.get_context("fork")
+        queue = context.Queue()
+        process = context.Process(target=child, args=(queue,))
+        process.start()
+        result = queue.get(timeout=60)
+        process.join(30)
+        assert result[0] == (10, 3) and result[1] and set(result[1]).isdisjoint(mine), result
+        assert parent.regions() == mine and set(mine) <= set(server_regions(parent.grpc))
+        assert parent.infer(request(10)).outputs["probs"].shape == (10, 3)
+        assert not any(name.startswith(region_prefix(process.pid))
+                       for name in server_regions(parent.grpc))
+
+
+def test_no_regions_left_after_close(server):
+    settings = ServerSettings(server.grpc_address)
+    with SystemShmTransport(settings) as closing:
+        closing.infer(request(10))
+        names = closing.regions()
+    assert closing.regions() == []
+    assert set(names).isdisjoint(server_regions(GrpcTransport(settings)))
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(region_prefix())]

@@ -145,10 +145,16 @@ def _builtin(choice: str, what: str) -> Callable[[str], Any]:
 
 
 def declared_info(choice: str | Callable[[str], Engine] | None, model: str) -> Any:
-    """What ``model`` declares according to a built-in fallback (the zoo), or None.
+    """What ``model`` declares when no server can say (the zoo's declaration), or None.
 
-    Used when no server can describe the model but a fallback can still run it.
+    Used when no server can describe the model but a fallback can still run it; a custom
+    factory's engine may declare it as ``engine.info`` (a ModelInfo) instead.
     """
-    if not isinstance(choice, str):
+    if choice is None:
         return None
+    if not isinstance(choice, str):
+        declared = getattr(fallback_engine(choice, model), "info", None)
+        if declared is not None:
+            return declared
+        choice = "cpu"
     return _builtin(choice, "info")(model)

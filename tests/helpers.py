@@ -27,8 +27,8 @@ def grpc_reference(address: str, name: str, inputs: dict) -> dict:
     """Outputs over plain gRPC, tensors in the message: the reference other transports must equal."""
     # Imported here so that tests using only the waiting helpers do not depend on transport
     # internals (being refactored).
-    from coffea_sonic.transport.channel import get_connection
-    from coffea_sonic.transport.codec import decode_response, encode_request
+    from coffea_sonic.transport.grpc.channel import get_connection
+    from coffea_sonic.transport.grpc.codec import decode_response, encode_request
 
     response = get_connection(address).stub.ModelInfer(encode_request(name, "", inputs), timeout=60)
     return decode_response(response)

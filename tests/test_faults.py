@@ -19,7 +19,7 @@ from coffea_sonic.facility.gateway import TokenGateway
 from coffea_sonic.model import TritonModel
 from coffea_sonic.server import LocalTritonServer, free_port
 from coffea_sonic.server.repository import config_text, model_config
-from coffea_sonic.transport import Secret
+from coffea_sonic.core import Secret
 from helpers import CheckedThread, wait_for
 
 TOLERANCE = 1e-5
@@ -273,7 +273,7 @@ def test_bearer_token_reaches_the_gateway_and_never_leaks(triton_server, monkeyp
 
 
 def test_fallback_to_a_local_server_or_a_custom_engine_when_no_server_answers(chunks, engine):
-    from coffea_sonic.transport import fallback as fallback_module
+    from coffea_sonic import fallback as fallback_module
 
     dead = [f"triton+grpc://127.0.0.1:{free_port()}/jet_tagger" for _ in range(2)]
     expected = engine(chunks[0])["probs"]

@@ -12,7 +12,7 @@ import pytest
 from coffea_sonic import zoo
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.model import TritonModel
-from coffea_sonic.transport import channel
+from coffea_sonic.transport.grpc import channel
 from helpers import pickled_class_names, run_in_threads, wait_for
 
 TOLERANCE = 1e-5
@@ -137,8 +137,8 @@ def test_unpickled_copies_share_this_processes_channel(triton_server):
         copy = pickle.loads(pickle.dumps(model))
         copy(zoo.example_inputs("jet_tagger", 2))
         assert copy._get_runtime().router is model._get_runtime().router
-        assert (copy._get_runtime().router.endpoints[0].connection
-                is model._get_runtime().router.endpoints[0].connection)
+        assert (copy._get_runtime().router.endpoints[0].control.connection
+                is model._get_runtime().router.endpoints[0].control.connection)
     assert channel.pool_size() == channels
 
 

@@ -15,7 +15,8 @@ from coffea_sonic.errors import InferenceError, InputValidationError, ModelNotFo
 from coffea_sonic.model import TritonModel
 from coffea_sonic.routing import Endpoint, RetryPolicy, Router
 from coffea_sonic.server import LocalTritonServer, write_repository
-from coffea_sonic.transport.metadata import ModelInfo, TensorInfo
+from coffea_sonic.core.endpoint import ServerSettings
+from coffea_sonic.core.tensors import ModelInfo, TensorInfo
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +159,8 @@ def test_backoff_grows_exponentially_with_bounded_jitter():
 
 
 def _router(*addresses: str) -> Router:
-    router = Router([(address, None) for address in addresses], headers_fingerprint="",
-                    metadata=(), policy=RetryPolicy(quarantine_s=0.5), connect_timeout_s=1)
+    router = Router([ServerSettings(address) for address in addresses],
+                    policy=RetryPolicy(quarantine_s=0.5), connect_timeout_s=1)
     for endpoint in router.endpoints:
         endpoint.served = {"m": ("1",)}
     return router
@@ -186,7 +187,7 @@ def test_retries_avoid_the_server_that_just_failed():
 
 
 def test_endpoint_state_explains_why_a_server_is_not_used():
-    endpoint = Endpoint("a:1", None, served={"m": ("1",)})
+    endpoint = Endpoint(ServerSettings("a:1"), served={"m": ("1",)})
     assert endpoint.state("m", "2") == "does not serve m version 2 (has versions ['1'])"
     assert endpoint.state("x") == "does not serve x"
     assert endpoint.state("m", "1") == "healthy"

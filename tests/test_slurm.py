@@ -92,7 +92,7 @@ def _run_analysis(client, fileset, server_base: str, *, with_token: bool) -> dic
     from coffea.nanoevents import NanoAODSchema
 
     from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
-    from coffea_sonic.transport.secrets import Secret
+    from coffea_sonic.core.secrets import Secret
 
     options = {"headers": {"authorization": Secret.bearer_from_env(TOKEN_ENV)}} if with_token else {}
     analysis = JetTaggingProcessor(server_base, **options)

@@ -7,7 +7,6 @@ import pickle
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -15,14 +14,15 @@ import pytest
 from coffea_sonic.errors import ConfigurationError, InputValidationError
 from coffea_sonic.model import TritonModel
 from coffea_sonic.stats import InferenceStats, ServerStatistics
-from coffea_sonic.transport import Secret, TlsOptions, parse_model_url
-from coffea_sonic.transport.codec import decode_response, encode_request
-from coffea_sonic.transport.metadata import ModelInfo, TensorInfo
-from coffea_sonic.transport.secrets import header_fingerprint, normalize_headers
-from coffea_sonic.transport.status import as_sonic_error, is_retryable_code
-from coffea_sonic.transport.validation import (GRPC_MESSAGE_LIMIT, piece_arrays, plan_pieces,
+from coffea_sonic.core import Secret, TlsOptions, parse_model_url
+from coffea_sonic.core.secrets import header_fingerprint, normalize_headers
+from coffea_sonic.core.tensors import ModelInfo, TensorInfo
+from coffea_sonic.transport.errors import TransportError, classify, from_grpc, to_sonic_error
+from coffea_sonic.transport.grpc.codec import decode_response, encode_request
+from coffea_sonic.transport.memory import MemoryTransport
+from coffea_sonic.validation import (GRPC_MESSAGE_LIMIT, piece_arrays, plan_pieces,
                                                validate_inputs)
-from helpers import CheckedThread, pickled_class_names
+from helpers import pickled_class_names, wait_for
 
 JET_INFO = ModelInfo("jet_tagger", ("1",), "python", 65536, (TensorInfo("features", "FP32", (6,)),),
                      (TensorInfo("probs", "FP32", (3,)),))
@@ -186,21 +186,26 @@ def test_stats_sum_like_coffea_accumulators():
     assert delta.average_batch == 3.0
 
 
-def test_retry_classification_by_grpc_status():
-    import grpc
+def test_one_classifier_decides_what_a_failure_means():
+    def kind(code, details=""):
+        return classify(code, details)
 
-    assert is_retryable_code(grpc.StatusCode.UNAVAILABLE)
-    assert is_retryable_code(grpc.StatusCode.DEADLINE_EXCEEDED)
-    assert is_retryable_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
-    assert is_retryable_code(grpc.StatusCode.INTERNAL, "Connection reset by peer")
-    assert not is_retryable_code(grpc.StatusCode.INVALID_ARGUMENT)
-    assert not is_retryable_code(grpc.StatusCode.NOT_FOUND)
-    assert not is_retryable_code(grpc.StatusCode.INTERNAL, "inference failed: ValueError")
-    assert not is_retryable_code(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
-    assert "a:1" in str(as_sonic_error(ValueError("x"), model="m", version="", address="a:1"))
+    assert kind("UNAVAILABLE") == "down" and kind("DEADLINE_EXCEEDED") == "timeout"
+    assert kind("RESOURCE_EXHAUSTED") == "busy"
+    assert kind("UNAVAILABLE", "Exceeds maximum queue size") == "busy"
+    assert kind("INTERNAL", "Connection reset by peer") == "down"
+    assert kind("INVALID_ARGUMENT") == "bad_request" and kind("NOT_FOUND") == "not_found"
+    assert kind("INTERNAL", "inference failed: ValueError") == "internal"
+    assert kind("CANCELLED", "Locally cancelled by application!") == "cancelled"
+    assert kind("UNAVAILABLE", "This protocol is restricted, expecting header "
+                "'triton-grpc-protocol-k'") == "restricted"
+    # a region the server does not know is never a missing model
+    assert kind("NOT_FOUND", "Unable to find shared memory region: 'x'") == "shm_region"
+    assert not TransportError("bad_request", "x").retryable
+    assert "a:1" in str(to_sonic_error(from_grpc(ValueError("x"), "a:1"), model="m"))
 
 
-# -- pickling and the fake-stub request path -------------------------------------------------------
+# -- pickling and the window on the in-memory transport ---------------------------------------------
 
 def test_pickle_of_a_fresh_model_has_no_grpc_class():
     model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger", headers={"x-trace": "1"})
@@ -208,125 +213,53 @@ def test_pickle_of_a_fresh_model_has_no_grpc_class():
     assert not [name for name in names if "grpc" in name.split(" ")[0] or "triton" in name]
 
 
-class _FakeFuture:
-    def __init__(self, response, delay_s, tracker):
-        self._response, self._callbacks = response, []
-        self._done = threading.Event()
-        tracker.enter()
+class _CountingTransport(MemoryTransport):
+    """In-memory jet_tagger whose answers take a while, counting requests in flight."""
 
-        def finish():
-            time.sleep(delay_s)  # the fake server's latency
-            tracker.leave()
-            self._done.set()
-            for callback in self._callbacks:
-                callback(self)
-        tracker.start(finish)
-
-    def add_done_callback(self, callback):
-        self._callbacks.append(callback)
-
-    def cancelled(self):
-        return False
-
-    def done(self):
-        return self._done.is_set()
-
-    def cancel(self):
-        return False
-
-    def exception(self):
-        return None
-
-    def result(self):
-        return self._response
-
-
-class _Tracker:
     def __init__(self):
-        self.lock, self.now, self.peak, self.metadata = threading.Lock(), 0, 0, []
-        self.threads: list[CheckedThread] = []
+        super().__init__({"jet_tagger": (JET_INFO, self._probs)}, address="127.0.0.1:1")
+        self.lock, self.now, self.peak = threading.Lock(), 0, 0
+        self.release = threading.Event()
 
-    def start(self, answer) -> None:
-        """Answer one fake request from its own thread, as gRPC's callback threads do."""
-        thread = CheckedThread(answer, name=f"fake response {len(self.threads)}")
-        with self.lock:
-            self.threads.append(thread)
-        thread.start()
-
-    def finish(self, timeout: float = 30) -> None:
-        """Join every answering thread; re-raise what TritonModel's done-callback raised in one."""
-        with self.lock:
-            threads = list(self.threads)
-        for thread in threads:
-            thread.finish(timeout)
-
-    def enter(self):
+    def _probs(self, inputs):
         with self.lock:
             self.now += 1
             self.peak = max(self.peak, self.now)
-
-    def leave(self):
-        with self.lock:
-            self.now -= 1
-
-
-class _FakeRouter:
-    """Stands in for routing.Router: one endpoint whose stub answers from a thread."""
-
-    def __init__(self, infer):
-        connection = type("FakeConnection", (), {"stub": type("Stub", (), {"ModelInfer": infer})})
-        self.endpoint = type("FakeEndpoint", (), {"address": "fake:1", "connection": connection})()
-        self.endpoints = [self.endpoint]
-
-    def acquire(self, model, version, avoid=frozenset()):
-        return self.endpoint
-
-    def release(self, endpoint, outcome, detail=""):
-        pass
-
-    def describe(self, model="", version=""):
-        return "servers tried: fake:1"
-
-
-def _fake_model(tracker: _Tracker, **options) -> TritonModel:
-    from tritonclient.grpc import service_pb2
-
-    model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger", **options)
-    runtime = model._get_runtime()
-
-    class Infer:
-        @staticmethod
-        def future(request, timeout, metadata):
-            tracker.metadata.append(dict(metadata))
-            rows = request.inputs[0].shape[0]
-            features = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(rows, 6)
-            response = service_pb2.ModelInferResponse(model_name="jet_tagger", model_version="1")
-            response.outputs.add(name="probs", datatype="FP32", shape=[rows, 3])
-            response.raw_output_contents.append(features[:, :3].copy().tobytes())
-            return _FakeFuture(response, 0.02, tracker)
-
-    runtime.router = _FakeRouter(Infer)
-    runtime.info, runtime.version = JET_INFO, "1"
-    return model
+        try:
+            # hold every answer until the window is full (or the test gave up waiting)
+            wait_for(lambda: self.peak >= 3 or self.release.is_set(), timeout=10,
+                     what="three requests in flight")
+        finally:
+            with self.lock:
+                self.now -= 1
+        return {"probs": inputs["features"][:, :3].copy()}
 
 
 def test_window_bounds_requests_in_flight_and_keeps_row_order():
-    tracker = _Tracker()
-    model = _fake_model(tracker, max_in_flight=3, max_request_bytes=24 * 10)
+    transport = _CountingTransport()
+    model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger", max_in_flight=3,
+                        max_request_bytes=24 * 10, transport=lambda settings: transport)
     features = np.arange(100 * 6, dtype=np.float32).reshape(100, 6)
     handles = [model.infer_async({"features": features}) for _ in range(3)]
     for handle in handles:
         np.testing.assert_array_equal(handle.result()["probs"], features[:, :3])
-    tracker.finish()
-    assert tracker.peak == 3
+    transport.close()
+    assert transport.peak == 3
     assert model.stats.requests == 30 and model.stats.rows == 300
 
 
-def test_headers_go_to_every_request():
-    tracker = _Tracker()
-    model = _fake_model(tracker, headers={"authorization": "Bearer t0k", "x-trace": "run7"},
-                        max_request_bytes=24 * 10)
+def test_headers_and_the_protocol_key_go_to_every_server():
+    seen = []
+
+    def factory(settings):
+        seen.append(dict(settings.metadata()))
+        return MemoryTransport({"jet_tagger": (JET_INFO, lambda i: {"probs": i["features"][:, :3]})},
+                               address=settings.address)
+
+    model = TritonModel(["triton+grpc://a:1/jet_tagger", "triton+grpc://b:1/jet_tagger"],
+                        headers={"authorization": "Bearer t0k", "x-trace": "run7"},
+                        protocol_key=("k", Secret("v")), transport=factory)
+    assert "protocol_key='k'" in repr(model) and "t0k" not in repr(model)
     model({"features": np.zeros((25, 6), np.float32)})
-    tracker.finish()
-    assert len(tracker.metadata) == 3
-    assert all(m == {"authorization": "Bearer t0k", "x-trace": "run7"} for m in tracker.metadata)
+    assert seen and all(m == {"authorization": "Bearer t0k", "x-trace": "run7",
+                              "triton-grpc-protocol-k": "v"} for m in seen)

@@ -15,20 +15,28 @@ import sys
 __all__ = ["add_subparsers", "run_check", "run_monitor"]
 
 _CHECK_HELP = """\
-Check, from this machine, every Triton server a worker would use: reachability (DNS, TCP),
-protocol (gRPC, TLS, or a wrong port such as Triton's HTTP or metrics port), TLS configuration
-and certificate, token authentication, server health and version, the models and versions it
-serves (and whether the model in the URL is READY), and round-trip latency of health calls and of
-a tiny inference. Every failure says what to do. Exit code 0: all good; 1: something is wrong.
+Check, from this machine, every Triton server a worker would use, through the workers' own client
+(same settings, same transports): reachability (DNS, TCP), protocol (gRPC, TLS, Triton's HTTP API,
+or a wrong port such as Triton's HTTP or metrics port), TLS configuration and certificate, token
+authentication, server health and version, the protocol groups the server restricts behind a key
+(model-repository, statistics, shared-memory), the models and versions it serves (and whether the
+model in the URL is served), round-trip latency of health calls and of a tiny inference, and the
+transport the workers' requests will use (shared memory, gRPC, HTTP) with the reason when shared
+memory is not usable (not this host, a proxy or balancer in front, restricted, /dev/shm). Every
+failure says what to do. Exit code 0: usable; 1: something is wrong.
 
 Without URLs, the servers configured for this environment are checked (COFFEA_SONIC_MODEL_<NAME>,
-COFFEA_SONIC_SERVERS, dask config coffea_sonic.models, the facility file).
+COFFEA_SONIC_SERVERS, dask config coffea_sonic.models, the facility file). Options left out are
+taken from the workers' settings (COFFEA_SONIC_CA_FILE, COFFEA_SONIC_TOKEN_ENV,
+COFFEA_SONIC_PROTOCOL_KEY_NAME/_ENV, ...).
 
 examples:
   coffea-sonic check triton+grpc://127.0.0.1:8001/jet_tagger
   coffea-sonic check                                   # what this environment is configured with
   coffea-sonic check triton+grpcs://triton.example.org:443/jet_tagger --ssl-ca ca.pem \\
                      --token-env SONIC_TOKEN            # TLS + bearer token (value never printed)
+  coffea-sonic check triton+grpc://gpu1:8001/jet_tagger --protocol-key-name k \\
+                     --protocol-key-env TRITON_KEY      # a server started with ...:k=VALUE
   coffea-sonic check gpu1:8001 gpu2:8001 --pings 20     # several servers, more latency samples
   coffea-sonic check --on-workers slurm                 # run the check inside a SLURM job
 """
@@ -52,11 +60,20 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
         "check", help="diagnose access to Triton servers from this machine (or a worker)",
         description=_CHECK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("urls", nargs="*", metavar="URL",
-                       help="host:port or triton+grpc[s]://host:port[/model[/version]]")
+                       help="host:port or triton+grpc[s]://host:port[/model[/version]] "
+                            "(triton+http[s]:// for Triton's HTTP API)")
     check.add_argument("--token-env", metavar="NAME",
                        help="environment variable holding the bearer token (default: "
                             "$COFFEA_SONIC_TOKEN_ENV names it)")
     check.add_argument("--token-file", metavar="PATH", help="file holding the bearer token")
+    check.add_argument("--protocol-key-name", metavar="KEY",
+                       help="KEY of a server started with --grpc-restricted-protocol=GROUPS:KEY="
+                            "VALUE (PyTriton: triton-access-token)")
+    check.add_argument("--protocol-key-env", metavar="NAME",
+                       help="environment variable holding that key's VALUE")
+    check.add_argument("--protocol-key-file", metavar="PATH", help="file holding the key's VALUE")
+    check.add_argument("--transport", choices=("auto", "grpc", "shm", "http"), default="auto",
+                       help="what the workers' TritonModel asks for (default auto, as theirs)")
     check.add_argument("--ssl", action="store_true", default=None,
                        help="use TLS even for triton+grpc:// or host:port targets")
     check.add_argument("--ssl-ca", metavar="FILE", help="PEM bundle of the CA(s) to trust")
@@ -96,13 +113,16 @@ def run_check(args: argparse.Namespace) -> int:
     options = CheckOptions(tls=args.ssl, ca_file=args.ssl_ca, cert_file=args.ssl_cert,
                            key_file=args.ssl_key, server_name=args.ssl_target_name,
                            token_env=args.token_env, token_file=args.token_file,
-                           timeout_s=args.timeout, pings=args.pings)
+                           timeout_s=args.timeout, pings=args.pings,
+                           protocol_key_name=args.protocol_key_name,
+                           protocol_key_env=args.protocol_key_env,
+                           protocol_key_file=args.protocol_key_file, transport=args.transport)
     color = sys.stdout.isatty() and not args.no_color
     try:
         if args.on_workers:
             from .cluster import make_cluster
 
-            forwarded = [args.token_env] if args.token_env else None
+            forwarded = [name for name in (args.token_env, args.protocol_key_env) if name] or None
             with make_cluster(args.on_workers, workers=1, env=forwarded) as cluster:
                 by_worker = check_on_workers(cluster.client, args.urls or None, options)
             reports = [report for reports in by_worker.values() for report in reports]

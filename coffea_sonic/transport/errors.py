@@ -53,6 +53,9 @@ TRANSIENT_MESSAGES: tuple[str, ...] = (
 _SHM_REGION = re.compile(r"shared[ _]memory|shm region|cuda ipc", re.IGNORECASE)
 _RESTRICTED = re.compile(r"protocol is restricted|api is restricted|restricted, expecting header",
                          re.IGNORECASE)
+# statistics of a model a server does not have come back as INVALID_ARGUMENT on both wires
+_MISSING_MODEL = re.compile(r"requested model '[^']*' is not available|unknown model",
+                            re.IGNORECASE)
 _BUSY = re.compile(r"queue size|too many|resource[ _]exhausted", re.IGNORECASE)
 
 
@@ -75,7 +78,7 @@ def classify(code: str, details: str = "") -> str:
         return "down"
     if code == "CANCELLED":
         return "cancelled"
-    if code == "NOT_FOUND":
+    if code == "NOT_FOUND" or _MISSING_MODEL.search(details):
         return "not_found"
     if code in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
         return "unauthenticated"

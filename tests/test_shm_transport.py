@@ -312,3 +312,47 @@ def test_no_regions_left_after_close(server):
     assert closing.regions() == []
     assert set(names).isdisjoint(server_regions(GrpcTransport(settings)))
     assert not [name for name in os.listdir("/dev/shm") if name.startswith(region_prefix())]
+
+
+CLIENT = """
+import json, os, signal, sys
+from coffea_sonic import zoo
+from coffea_sonic.core.endpoint import ServerSettings
+from coffea_sonic.transport.base import InferRequest
+from coffea_sonic.transport.shm import SystemShmTransport
+address, ending = sys.argv[1], sys.argv[2]
+transport = SystemShmTransport(ServerSettings(address))
+answer = transport.infer(InferRequest("jet_tagger", "", zoo.example_inputs("jet_tagger", 100),
+                                      zoo.declared_info("jet_tagger").outputs, rows=100))
+print(json.dumps({"pid": os.getpid(), "regions": transport.regions()}), flush=True)
+if ending == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("ending", ["exit", "sigkill"])
+def test_regions_of_an_ended_client_are_gone(server, ending):
+    import json
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", CLIENT, server.grpc_address, ending],
+                          capture_output=True, text=True, timeout=120)
+    report = json.loads(done.stdout.splitlines()[0])
+    prefix = region_prefix(report["pid"])
+    assert len(report["regions"]) == 1 and report["regions"][0].startswith(prefix)
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]  # unlinked
+    grpc = GrpcTransport(ServerSettings(server.grpc_address))
+    from tritonclient.grpc import service_pb2
+
+    def registered() -> list[str]:
+        status = grpc.rpc("SystemSharedMemoryStatus",
+                          service_pb2.SystemSharedMemoryStatusRequest(), 10)
+        return [name for name in status.regions if name.startswith(prefix)]
+
+    if ending == "exit":
+        assert registered() == []  # unregistered at exit
+    else:
+        assert registered() == report["regions"]  # SIGKILL: still registered...
+        with SystemShmTransport(ServerSettings(server.grpc_address)) as next_client:
+            next_client.infer(request(10))  # ...until the next client's first registration
+        assert registered() == []

@@ -216,12 +216,15 @@ class CudaShmTransport(SlotTransport):
                       timeout_s: float = 60.0, as_numpy: bool = False) -> dict[str, Any]:
         """Run one request and wait; outputs as torch CUDA tensors (numpy with ``as_numpy``).
 
-        ``rows``: the batch size (default: the first input's first dim; None without batching).
+        ``outputs``: TensorInfo (or the zoo's TensorSpec). ``rows``: the batch size (default:
+        the first input's first dim; None without batching).
         """
+        outputs = tuple(t if isinstance(t, TensorInfo) else TensorInfo(
+            t.name, t.triton_dtype.removeprefix("TYPE_"), tuple(t.dims)) for t in outputs)
         if rows == -1:
             first = next(iter(inputs.values()), None)
             rows = int(first.shape[0]) if first is not None and len(first.shape) else None
-        request = InferRequest(model, version, dict(inputs), tuple(outputs), rows=rows,
+        request = InferRequest(model, version, dict(inputs), outputs, rows=rows,
                                timeout_s=timeout_s)
         return self._submit(request, not as_numpy).result().outputs
 

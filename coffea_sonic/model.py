@@ -126,9 +126,11 @@ class TritonModel:
         Deadline of each request (a slower server is given up on and the request retried
         elsewhere). ``connect_timeout_s``: how long to wait for a server to answer at all.
     transport:
-        ``"auto"`` (default: shared memory to a server proven to be on this host, the URL's
-        protocol otherwise), ``"grpc"``, ``"shm"`` (demand shared memory), ``"http"`` (with
-        ``triton+http://`` URLs), or a factory ``f(ServerSettings) -> Transport``.
+        ``"auto"`` (shared memory to a server proven to be on this host, the URL's protocol
+        otherwise), ``"grpc"``, ``"shm"`` (demand shared memory), ``"http"`` (with
+        ``triton+http://`` URLs), or a factory ``f(ServerSettings) -> Transport``. None: the
+        ``transport`` setting (``COFFEA_SONIC_TRANSPORT``, Dask config, facility file), default
+        ``"auto"``.
     max_in_flight, max_request_bytes:
         Requests of this model in flight at once (per process and model object), and the cap on
         one request's tensor bytes (calls are split by rows to stay under it). None: the
@@ -179,10 +181,14 @@ class TritonModel:
         expected_checksum: str | None = None,
         retry: RetryPolicy | Mapping[str, Any] | None = None,
         fallback: fallback_module.FallbackChoice = None,
-        transport: str | Callable[[ServerSettings], Any] = "auto",
+        transport: str | Callable[[ServerSettings], Any] | None = None,
         protocol_key: Any = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
+        if transport is None:
+            from . import config
+
+            transport = str(config.setting("transport", "auto")).strip().lower()
         if not callable(transport) and transport not in _TRANSPORT_NAMES:
             raise ConfigurationError(
                 f"transport must be one of {', '.join(map(repr, _TRANSPORT_NAMES))} or a factory "

@@ -50,3 +50,16 @@ def certificates(tmp_path_factory):
     _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
              "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions))
     return {"ca": str(ca), "cert": str(cert), "key": str(key)}
+
+
+@pytest.fixture(params=["grpc", "shm"])
+def each_transport(request, monkeypatch):
+    """Runs a client-level test once per wire a server can be reached by: plain gRPC (what a
+    remote GPU server gets) and shared memory (a server on this host). The setting reaches every
+    TritonModel made without an explicit ``transport=``, Dask workers started by the test too."""
+    from coffea_sonic.routing import clear_routers
+
+    monkeypatch.setenv("COFFEA_SONIC_TRANSPORT", request.param)
+    clear_routers()
+    yield request.param
+    clear_routers()

@@ -16,6 +16,9 @@ from coffea_sonic.errors import (InferenceError, InputValidationError, ModelNotF
 from coffea_sonic.model import TritonModel
 from coffea_sonic.server.launcher import free_port
 
+# client-level suite: every test runs over gRPC and over shared memory
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 
 @pytest.fixture(scope="module")
 def jet_model(triton_server):

@@ -22,6 +22,9 @@ from coffea_sonic.server.repository import config_text, model_config
 from coffea_sonic.core import Secret
 from helpers import CheckedThread, wait_for
 
+# client-level suite: every test runs over gRPC and over shared memory
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 TOLERANCE = 1e-5
 #: a python-backend jet_tagger with the zoo signature that sleeps ``delay_s`` per execution
 SLOW_MODEL_PY = '''

@@ -20,6 +20,9 @@ from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 
+# client-level suite: every test runs over gRPC and over shared memory
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
 REAL_NANOAOD_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "real-nanoaod"
 

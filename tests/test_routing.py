@@ -18,6 +18,9 @@ from coffea_sonic.server import LocalTritonServer, write_repository
 from coffea_sonic.core.endpoint import ServerSettings
 from coffea_sonic.core.tensors import ModelInfo, TensorInfo
 
+# client-level suite: every test runs over gRPC and over shared memory
+pytestmark = pytest.mark.usefixtures("each_transport")
+
 
 @pytest.fixture(scope="module")
 def jet_only_server():

@@ -175,6 +175,12 @@ def _remove_stale_shm_regions() -> list[str]:
 
 def _stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
     if process.poll() is not None:
+        # the server died (SIGKILL, crash) but its python-backend stubs, in its process
+        # group, live on: they must not outlive it
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         return
     try:
         os.killpg(process.pid, signal.SIGTERM)

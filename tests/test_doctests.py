@@ -55,6 +55,7 @@ class Need:
 
 TORCH = Need("torch (the 'torch' extra)", lambda: _has("torch"))
 CUDA_GPU = Need("torch with a CUDA GPU", _has_cuda)
+SERVER = Need("the tritonserver binary (the 'server' extra)", lambda: _has("pytriton"))
 
 #: Docstrings (by doctest name, or a module name for all of its docstrings) whose examples need
 #: something optional. Checked when the test runs, so a GPU machine runs them.
@@ -62,6 +63,7 @@ NEEDS: dict[str, Need] = {
     "coffea_sonic.zoo.torch_models": TORCH,
     "coffea_sonic.zoo.train.train_jet_tagger": TORCH,
     "coffea_sonic.engines.GpuEngine": CUDA_GPU,
+    "coffea_sonic.server.launcher": SERVER,
 }
 
 

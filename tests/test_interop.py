@@ -194,13 +194,21 @@ def _stop_in_parallel(stops: list[Callable[[], None]]) -> None:
 def _stop_even_if_killed(server: LocalTritonServer) -> None:
     """Stop ``server``; if it was SIGKILLed, first kill what it left in its process group.
 
-    A tritonserver killed with SIGKILL leaves its python-backend stubs running (orphans that
-    never exit on their own), and ``stop()`` does nothing for a server that already exited. The
+    A tritonserver killed with SIGKILL leaves its python-backend stubs running (orphans that do
+    not exit on their own), and ``stop()`` does nothing for a server that already exited. The
     server leads its own process group (it is started in a new session), so the group is its pid.
     """
     if server.process is not None and server.process.poll() is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
+        group = server.pid
+
+        def group_gone() -> bool:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                return True
+            return False
+
+        wait_until(group_gone, 10, f"the processes left by killed server {group} to exit")
     server.stop()
 
 
@@ -214,7 +222,8 @@ def _two_servers_behind_haproxy() -> Iterator[tuple[list[LocalTritonServer], HAP
             # started from this (the main) thread: their parent-death signal follows the
             # starting thread
             servers.append(LocalTritonServer(models=[MODEL], device="cpu").start())
-        balancer = HAProxy([server.grpc_address for server in servers]).start()
+        balancer = HAProxy([server.grpc_address for server in servers])
+        balancer.start()
         yield servers, balancer
     finally:
         stops = [lambda server=server: _stop_even_if_killed(server) for server in servers]
@@ -228,11 +237,12 @@ def _two_servers_behind_haproxy() -> Iterator[tuple[list[LocalTritonServer], HAP
 
 def test_pytriton_at_its_defaults_restricts_repository_shm_and_statistics_but_serves_inference(
         pytriton_server):
-    token = pytriton_server.access_token
+    # PyTriton restricts with the key "triton-access-token": gRPC callers must send it as
+    # "triton-grpc-protocol-triton-access-token", HTTP callers as "triton-access-token".
+    token = RestrictionKey(PYTRITON_TOKEN_KEY, pytriton_server.access_token)
     indexed = _assert_restricted_but_serving(
         pytriton_server.grpc_address, pytriton_server.http_address,
-        grpc_header={f"triton-grpc-protocol-{PYTRITON_TOKEN_KEY}": token},
-        http_header={PYTRITON_TOKEN_KEY: token})
+        grpc_header=token.grpc_header, http_header=token.http_header)
     # PyTriton loads its models through the load API with their config and files in the request,
     # not from its --model-repository: even with the token, the repository index lists nothing.
     # A client cannot discover PyTriton's models from the index at all, key or not.
@@ -282,11 +292,15 @@ def test_coffea_triton_wrapper_gets_every_row_from_a_restricted_tritonserver(
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_haproxy_over_two_servers_loses_no_row_when_one_is_killed_mid_call(transport, engine):
     inputs = zoo.example_inputs(MODEL, LONG_CALL_ROWS, seed=23)
-    with _two_servers_behind_haproxy() as ((victim, survivor), balancer):
+    with contextlib.ExitStack() as cleanup:
+        (victim, survivor), balancer = cleanup.enter_context(_two_servers_behind_haproxy())
         victim_served = ServedRequests(victim.grpc_address)
+        cleanup.callback(victim_served.close)
         survivor_served = ServedRequests(survivor.grpc_address)
+        cleanup.callback(survivor_served.close)
         model = TritonModel(balancer.url(), transport=transport,
                             max_request_bytes=ROWS_PER_REQUEST * 6 * 4, timeout_s=20)
+        cleanup.callback(model.close)
         call_over = threading.Event()
         killed: dict[str, int] = {}
         killer_errors: list[BaseException] = []
@@ -319,14 +333,11 @@ def test_haproxy_over_two_servers_loses_no_row_when_one_is_killed_mid_call(trans
             call_over.set()
             killer.join(timeout=60)
             assert not killer.is_alive(), "the killer thread did not finish"
-            model.close()
-            victim_served.close()
         if killer_errors:
             raise killer_errors[0]
         assert killed, "the call ended before both backends had served; nothing was killed mid-call"
-        wait_until(lambda: victim.process.poll() is not None, 10, "the victim to exit")
-        # the survivor served the rest: the kill happened while the call still had requests to send
+        wait_until(lambda: victim.process.poll() is not None, 10, "the killed server to exit")
+        # the survivor served the rest: the kill came while the call still had requests to send
         assert survivor_served() > killed["survivor_served"]
-        survivor_served.close()
         _assert_every_row(outputs, inputs, engine)
         assert model.stats.rows == LONG_CALL_ROWS and model.stats.fallback_rows == 0

@@ -148,7 +148,10 @@ class PyTritonJetTagger:
             except Exception as error:  # PyTriton raises several types for a server that died
                 failures.append(f"attempt {attempt} on ports {self.ports}: "
                                 f"{type(error).__name__}: {error}")
-                self.stop()
+                try:
+                    self.stop()
+                except Exception as stop_error:  # reported with the start failure below
+                    failures.append(f"  and stopping it failed: {stop_error!r}")
         raise RuntimeError("PyTriton did not start:\n" + "\n".join(failures))
 
     def stop(self) -> None:

@@ -79,7 +79,7 @@ class GpuEngine:
     Inputs are numpy arrays on the host; the timing therefore includes host<->device copies,
     as a local GPU in an analysis job would pay them.
 
-    >>> GpuEngine("jet_tagger")  # doctest: +SKIP
+    >>> GpuEngine("jet_tagger")
     GpuEngine('jet_tagger', cuda:0)
     """
 

@@ -6,7 +6,7 @@ why not). The model-server settings of this process reach the workers through th
 (:mod:`coffea_sonic.facility.environment`); secrets travel by variable name only, never in clear in
 a job script or a log.
 
->>> with make_cluster("local", workers=1) as cluster:          # doctest: +SKIP
+>>> with make_cluster("local", workers=1) as cluster:
 ...     cluster.client.submit(sum, [1, 2]).result()
 3
 

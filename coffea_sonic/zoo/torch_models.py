@@ -3,8 +3,9 @@
 Weights are drawn from numpy's PCG64 generator with a fixed seed, not from torch's RNG, so the same
 model comes out on every machine and torch version (the CPU box and the GPU machine alike).
 
->>> from coffea_sonic.zoo.torch_models import build  # doctest: +SKIP
->>> build("jet_tagger")(torch.zeros(2, 6)).shape      # doctest: +SKIP
+>>> import torch
+>>> from coffea_sonic.zoo.torch_models import build
+>>> build("jet_tagger")(torch.zeros(2, 6)).shape
 torch.Size([2, 3])
 """
 

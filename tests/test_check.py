@@ -1,24 +1,34 @@
-"""``coffea-sonic check`` against real servers: the embedded Triton (plain and TLS) and a token gateway.
+"""``coffea-sonic check`` against real servers: the embedded Triton (plain and TLS), a token gateway,
+and the deployments of issue 10: a tritonserver restricting protocol groups, PyTriton at its
+defaults, two servers behind HAProxy.
 
-Each case the issue names gets a clear verdict and advice: all good; server down; wrong port;
-model missing; TLS required but not configured; token rejected (and missing).
+Each case gets a clear verdict and advice: all good; server down; wrong port; model missing; TLS
+required but not configured; token rejected (and missing); restricted groups; why shared memory is
+not used. On every deployment, what check says about the transport is what a default TritonModel
+does there.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 
+from coffea_sonic import TritonModel, zoo
 from coffea_sonic.cli import main as cli_main
+from coffea_sonic.errors import ConfigurationError
 from coffea_sonic.facility.check import (CheckOptions, check_on_workers, check_server,
                                          check_servers, configured_targets, parse_target,
                                          render_reports)
 from coffea_sonic.facility.cluster import make_cluster
 from coffea_sonic.facility.gateway import TokenGateway
 from coffea_sonic.server import LocalTritonServer, free_port
-from helpers import CheckedThread
+from helpers import CheckedThread, wait_for
+from interop_servers import (HAProxy, PyTritonJetTagger, RESTRICTED_GROUPS, RestrictionKey,
+                             restricted_server)
 
 TOKEN_ENV = "COFFEA_SONIC_CHECK_TEST_TOKEN"
 TOKEN = "t0ken-value-that-must-never-be-printed"
@@ -50,7 +60,8 @@ def test_all_good_reports_server_models_versions_and_latency(triton_server):
     report = check_server(triton_server.url("jet_tagger"), pings=3)
     assert report.ok, render_reports([report])
     assert _statuses(report) == {aspect: "ok" for aspect in
-                                 ("reachable", "protocol", "tls", "auth", "server", "model", "latency")}
+                                 ("reachable", "protocol", "tls", "auth", "server", "access",
+                                  "model", "latency", "transport")}
     assert report.server_version.startswith("triton ")
     served = {(model.name, model.version, model.state) for model in report.models}
     assert {("jet_tagger", "1", "READY"), ("particlenet_lite", "1", "READY"),
@@ -59,6 +70,7 @@ def test_all_good_reports_server_models_versions_and_latency(triton_server):
     assert all(0 < ms < 5000 for ms in report.health_ms + report.inference_ms)
     text = render_reports([report])
     assert "features FP32[6] -> probs[3]" in text and "all good" in text
+    assert report.restricted == [] and "open to this client" in report.finding("access").summary
 
 
 def test_server_down_says_nothing_listens_and_how_to_fix():
@@ -198,7 +210,7 @@ def test_cli_exit_codes_and_report_text(triton_server, gateway, capsys):
     mixed = capsys.readouterr().out
     assert "1 of 2 server(s) OK" in mixed and "what to do:" in mixed
     assert cli_main(["check", "http://127.0.0.1:8000"]) == 2
-    assert "talks gRPC" in capsys.readouterr().err
+    assert "triton+http://host:port/model" in capsys.readouterr().err
 
 
 def test_cli_entry_point_runs_as_a_program(triton_server):
@@ -236,6 +248,12 @@ def test_parse_target_forms():
     assert parse_target("triton+grpc://h:9001/m/3") == parse_target("grpc://h:9001/m/3")
     assert parse_target("h").port == 8001
     assert parse_target("[::1]:8001").host == "::1"
+    assert parse_target("[::1]:8001").address == "[::1]:8001"
+    assert parse_target("triton+http://h/m").port == 8000  # the client's URL parser, its defaults
+    assert parse_target("triton+grpcs://h:443").tls is True
+    for wrong in ("triton+grpc://h/m/latest", "triton+grpc://user:pw@h/m", "h:notaport"):
+        with pytest.raises(ConfigurationError):
+            parse_target(wrong)
 
 
 def test_cli_check_on_workers_reports_from_the_worker(gateway, monkeypatch, capsys):
@@ -245,3 +263,164 @@ def test_cli_check_on_workers_reports_from_the_worker(gateway, monkeypatch, caps
     output = capsys.readouterr().out
     assert code == 0, output
     assert "(from " in output and "all good" in output and TOKEN not in output
+
+
+# -- the deployments of issue 10 ---------------------------------------------------------------
+PROTOCOL_KEY_ENV = "COFFEA_SONIC_CHECK_TEST_PROTOCOL_KEY"
+HAPROXY_START = Path(__file__).resolve().parents[1] / "scripts" / "haproxy" / "start.sh"
+
+
+def _what_a_default_model_does(url: str) -> tuple[str, int]:
+    """The transport a default TritonModel (transport='auto', no key) uses for ``url``, and the rows
+    one call of it returns: what check must agree with."""
+    model = TritonModel(url, fallback="off")
+    try:
+        outputs = model(zoo.example_inputs("jet_tagger", 257, seed=3))
+        assert model.stats.fallback_rows == 0
+        return model.transport_kind, len(outputs["probs"])
+    finally:
+        model.close()
+
+
+def _assert_agrees_with_the_client(report, url: str) -> None:
+    transport, rows = _what_a_default_model_does(url)
+    assert rows == 257
+    assert report.transport == transport, render_reports([report])
+
+
+@pytest.fixture(scope="module")
+def restriction() -> RestrictionKey:
+    return RestrictionKey("k", "check-test-key-that-must-never-be-printed")
+
+
+@pytest.fixture(scope="module")
+def restricted_tritonserver(restriction):
+    """tritonserver started with --grpc-restricted-protocol=model-repository,shared-memory,
+    statistics:k=VALUE (and the same --http-restricted-api)."""
+    with restricted_server(restriction) as server:
+        yield server
+
+
+def test_direct_server_uses_shared_memory_like_the_workers(triton_server):
+    url = triton_server.url("jet_tagger")
+    report = check_server(url, pings=2)
+    assert report.ok, render_reports([report])
+    assert (report.transport, report.shm_usable, report.shm_cause) == ("shm", True, "usable")
+    finding = report.finding("transport")
+    assert finding.status == "ok" and "system shared memory" in finding.summary
+    assert "status calls all reached the server" in report.shm_reason
+    _assert_agrees_with_the_client(report, url)
+
+
+def test_http_url_is_checked_over_the_http_transport(triton_server):
+    report = check_server(f"triton+http://{triton_server.http_address}/jet_tagger", pings=1)
+    assert report.ok, render_reports([report])
+    assert report.finding("protocol").summary.startswith("HTTP/1.1")
+    assert (report.transport, report.shm_cause) == ("http", "http")
+    assert len(report.inference_ms) == 1
+
+
+def test_restricted_server_lists_groups_infers_and_sends_over_grpc(restricted_tritonserver,
+                                                                   restriction):
+    url = restricted_tritonserver.url("jet_tagger")
+    report = check_server(url, pings=2)
+    text = render_reports([report])
+    assert report.ok, text
+    assert report.restricted == sorted(RESTRICTED_GROUPS)
+    access = report.finding("access")
+    assert access.status == "warn" and "triton-grpc-protocol-k" in access.summary
+    assert "--protocol-key-name k" in access.advice
+    model = report.finding("model")
+    assert model.status == "ok" and "(from its metadata)" in model.summary, text
+    assert len(report.inference_ms) == 2 and report.finding("latency").status == "ok"
+    assert (report.transport, report.shm_usable, report.shm_cause) == ("grpc", False, "restricted")
+    assert "restricts its shared-memory protocol" in report.finding("transport").summary
+    assert "usable (see [warn] above)" in text and restriction.value not in text
+    _assert_agrees_with_the_client(report, url)
+
+
+def test_restricted_server_with_its_key_is_open_and_uses_shared_memory(
+        restricted_tritonserver, restriction, monkeypatch, capsys):
+    monkeypatch.setenv(PROTOCOL_KEY_ENV, restriction.value)
+    url = restricted_tritonserver.url("jet_tagger")
+    report = check_server(url, pings=1, protocol_key_name=restriction.key,
+                          protocol_key_env=PROTOCOL_KEY_ENV)
+    assert report.ok and report.restricted == [], render_reports([report])
+    assert "with protocol key 'k'" in report.finding("access").summary
+    assert report.transport == "shm"
+    assert cli_main(["check", url, "--pings", "1", "--protocol-key-name", restriction.key,
+                     "--protocol-key-env", PROTOCOL_KEY_ENV]) == 0
+    output = capsys.readouterr().out
+    assert "all good" in output and restriction.value not in output
+    monkeypatch.setenv(PROTOCOL_KEY_ENV, "a-wrong-key")
+    wrong = check_server(url, pings=1, protocol_key_name=restriction.key,
+                         protocol_key_env=PROTOCOL_KEY_ENV)
+    assert wrong.restricted == sorted(RESTRICTED_GROUPS) and wrong.transport == "grpc"
+    assert "configured protocol key was not accepted" in wrong.finding("access").advice
+
+
+def test_restricted_server_over_http(restricted_tritonserver):
+    report = check_server(f"triton+http://{restricted_tritonserver.http_address}/jet_tagger",
+                          pings=1)
+    assert report.ok, render_reports([report])
+    assert report.restricted == ["model-repository", "statistics"]  # shared memory: gRPC only
+    assert report.transport == "http" and len(report.inference_ms) == 1
+
+
+@pytest.fixture(scope="module")
+def pytriton_server(tmp_path_factory):
+    """PyTriton 0.7 at its defaults (access token on), jet_tagger bound to onnxruntime."""
+    with PyTritonJetTagger(tmp_path_factory.mktemp("pytriton")) as server:
+        yield server
+
+
+def test_pytriton_defaults_are_reported_and_agree_with_the_client(pytriton_server):
+    report = check_server(pytriton_server.url(), pings=2)
+    text = render_reports([report])
+    assert report.ok, text
+    assert set(RESTRICTED_GROUPS) <= set(report.restricted), text
+    assert "triton-access-token" in report.finding("access").advice
+    assert "inputs features FP32[6] -> probs[3]" in report.finding("model").summary
+    assert len(report.inference_ms) == 2
+    assert (report.transport, report.shm_cause) == ("grpc", "restricted")
+    _assert_agrees_with_the_client(report, pytriton_server.url())
+
+
+@pytest.fixture
+def haproxy(triton_server, jet_tagger_server):
+    """Debian's haproxy, round robin per gRPC call, over two embedded servers on this host."""
+    if not HAPROXY_START.exists():
+        pytest.skip("scripts/haproxy/ is not in this checkout yet (it comes with main)")
+    with HAProxy([triton_server.grpc_address, jet_tagger_server.grpc_address]) as running:
+        yield running
+
+
+def test_servers_behind_haproxy_are_reported_and_agree_with_the_client(haproxy):
+    report = check_server(haproxy.url(), pings=2)
+    text = render_reports([report])
+    assert report.ok, text
+    assert report.restricted == []
+    assert (report.transport, report.shm_usable, report.shm_cause) == ("grpc", False, "proxy")
+    assert "proxy or load balancer" in report.finding("transport").summary
+    assert len(report.inference_ms) == 2
+    _assert_agrees_with_the_client(report, haproxy.url())
+
+
+def test_one_row_inference_is_the_workers_call(triton_server):
+    """The tiny inference goes through TritonModel: the server counts it for the model named."""
+    model = TritonModel(triton_server.url("particlenet_lite"))
+    before = model.server_statistics().success_count
+    report = check_server(triton_server.url("particlenet_lite"), pings=3)
+    assert report.ok, render_reports([report])
+    wait_for(lambda: model.server_statistics().success_count - before == 3, timeout=30,
+             what="the server to count check's three one-row requests")
+    assert np.median(report.inference_ms) > 0
+
+
+def test_the_workers_transport_setting_is_what_check_reports(triton_server, monkeypatch):
+    monkeypatch.setenv("COFFEA_SONIC_TRANSPORT", "grpc")
+    url = triton_server.url("jet_tagger")
+    report = check_server(url, pings=1)
+    assert report.ok, render_reports([report])
+    assert (report.transport, report.shm_cause) == ("grpc", "not-asked")
+    _assert_agrees_with_the_client(report, url)

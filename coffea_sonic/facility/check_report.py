@@ -26,7 +26,8 @@ from typing import Literal
 
 from ..config import setting
 from ..core.endpoint import (DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, SCHEMES, ProtocolKey,
-                             parse_address, parse_model_url)
+                             ServerSettings, configured_headers, configured_protocol_key,
+                             configured_tls, parse_address, parse_model_url)
 from ..core.secrets import Secret
 from ..core.tls import TlsOptions
 from ..errors import ConfigurationError
@@ -77,6 +78,18 @@ class Target:
             scheme = f"triton+{self.protocol}{'s' if self.tls else ''}://"
         path = f"/{self.model}" + (f"/{self.version}" if self.version else "") if self.model else ""
         return f"{scheme}{self.address}{path}"
+
+    def settings(self) -> ServerSettings:
+        """How a worker reaches this server: the configured TLS (``...s://`` targets), token and
+        restricted-protocol key, as :class:`~coffea_sonic.model.TritonModel` builds them.
+
+        >>> parse_target("triton+http://gpu1/m").settings()
+        ServerSettings('gpu1:8000', http)
+        """
+        return ServerSettings.build(self.address, protocol=self.protocol,
+                                    tls=configured_tls() if self.tls else None,
+                                    headers=configured_headers(),
+                                    protocol_key=configured_protocol_key())
 
     def model_url(self, tls: bool | None = None) -> str:
         """The ``triton+...://`` URL a TritonModel for this target is given (``tls`` overrides)."""
@@ -133,7 +146,8 @@ class CheckOptions:
     where the bearer token is read. ``protocol_key_name`` + ``protocol_key_env`` /
     ``protocol_key_file``: the key of a server that restricts protocol groups
     (``--grpc-restricted-protocol=...:KEY=VALUE``). ``transport``: what the workers ask for
-    (``"auto"``, their default; ``"grpc"``, ``"shm"``, ``"http"``).
+    (``"auto"``, ``"grpc"``, ``"shm"``, ``"http"``; None: their ``transport`` setting, default
+    ``"auto"``).
 
     >>> CheckOptions(token_env="SONIC_TOKEN").token_source
     '$SONIC_TOKEN'
@@ -155,7 +169,7 @@ class CheckOptions:
     protocol_key_name: str | None = None
     protocol_key_env: str | None = None
     protocol_key_file: str | None = None
-    transport: str = "auto"
+    transport: str | None = None
 
     @property
     def token_source(self) -> str | None:

@@ -58,7 +58,7 @@ SHM_CAUSES = {
     "restricted": "the server restricts its shared-memory protocol",
     "dev-shm": "the server cannot map this node's /dev/shm, or this node has none",
     "unreachable": "the server did not answer the probe",
-    "not-asked": "the workers ask for transport='grpc'",
+    "not-asked": "the workers ask for transport='grpc' (the transport setting)",
     "http": "the URL uses Triton's HTTP API (shared memory is used with gRPC URLs only)",
     "usable": "",
 }
@@ -218,13 +218,14 @@ def _repository(control: Transport, timeout_s: float) -> list[ServedModel]:
             for name, versions in control.model_index(timeout_s).items() for version in versions]
 
 
-def _check_access(control: Transport, settings: ServerSettings, options: CheckOptions,
-                  report: ServerReport) -> None:
+def _check_access(control: Transport, target: Target, settings: ServerSettings,
+                  options: CheckOptions, report: ServerReport) -> None:
     """Which of the groups the client uses refuse this client (kind ``restricted``)."""
     timeout = options.timeout_s
     calls: dict[str, Callable[[], Any]] = {
         "model-repository": lambda: _repository(control, timeout),
-        "statistics": lambda: control.statistics("", "", timeout),
+        # the named model's (over HTTP "" is no path: /v2/models//stats answers 404)
+        "statistics": lambda: control.statistics(target.model, "", timeout),
     }
     rpc = getattr(control, "rpc", None)
     if rpc is not None:
@@ -348,13 +349,14 @@ def _check_transport(model: TritonModel, router: Router, options: CheckOptions,
 
         report.shm_usable, report.shm_cause = True, "usable"
         report.shm_reason = probe_shared_memory(router.control(endpoint))[1]
-        report.add("transport", "ok", f"workers here send tensors through {kind} shared memory "
-                   f"({report.shm_reason})")
+        memory = "CUDA shared memory" if kind == "cuda" else "system shared memory"
+        report.add("transport", "ok", f"workers here send tensors through {memory} ({kind}): "
+                   f"{report.shm_reason}")
         return
     report.shm_usable = False
     if kind == "http" or endpoint.settings.protocol == "http":
         report.shm_cause, report.shm_reason = "http", SHM_CAUSES["http"]
-    elif options.transport == "grpc":
+    elif model.transport == "grpc":
         report.shm_cause, report.shm_reason = "not-asked", SHM_CAUSES["not-asked"]
     elif endpoint.shm_off:
         report.shm_cause, report.shm_reason = shm_cause(endpoint.shm_off), endpoint.shm_off
@@ -387,7 +389,7 @@ def check_triton(target: Target, options: CheckOptions, report: ServerReport,
     first_ms = _check_health(control, settings, options, report)
     if first_ms is None or not report.ok:
         return
-    _check_access(control, settings, options, report)
+    _check_access(control, target, settings, options, report)
     info = _check_model(model, target, report)
     _measure_latency(control, model, info, first_ms, options, report)
     _check_transport(model, router, options, report)

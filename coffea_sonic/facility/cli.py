@@ -72,8 +72,9 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("--protocol-key-env", metavar="NAME",
                        help="environment variable holding that key's VALUE")
     check.add_argument("--protocol-key-file", metavar="PATH", help="file holding the key's VALUE")
-    check.add_argument("--transport", choices=("auto", "grpc", "shm", "http"), default="auto",
-                       help="what the workers' TritonModel asks for (default auto, as theirs)")
+    check.add_argument("--transport", choices=("auto", "grpc", "shm", "http"),
+                       help="what the workers' TritonModel asks for (default: their transport "
+                            "setting, COFFEA_SONIC_TRANSPORT, else auto)")
     check.add_argument("--ssl", action="store_true", default=None,
                        help="use TLS even for triton+grpc:// or host:port targets")
     check.add_argument("--ssl-ca", metavar="FILE", help="PEM bundle of the CA(s) to trust")

@@ -1,4 +1,5 @@
-"""``coffea-sonic monitor`` against the embedded Triton: figures equal the server's own statistics,
+"""``coffea-sonic monitor`` against the embedded Triton: figures equal the server's own statistics (read
+through the transport layer, as monitor reads them from a triton+grpc:// URL),
 and a real Prometheus (Debian's package) scrapes the server with deploy/prometheus.yml."""
 
 from __future__ import annotations
@@ -20,39 +21,38 @@ import pytest
 import yaml
 
 from coffea_sonic.cli import main as cli_main
+from coffea_sonic.core.endpoint import ServerSettings
+from coffea_sonic.core.tensors import TensorInfo
 from coffea_sonic.errors import ConfigurationError
 from coffea_sonic.facility.monitor import figures, metrics_url, monitor, render_frame, scrape
 from coffea_sonic.server import free_port
+from coffea_sonic.transport.base import InferRequest
+from coffea_sonic.transport.grpc import GrpcTransport
 from helpers import CheckedThread, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "jet_tagger"
 
 
-def _client(server):
-    import tritonclient.grpc as triton_grpc
+def _client(server) -> GrpcTransport:
+    """The gRPC transport the workers use; its ``statistics`` is the one statistics reader."""
+    return GrpcTransport(ServerSettings(server.grpc_address))
 
-    return triton_grpc.InferenceServerClient(server.grpc_address)
 
-
-def _infer(client, rows: int) -> None:
-    import tritonclient.grpc as triton_grpc
-
+def _infer(client: GrpcTransport, rows: int) -> None:
     features = np.random.default_rng(rows).normal(size=(rows, 6)).astype(np.float32)
-    tensor = triton_grpc.InferInput("features", list(features.shape), "FP32")
-    tensor.set_data_from_numpy(features)
-    client.infer(MODEL, [tensor])
+    client.infer(InferRequest(MODEL, "", {"features": features},
+                              (TensorInfo("probs", "FP32", (3,)),), rows=rows))
 
 
-def _statistics(client) -> dict[str, float]:
-    stats = client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
-    inference = stats["inference_stats"]
-    return {"inferences": float(stats.get("inference_count", 0)),
-            "executions": float(stats.get("execution_count", 0)),
-            "requests": float(inference["success"].get("count", 0)),
-            "failures": float(inference["fail"].get("count", 0)),
-            "queue_us": float(inference["queue"].get("ns", 0)) / 1e3,
-            "compute_us": float(inference["compute_infer"].get("ns", 0)) / 1e3}
+def _statistics(client: GrpcTransport) -> dict[str, float]:
+    stats = client.statistics(MODEL, "", 10.0)
+    return {"inferences": float(stats.inference_count),
+            "executions": float(stats.execution_count),
+            "requests": float(stats.success_count),
+            "failures": float(stats.fail_count),
+            "queue_us": stats.queue_ns / 1e3,
+            "compute_us": stats.compute_infer_ns / 1e3}
 
 
 def _consistent_pair(server, client):
@@ -145,6 +145,75 @@ def test_unreachable_endpoint_is_reported_and_exit_code_is_one():
 def test_grpc_address_is_refused_with_the_metrics_port_hint():
     with pytest.raises(ConfigurationError, match="metrics endpoint"):
         metrics_url("triton+grpc://127.0.0.1:8001/jet_tagger")
+
+
+# -- Triton's statistics API instead of the metrics port ----------------------------------------
+def test_statistics_api_gives_the_figures_the_metrics_give(triton_server):
+    """``triton+grpc://`` reads the same counters through the transport: same figures."""
+    client = _client(triton_server)
+    statistics_url = f"triton+grpc://{triton_server.grpc_address}/{MODEL}"
+
+    def agreeing_pair():
+        from_api = scrape(statistics_url)
+        from_metrics = scrape(triton_server.metrics_url)
+        if (from_api.models[(MODEL, "1")].successes == from_metrics.models[(MODEL, "1")].successes
+                == scrape(statistics_url).models[(MODEL, "1")].successes):
+            return from_api, from_metrics
+        return None
+
+    api_before, metrics_before = wait_for(agreeing_pair, timeout=30, what="both sources to agree")
+    for rows in (3, 100, 2000):
+        _infer(client, rows)
+    api_after, metrics_after = wait_for(agreeing_pair, timeout=30, what="both sources to agree")
+    assert not api_after.error and api_after.url == f"triton+grpc://{triton_server.grpc_address}/{MODEL}"
+    (api,) = figures(api_before, api_after)
+    (metric,) = [f for f in figures(metrics_before, metrics_after) if f.model == MODEL]
+    assert (api.inferences, api.requests, api.executions) == (2103, 3, metric.executions)
+    assert (metric.inferences, metric.requests) == (2103, 3)
+    # metrics are whole microseconds per request, statistics nanoseconds
+    assert api.queue_us_per_request == pytest.approx(metric.queue_us_per_request, abs=1.0)
+    assert api.compute_us_per_request == pytest.approx(metric.compute_us_per_request, abs=1.0)
+    assert math.isnan(api.pending)
+    every_model = scrape(f"triton+grpc://{triton_server.grpc_address}")
+    assert {(MODEL, "1"), ("emtrk_cnn", "1")} <= set(every_model.models)
+    client.close()
+
+
+def test_monitor_reads_statistics_over_grpc_while_requests_flow(triton_server):
+    client = _client(triton_server)
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            _infer(client, 256)
+
+    sender = CheckedThread(traffic)
+    sender.start()
+    out = io.StringIO()
+    try:
+        code = monitor([f"triton+grpc://{triton_server.grpc_address}"], interval_s=0.5, once=True,
+                       out=out)
+    finally:
+        stop.set()
+        sender.finish(timeout=60)
+    assert code == 0, out.getvalue()
+    row = next(line for line in out.getvalue().splitlines() if line.strip().startswith(MODEL))
+    assert row.split()[2] not in ("0.0", "-"), out.getvalue()
+
+
+def test_statistics_of_a_restricted_server_say_what_to_do_instead():
+    from interop_servers import new_restriction_key, restricted_server
+
+    key = new_restriction_key()
+    with restricted_server(key) as server:
+        snapshot = scrape(server.url(MODEL))
+        every = scrape(f"triton+grpc://{server.grpc_address}")
+        out = io.StringIO()
+        assert monitor([server.url(MODEL)], interval_s=0.01, once=True, out=out) == 1
+    assert "restricted" in snapshot.error and "metrics endpoint" in snapshot.error
+    assert "cannot read the statistics" in snapshot.error
+    assert "cannot read the repository index" in every.error and "name the model" in every.error
+    assert key.value not in out.getvalue() and "restricted" in out.getvalue()
 
 
 def test_cli_monitor_frames(triton_server, capsys):

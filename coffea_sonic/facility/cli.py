@@ -46,9 +46,13 @@ A live terminal view of Triton servers from their Prometheus metrics endpoint (T
 --metrics-port, 8002 by default): per model, inferences/s and requests/s, average batch
 (inferences per execution), queue and compute time per request, queue time per execution
 (SuperSONIC's autoscaling metric), failures and pending requests; CPU and GPU utilisation.
+Given a Triton URL instead (triton+grpc://host:8001[/model]), the same figures come from Triton's
+statistics API, reached as the workers reach it (TLS, token, restricted-protocol key settings):
+for servers whose metrics port you cannot reach.
 
 examples:
   coffea-sonic monitor http://127.0.0.1:8002/metrics
+  coffea-sonic monitor triton+grpc://gpu1:8001           # statistics API, every model it serves
   coffea-sonic monitor gpu1:8002 gpu2:8002 --interval 5
   coffea-sonic monitor 127.0.0.1:8002 --once           # one frame over one interval, then exit
 """
@@ -97,7 +101,8 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
         "monitor", help="live view of Triton server metrics (throughput, queue, batch, GPU)",
         description=_MONITOR_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     monitor.add_argument("urls", nargs="+", metavar="URL",
-                         help="metrics endpoint: http://host:8002/metrics or host:port")
+                         help="metrics endpoint (http://host:8002/metrics or host:port), or a "
+                              "Triton URL triton+grpc://host:port[/model] (statistics API)")
     monitor.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                          help="seconds between scrapes (default 2)")
     monitor.add_argument("--once", action="store_true",

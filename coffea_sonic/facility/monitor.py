@@ -14,6 +14,12 @@ model and version:
 * failures (``nv_inference_request_failure``, all reasons), pending requests;
 * per GPU (where the server exports it): utilisation and memory; the server's CPU utilisation.
 
+A Triton URL instead (``triton+grpc://host:8001[/model[/version]]``, ``triton+http://...``) reads
+the same counters from Triton's statistics API through the client's transports (the one statistics
+reader, :meth:`~coffea_sonic.transport.base.Transport.statistics`), with the workers' settings
+(TLS, token, restricted-protocol key): for servers whose metrics port is not reachable, e.g. behind
+a gateway that forwards only gRPC. Statistics have no pending count and no GPU or CPU gauges.
+
 The first frame has no previous scrape: it shows figures since the server started.
 
 >>> text = '''# TYPE nv_inference_count counter
@@ -41,12 +47,15 @@ from typing import IO
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, SonicError
+from ..stats import ServerStatistics
+from .check_report import parse_target
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GpuGauges", "ModelCounters", "ModelFigures", "Snapshot", "figures", "metrics_url",
-           "monitor", "parse_metrics", "render_frame", "scrape"]
+__all__ = ["GpuGauges", "ModelCounters", "ModelFigures", "Snapshot", "counters_from_statistics",
+           "figures", "is_triton_url", "metrics_url", "monitor", "parse_metrics", "read_statistics",
+           "render_frame", "scrape"]
 
 # metric family -> ModelCounters field
 _COUNTERS = {
@@ -69,16 +78,28 @@ _GPU_GAUGES = {
 }
 
 
+def is_triton_url(text: str) -> bool:
+    """Whether ``text`` names Triton's gRPC/HTTP API (read: statistics), not a metrics endpoint.
+
+    >>> is_triton_url("triton+grpc://gpu1:8001/jet_tagger"), is_triton_url("gpu1:8002")
+    (True, False)
+    """
+    scheme, separator, _ = text.strip().partition("://")
+    return bool(separator) and (scheme.lower().startswith("triton+")
+                                or scheme.lower() in ("grpc", "grpcs"))
+
+
 def metrics_url(text: str) -> str:
     """Normalise ``host:port`` or an URL without path to ``http://host:port/metrics``.
 
     >>> metrics_url("gpu1:8002"), metrics_url("http://gpu1:8002")
     ('http://gpu1:8002/metrics', 'http://gpu1:8002/metrics')
     """
-    if text.startswith(("triton+grpc", "grpc")):
+    if is_triton_url(text):
         raise ConfigurationError(
-            f"{text!r} is a gRPC address; monitor reads the Prometheus metrics endpoint: give "
-            "http://host:8002/metrics (Triton's --metrics-port, 8002 by default)")
+            f"{text!r} is a Triton API URL, not a Prometheus metrics endpoint: give "
+            "http://host:8002/metrics (Triton's --metrics-port, 8002 by default), or pass the "
+            "Triton URL to monitor/scrape, which read its statistics API instead")
     url = text if "://" in text else f"http://{text}"
     scheme, _, rest = url.partition("://")
     if "/" not in rest:
@@ -151,7 +172,10 @@ def parse_metrics(text: str, url: str, taken_at: float) -> Snapshot:
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> Snapshot:
-    """Fetch and parse one server's metrics; a failure is recorded in ``Snapshot.error``."""
+    """Fetch and parse one server's metrics (or, for a Triton URL, read its statistics); a failure
+    is recorded in ``Snapshot.error``."""
+    if is_triton_url(url):
+        return read_statistics(url, timeout_s)
     url = metrics_url(url)
     taken_at = time.monotonic()
     try:
@@ -166,6 +190,59 @@ def scrape(url: str, timeout_s: float = 5.0) -> Snapshot:
     except ValueError as error:
         return Snapshot(url=url, taken_at=taken_at,
                         error=f"{url} does not serve Prometheus metrics: {error}")
+
+
+def counters_from_statistics(model: str, version: str, stats: ServerStatistics) -> ModelCounters:
+    """Triton's statistics of one model version as the counters the metrics give (µs).
+
+    >>> counters_from_statistics("m", "1", ServerStatistics(inference_count=8, queue_ns=3000)).queue_us
+    3.0
+    """
+    return ModelCounters(
+        model, version, inferences=float(stats.inference_count),
+        executions=float(stats.execution_count), successes=float(stats.success_count),
+        failures=float(stats.fail_count), queue_us=stats.queue_ns / 1e3,
+        compute_input_us=stats.compute_input_ns / 1e3,
+        compute_infer_us=stats.compute_infer_ns / 1e3,
+        compute_output_us=stats.compute_output_ns / 1e3, request_us=math.nan, pending=math.nan)
+
+
+def read_statistics(url: str, timeout_s: float = 5.0) -> Snapshot:
+    """One :class:`Snapshot` from Triton's statistics API at ``url`` (``triton+grpc://host:port``
+    for every model in its index, ``.../model[/version]`` for one), read through the transport the
+    workers' settings give (:meth:`~coffea_sonic.transport.base.Transport.statistics`)."""
+    from ..transport.errors import TransportError
+    from ..transport.registry import open_transport
+
+    target = parse_target(url)
+    taken_at = time.monotonic()
+    step = "repository index"
+    try:
+        transport = open_transport(target.settings(), target.protocol)
+        if target.model:
+            step = "model metadata"
+            versions = ((target.version,) if target.version else
+                        transport.model_info(target.model, "", timeout_s).versions)
+            wanted = {target.model: versions}
+        else:
+            wanted = transport.model_index(timeout_s)
+        step = "statistics"
+        snapshot = Snapshot(url=target.label, taken_at=taken_at)
+        for model, versions in wanted.items():
+            for version in versions or ("",):
+                snapshot.models[(model, version)] = counters_from_statistics(
+                    model, version, transport.statistics(model, version, timeout_s))
+        return snapshot
+    except (TransportError, SonicError) as error:
+        text = error.describe() if isinstance(error, TransportError) else str(error)
+        advice = "is this the server's gRPC (or HTTP) port?"
+        if getattr(error, "kind", "") == "restricted":
+            advice = ("give its metrics endpoint (http://host:8002/metrics) instead, or the key "
+                      "(settings protocol_key_name / protocol_key_env)"
+                      + ("; or name the model: triton+grpc://host:port/MODEL"
+                         if step == "repository index" else ""))
+        return Snapshot(url=target.label, taken_at=taken_at,
+                        error=f"cannot read the {step} of {target.label}: {text} ({advice})")
 
 
 @dataclass(frozen=True)
@@ -283,11 +360,13 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             frames: int | None = None, out: IO[str] | None = None, color: bool | None = None) -> int:
     """Scrape ``urls`` every ``interval_s`` and redraw the view; returns an exit code.
 
+    ``urls``: metrics endpoints, or Triton URLs (their statistics API; see the module docstring).
+
     ``once``: scrape twice, ``interval_s`` apart, print one frame and return (1 if any server
     could not be read). ``frames`` stops after that many frames. On a terminal the screen is
     cleared between frames; otherwise frames are printed one after the other.
     """
-    targets = [metrics_url(url) for url in urls]
+    targets = [parse_target(url).label if is_triton_url(url) else metrics_url(url) for url in urls]
     if not targets:
         raise ConfigurationError("give at least one metrics URL, e.g. http://127.0.0.1:8002/metrics")
     out = out or sys.stdout

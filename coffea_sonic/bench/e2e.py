@@ -34,6 +34,7 @@ from .. import zoo
 from ..examples.jet_tagging import JetTaggingProcessor
 from ..stats import InferenceStats
 from .config import BenchConfig
+from .probes import server_statistics, server_statistics_summary, statistics_transport
 from .scaling import ScalingModel
 
 logger = logging.getLogger(__name__)
@@ -149,13 +150,8 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
     }
     row["inference_share"] = row["inference_seconds"] / (wall_s * workers)
     if before is not None and after is not None:
-        busy = 0.0
-        for name in before:
-            delta = after[name] - before[name]
-            requests = max(delta.success_count, 1)
-            compute = delta.compute_input_s + delta.compute_infer_s + delta.compute_output_s
-            busy += compute / requests * delta.execution_count
-        row["server_busy_s"] = busy
+        row["server_busy_s"] = sum(server_statistics_summary(after[name] - before[name], wall_s)
+                                   ["busy_s"] for name in before)
     return row
 
 
@@ -184,15 +180,10 @@ def run_end_to_end(config: BenchConfig, *, server_address: str | None,
         fileset = _write_sample(directory + "/sample", events, files=files)
         warmup = _write_sample(directory + "/warmup", 2 * chunksize * max(workers_list),
                                files=files, seed=1)
-        stats_client = None
-        if server_address:
-            import tritonclient.grpc as grpcclient
-
-            stats_client = grpcclient.InferenceServerClient(server_address)
-        from .probes import server_statistics
+        transport = statistics_transport(server_address) if server_address else None
 
         def measure_server() -> dict:
-            return {name: server_statistics(stats_client, name) for name in E2E_MODELS}
+            return {name: server_statistics(transport, name) for name in E2E_MODELS}
 
         for workers in workers_list:
             progress(f"e2e: in-process CPU inference, {workers} worker(s)")
@@ -203,8 +194,6 @@ def run_end_to_end(config: BenchConfig, *, server_address: str | None,
                 analysis = JetTaggingProcessor(f"triton+grpc://{server_address}")
                 row = _run_once(analysis, fileset, warmup, workers, chunksize, measure_server)
                 rows.append({"inference": "served", **row})
-        if stats_client is not None:
-            stats_client.close()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
         if saved_warnings is None:

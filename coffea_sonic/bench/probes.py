@@ -2,8 +2,14 @@
 
 * :class:`PeakRss`: peak resident memory growth of this process during a block (Linux resets the
   kernel's high-water mark through ``/proc/self/clear_refs``; elsewhere a sampling thread).
-* :func:`server_statistics`: Triton's cumulative per-model counters (queue, compute), to subtract.
-* :class:`GpuUtilisation`: ``nvidia-smi`` samples of GPU utilisation and memory while a block runs.
+* :func:`server_statistics`: Triton's cumulative per-model counters (queue, compute), to subtract,
+  read through the client's transport (:func:`statistics_transport`: the workers' settings), so
+  the harness, ``monitor`` and ``TritonModel.server_statistics`` share one statistics reader;
+  :func:`server_statistics_summary` turns a difference into per-request times and busy fraction.
+* :class:`GpuUtilisation`: ``nvidia-smi`` samples of GPU utilisation and memory while a block runs
+  (time-stamped: :meth:`GpuUtilisation.mean_between` averages any window of it).
+
+Scripts under ``benchmarks/`` use these instead of their own copies.
 
 >>> import numpy as np
 >>> with PeakRss() as rss:
@@ -21,7 +27,9 @@ import subprocess
 import threading
 import time
 
+from ..errors import ConfigurationError
 from ..stats import ServerStatistics
+from ..transport.base import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +96,26 @@ class PeakRss:
         self.peak_bytes = max(self.peak_bytes, rss, peak if self._exact else 0)
 
 
-def server_statistics(client, model: str) -> ServerStatistics:
-    """Triton's cumulative statistics of ``model`` through a ``tritonclient.grpc`` client."""
-    response = client.get_inference_statistics(model_name=model, as_json=False)
-    return ServerStatistics.from_model_stats(response.model_stats)
+def statistics_transport(server: str) -> Transport:
+    """This process' gRPC transport to ``server`` (``host[:port]`` or ``triton+grpc://...``),
+    with the settings a worker has for it (configured token and restricted-protocol key).
+
+    >>> statistics_transport("triton+grpc://127.0.0.1:1/jet_tagger")
+    GrpcTransport('127.0.0.1:1')
+    """
+    from ..facility.check_report import parse_target
+    from ..transport.registry import open_transport
+
+    target = parse_target(server)
+    if target.protocol != "grpc":
+        raise ConfigurationError(f"the benchmark reaches servers over gRPC; {server!r} is "
+                                 f"{target.protocol}: give host:port or triton+grpc://host:port")
+    return open_transport(target.settings(), "grpc")
+
+
+def server_statistics(transport: Transport, model: str, timeout_s: float = 30.0) -> ServerStatistics:
+    """Triton's cumulative statistics of ``model`` (every version) through ``transport``."""
+    return transport.statistics(model, "", timeout_s)
 
 
 def server_statistics_summary(delta: ServerStatistics, wall_s: float) -> dict:
@@ -132,12 +156,16 @@ class GpuUtilisation:
     ...     pass
     >>> sorted(gpu.summary())
     ['available', 'max_percent', 'mean_percent', 'memory_used_max_mib', 'samples']
+    >>> gpu.mean_between(0.0, time.time()) is None or gpu.available
+    True
     """
 
     def __init__(self, interval_ms: int = 100) -> None:
         self.interval_ms = interval_ms
         self.utilisation: list[float] = []
         self.memory_used_mib: list[float] = []
+        #: wall-clock time (``time.time()``) each sample was read
+        self.times: list[float] = []
         self._process: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self.available = shutil.which("nvidia-smi") is not None
@@ -147,10 +175,12 @@ class GpuUtilisation:
         for line in self._process.stdout:
             parts = [part.strip() for part in line.split(",")]
             try:
-                self.utilisation.append(float(parts[0]))
-                self.memory_used_mib.append(float(parts[1]))
+                utilisation, memory = float(parts[0]), float(parts[1])
             except (ValueError, IndexError):
                 continue
+            self.utilisation.append(utilisation)
+            self.memory_used_mib.append(memory)
+            self.times.append(time.time())
 
     def __enter__(self) -> "GpuUtilisation":
         if self.available:
@@ -177,6 +207,13 @@ class GpuUtilisation:
             if self._reader is not None:
                 self._reader.join(timeout=5)
             self._process = None
+
+    def mean_between(self, start: float, end: float) -> float | None:
+        """Mean utilisation (%) of the samples read between ``start`` and ``end`` (``time.time()``);
+        None without samples there."""
+        inside = [value for stamp, value in zip(self.times, self.utilisation)
+                  if start <= stamp <= end]
+        return sum(inside) / len(inside) if inside else None
 
     def summary(self) -> dict:
         samples = self.utilisation

@@ -26,7 +26,11 @@ from .client import ClientJob, job_fields, max_abs_difference, run_clients
 from .config import GPU_OUTPUT_TOLERANCE, OUTPUT_TOLERANCE, SERVED_MODES, BenchConfig
 from .machine import machine_info
 from .modes import output_row_bytes, row_bytes
-from .probes import GpuUtilisation, server_statistics, server_statistics_summary
+from ..facility.check_report import parse_target
+from ..transport.base import Transport
+from ..transport.errors import TransportError
+from .probes import (GpuUtilisation, server_statistics, server_statistics_summary,
+                     statistics_transport)
 from .scaling import ScalingModel, fit_scaling_model
 
 logger = logging.getLogger(__name__)
@@ -43,10 +47,10 @@ def normalize_server_address(server: str) -> str:
     >>> normalize_server_address("localhost")
     'localhost:8001'
     """
-    address = server.split("://", 1)[-1].split("/", 1)[0]
-    if not address:
-        raise ConfigurationError(f"--server {server!r} names no host; use host:port")
-    return address if ":" in address else f"{address}:8001"
+    try:
+        return parse_target(server).address
+    except ConfigurationError as error:
+        raise ConfigurationError(f"--server: {error}") from None
 
 
 def _summary(values: list[float]) -> dict:
@@ -76,18 +80,18 @@ def _latency_summary(latencies_s: list[float]) -> dict:
 class _ServerProbe:
     """Snapshots of the server's statistics for one model around a measurement."""
 
-    def __init__(self, client, model: str) -> None:
-        self.client, self.model = client, model
+    def __init__(self, transport: Transport, model: str) -> None:
+        self.transport, self.model = transport, model
         self.before = self.after = None
         self.started = self.stopped = 0.0
 
     def start(self) -> None:
-        self.before = server_statistics(self.client, self.model)
+        self.before = server_statistics(self.transport, self.model)
         self.started = time.perf_counter()
 
     def stop(self) -> None:
         self.stopped = time.perf_counter()
-        self.after = server_statistics(self.client, self.model)
+        self.after = server_statistics(self.transport, self.model)
 
     def summary(self) -> dict | None:
         if self.before is None or self.after is None:
@@ -107,7 +111,8 @@ class BenchSuite:
         self.skipped: list[dict] = []
         self.server_info: dict = {}
         self.server_address: str | None = None
-        self.stats_client = None
+        #: the gRPC transport server statistics and metadata are read through
+        self.stats_transport: Transport | None = None
         self.model_versions: dict[str, str] = {}
         self.references: dict[str, dict[str, np.ndarray]] = {}
         #: local-gpu outputs: what outputs computed on the GPU are also compared with
@@ -132,8 +137,6 @@ class BenchSuite:
         """Start or reach the server when a served mode is asked for; drop modes that can't run."""
         if not any(mode in SERVED_MODES for mode in modes) and not self.config.e2e_events:
             return modes
-        import tritonclient.grpc as grpcclient
-
         config = self.config
         if config.server:
             self.server_address = normalize_server_address(config.server)
@@ -159,22 +162,22 @@ class BenchSuite:
                                 "device": server.device, "instances": config.server_instances,
                                 "startup_s": time.perf_counter() - started,
                                 "log": str(server.log_path)}
-        self.stats_client = grpcclient.InferenceServerClient(self.server_address)
-        stack.callback(self.stats_client.close)
+        self.stats_transport = statistics_transport(self.server_address)
         try:
-            live = self.stats_client.is_server_live()
-        except Exception as error:  # noqa: BLE001 - any transport error means unreachable
+            live = self.stats_transport.ready(min(config.timeout_s, 30.0))
+        except TransportError as error:
             raise ServerUnavailableError(
-                f"no Triton server answers at {self.server_address}: {error}. Start one with "
-                "`coffea-sonic serve` or leave out --server to use the embedded one") from None
+                f"no Triton server answers at {self.server_address}: {error.describe()}. Start one "
+                "with `coffea-sonic serve` or leave out --server to use the embedded one") from None
         if not live:
-            raise ServerUnavailableError(f"the Triton server at {self.server_address} is not live")
+            raise ServerUnavailableError(f"the Triton server at {self.server_address} is not ready")
         for model in config.models:
             try:
-                metadata = self.stats_client.get_model_metadata(model)
-            except Exception as error:  # noqa: BLE001
+                metadata = self.stats_transport.model_info(model, "", config.timeout_s)
+            except TransportError as error:
                 self.skipped.append({"model": model, "modes": sorted(SERVED_MODES),
-                                     "reason": f"not served at {self.server_address}: {error}"})
+                                     "reason": f"not served at {self.server_address}: "
+                                               f"{error.describe()}"})
                 continue
             versions = sorted(metadata.versions, key=lambda v: int(v) if v.isdigit() else -1)
             self.model_versions[model] = versions[-1] if versions else "1"
@@ -211,7 +214,7 @@ class BenchSuite:
             cpu_threads=config.cpu_threads, keep_outputs=clients == 1)
         self.progress(f"{model:>16} {mode:<14} batch {batch_size:>6} in-flight {in_flight:>2} "
                       f"clients {clients:>2}")
-        probe = _ServerProbe(self.stats_client, model) if served else None
+        probe = _ServerProbe(self.stats_transport, model) if served else None
         gpu_sampler = GpuUtilisation() if self.gpu else None
         stack = contextlib.ExitStack()
 

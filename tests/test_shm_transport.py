@@ -4,11 +4,13 @@ Answers equal in-process onnxruntime; outputs reach ``out`` destinations with on
 allocations stay far below the output's size, where plain gRPC allocates at least that); a
 cancelled request's slot is dropped; a region the server does not know fails as ``shm_region``;
 a server restricting the shared-memory protocol fails as ``restricted``; the probe accepts a
-direct server and rejects two servers behind a per-request load balancer (HAProxy).
+direct server and rejects two servers behind a per-request load balancer (HAProxy). On a GPU
+machine, the CUDA transport runs against a fake Triton that maps its regions through CUDA IPC.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import shutil
@@ -26,8 +28,8 @@ from coffea_sonic.server.launcher import free_port
 from coffea_sonic.transport.base import InferRequest
 from coffea_sonic.transport.errors import TransportError
 from coffea_sonic.transport.grpc import GrpcTransport
-from coffea_sonic.transport.shm import (SystemShmTransport, forget_probes, probe_shared_memory,
-                                        region_prefix)
+from coffea_sonic.transport.shm import (CudaShmTransport, SystemShmTransport, forget_probes,
+                                        probe_shared_memory, region_prefix)
 from helpers import wait_for
 
 MODEL = "jet_tagger"
@@ -356,3 +358,154 @@ def test_regions_of_an_ended_client_are_gone(server, ending):
         with SystemShmTransport(ServerSettings(server.grpc_address)) as next_client:
             next_client.infer(request(10))  # ...until the next client's first registration
         assert registered() == []
+
+
+
+FAKE_TRITON = r"""
+# A fake Triton gRPC server (its own process: CUDA IPC handles open only in another process)
+# that maps CUDA regions with cupy. Model "double": y = 2 * x (FP32 [rows, 4]); "slow": after 1.5 s.
+import sys
+import time
+from concurrent import futures
+
+import cupy
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+regions = {}
+in_use = {}
+
+
+def array_at(name, offset, nbytes, shape, context):
+    if name not in regions:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"Unable to find cuda shared memory region: '{name}'")
+    pointer, size = regions[name]
+    assert offset + nbytes <= size
+    memory = cupy.cuda.UnownedMemory(pointer + offset, nbytes, owner=None)
+    return cupy.ndarray(shape, cupy.float32, memptr=cupy.cuda.MemoryPointer(memory, 0))
+
+
+class Fake(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def CudaSharedMemoryRegister(self, request, context):
+        pointer = cupy.cuda.runtime.ipcOpenMemHandle(request.raw_handle)
+        regions[request.name] = (pointer, request.byte_size)
+        return service_pb2.CudaSharedMemoryRegisterResponse()
+
+    def CudaSharedMemoryUnregister(self, request, context):
+        if in_use.get(request.name):
+            context.abort(grpc.StatusCode.INTERNAL, f"Cannot unregister shared memory region "
+                          f"'{request.name}', it is currently in use.")
+        entry = regions.pop(request.name, None)
+        if entry is not None:
+            cupy.cuda.runtime.ipcCloseMemHandle(entry[0])
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    def CudaSharedMemoryStatus(self, request, context):
+        response = service_pb2.CudaSharedMemoryStatusResponse()
+        for name, (_, size) in regions.items():
+            response.regions[name].name = name
+            response.regions[name].byte_size = size
+        return response
+
+    def ModelInfer(self, request, context):
+        x_tensor = request.inputs[0]
+        shape = tuple(x_tensor.shape)
+        nbytes = int(np.prod(shape)) * 4
+        params = x_tensor.parameters
+        response = service_pb2.ModelInferResponse(model_name=request.model_name, model_version="1")
+        out = response.outputs.add(name="y", datatype="FP32", shape=shape)
+        if "shared_memory_region" in params:
+            name = params["shared_memory_region"].string_param
+            in_use[name] = in_use.get(name, 0) + 1
+            try:
+                x = array_at(name, params["shared_memory_offset"].int64_param, nbytes, shape, context)
+                if request.model_name == "slow":
+                    time.sleep(1.5)
+                o = request.outputs[0].parameters
+                y = array_at(o["shared_memory_region"].string_param,
+                             o["shared_memory_offset"].int64_param, nbytes, shape, context)
+                y[...] = 2 * x
+                cupy.cuda.Device().synchronize()
+            finally:
+                in_use[name] -= 1
+        else:
+            if request.model_name == "slow":
+                time.sleep(1.5)
+            x = np.frombuffer(request.raw_input_contents[0], np.float32).reshape(shape)
+            response.raw_output_contents.append((2 * x).tobytes())
+        return response
+
+
+server = grpc.server(futures.ThreadPoolExecutor(8))
+service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Fake(), server)
+server.add_insecure_port(f"127.0.0.1:{sys.argv[1]}")
+server.start()
+print("fake triton ready", flush=True)
+server.wait_for_termination()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CudaShmTransport.available() or importlib.util.find_spec("cupy") is None,
+                    reason="needs torch with a CUDA GPU, and cupy for the fake server")
+def test_cuda_transport_against_a_fake_triton_using_cuda_ipc(tmp_path):
+    """The CUDA path end to end on a GPU without a GPU tritonserver (run on an H200, 2026-11-26)."""
+    import sys
+    import time
+
+    import torch
+    from tritonclient.grpc import service_pb2
+
+    from coffea_sonic.core.tensors import TensorInfo
+
+    out_spec = (TensorInfo("y", "FP32", (4,)),)
+    port = free_port()
+    fake = subprocess.Popen([sys.executable, "-c", FAKE_TRITON, str(port)])
+    try:
+        cuda = CudaShmTransport(f"127.0.0.1:{port}")
+        x = torch.randn(1000, 4, device="cuda")
+        got = wait_for(lambda: cuda.infer_tensors("double", "", {"x": x}, out_spec), 60,
+                       "the fake server", ignoring=(TransportError,))
+        assert got["y"].is_cuda and torch.equal(got["y"], 2 * x) and len(cuda.regions()) == 1
+        host = np.random.default_rng(1).normal(size=(500, 4)).astype(np.float32)
+        out = np.full((500, 4), np.nan, np.float32)
+        answer = cuda.infer(InferRequest("double", "", {"x": host}, out_spec, rows=500,
+                                         out={"y": out}))
+        assert answer.delivered == {"y"} and answer.outputs["y"] is out
+        assert np.array_equal(out, 2 * host)
+        on_gpu = torch.empty(300, 4, device="cuda")
+        answer = cuda.infer(InferRequest("double", "", {"x": x[:500]}, out_spec, rows=500,
+                                         out={"y": on_gpu}))
+        assert answer.delivered == {"y"} and torch.equal(on_gpu, 2 * x[:300])
+        answer = cuda.infer(InferRequest("double", "", {"x": host}, out_spec, rows=500))
+        assert np.array_equal(answer.outputs["y"], 2 * host)
+        assert cuda.pool.stats["regions_made"] == 1
+        (name,) = cuda.regions()
+        cuda.grpc.rpc("CudaSharedMemoryUnregister",
+                      service_pb2.CudaSharedMemoryUnregisterRequest(name=name), 5)
+        error = cuda.submit(InferRequest("double", "", {"x": host}, out_spec, rows=500)).exception(30)
+        assert isinstance(error, TransportError) and error.kind == "shm_region", error
+        assert name not in cuda.regions()
+        with CudaShmTransport(f"127.0.0.1:{port}", max_slots=1) as one:
+            first = one.submit(InferRequest("slow", "", {"x": host}, out_spec, rows=500))
+            second = one.submit(InferRequest("slow", "", {"x": host}, out_spec, rows=500))
+            assert np.array_equal(second.result(30).outputs["y"], 2 * host)
+            assert np.array_equal(first.result(30).outputs["y"], 2 * host)
+            assert one.stats["inline_requests"] == 1
+            doomed = one.submit(InferRequest("slow", "", {"x": host}, out_spec, rows=500))
+            time.sleep(0.3)  # let the fake start on it: the unregister then meets "in use"
+            assert doomed.cancel()
+            wait_for(lambda: one.pool.stats["regions_dropped"] == 1 and not one.pool.pending(),
+                     30, "the cancelled slot unregistered")
+            assert one.regions() == []
+            assert np.array_equal(one.infer(InferRequest("double", "", {"x": host}, out_spec,
+                                                         rows=500)).outputs["y"], 2 * host)
+        cuda.close()
+        status = cuda.grpc.rpc("CudaSharedMemoryStatus",
+                               service_pb2.CudaSharedMemoryStatusRequest(), 5)
+        assert list(status.regions) == [] and cuda.regions() == []
+    finally:
+        fake.kill()
+        fake.wait(10)

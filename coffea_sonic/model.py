@@ -84,12 +84,14 @@ logger = logging.getLogger(__name__)
 #: gRPC and HTTP: Python gRPC moves a 38 MB request at 0.25 GB/s but 2.4 MB ones at 1.2 GB/s
 #: (H100 machine, benchmarks/RESULTS.md), and several requests in flight overlap the copies of
 #: one with the server's work on another. Shared memory has no message cost: bigger requests
-#: mean fewer, larger batches on the server, and a few in flight keep it busy.
+#: mean fewer, larger batches on the server: on an H100 (16 cores, emtrk_cnn, 2048-row chunks)
+#: 9 MiB pieces (equal-sized) with 2 in flight kept the GPU 85-95 % busy with 8 client processes
+#: (1.04-1.12x in-process), where 4 MiB x 4 reached 0.69x (benchmarks/gpu/results-defaults).
 TRANSPORT_DEFAULTS: dict[str, tuple[int, int]] = {
     "grpc": (4 * 2**20, 4),
     "http": (4 * 2**20, 4),
-    "shm": (16 * 2**20, 4),
-    "cuda": (16 * 2**20, 4),
+    "shm": (9 * 2**20, 2),
+    "cuda": (32 * 2**20, 2),
     "memory": (4 * 2**20, 4),
 }
 #: Kept for callers of the first releases: gRPC's default request cap.

@@ -142,7 +142,8 @@ def plan_pieces(info: ModelInfo, arrays: Mapping[str, np.ndarray], rows: int,
     """``[(start, stop, zero_pad_rows), ...]`` covering ``rows`` in order, one per request.
 
     Batching models: at most ``max_batch_size`` rows and about ``max_request_bytes`` per request,
-    never padded. Models without batching (``max_batch_size`` 0) whose first dim is fixed (B):
+    in pieces of equal size (the last one may be shorter by less than one row per piece), never
+    padded. Models without batching (``max_batch_size`` 0) whose first dim is fixed (B):
     pieces of B rows, the last one zero-padded to B (the padding is cut from the outputs).
     """
     if rows == 0:
@@ -171,6 +172,10 @@ def plan_pieces(info: ModelInfo, arrays: Mapping[str, np.ndarray], rows: int,
                     "message limit")
         else:
             per_piece, fixed = by_bytes, False
+    if not fixed:
+        # equal pieces: 2048 rows under a cap of 1800 go as 1024 + 1024, not 1800 + 248, so
+        # no request is a small, mostly fixed-cost one and the pieces finish together
+        per_piece = -(-rows // -(-rows // per_piece))
     pieces = []
     for start in range(0, rows, per_piece):
         stop = min(start + per_piece, rows)

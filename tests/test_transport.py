@@ -145,7 +145,11 @@ def test_nonfinite_policy_pass_or_raise():
 def test_pieces_cover_rows_in_order_by_batch_size_and_bytes():
     arrays, rows = validate_inputs(JET_INFO, {"features": np.zeros((200_000, 6), np.float32)})
     by_batch = plan_pieces(JET_INFO, arrays, rows, max_request_bytes=1 << 30)
-    assert [stop - start for start, stop, _ in by_batch] == [65536, 65536, 65536, 3392]
+    # at most max_batch_size rows, in equal pieces (no small tail request)
+    assert [stop - start for start, stop, _ in by_batch] == [50000, 50000, 50000, 50000]
+    small, _ = validate_inputs(JET_INFO, {"features": np.zeros((2048, 6), np.float32)})
+    uneven = plan_pieces(JET_INFO, small, 2048, 24 * 1800)
+    assert [stop - start for start, stop, _ in uneven] == [1024, 1024]
     by_bytes = plan_pieces(JET_INFO, arrays, rows, max_request_bytes=24 * 1000)
     assert all(stop - start <= 1000 for start, stop, _ in by_bytes)
     flat = [row for start, stop, pad in by_bytes for row in range(start, stop)]

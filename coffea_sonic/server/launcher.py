@@ -43,8 +43,11 @@ from .repository import write_repository
 logger = logging.getLogger(__name__)
 
 DeviceChoice = Literal["auto", "cpu", "gpu"]
-#: Model instances per GPU when not given (measured best on an H100, benchmarks/transport).
-GPU_INSTANCES = 4
+#: Model instances per GPU when not given. Each python-backend instance spends 1.5-3 ms of host
+#: work (copies, Python) per request; with 6 that hides behind the others' GPU work: on an H100
+#: with 8 client processes 4 / 6 / 8 instances gave 1.03 / 1.12 / 1.05x in-process
+#: (benchmarks/gpu/results-defaults).
+GPU_INSTANCES = 6
 #: How many lines of the server log a failed start reports.
 LOG_TAIL_LINES = 40
 #: Starts tried when a port picked free was taken by another process before the server bound it.
@@ -347,8 +350,8 @@ class LocalTritonServer:
             self.device = "gpu" if gpu_available() else "cpu"
         workdir = self.workdir or Path(tempfile.mkdtemp(prefix="coffea-sonic-server-"))
         workdir.mkdir(parents=True, exist_ok=True)
-        # 4 python-backend instances keep an H100 busy (benchmarks/transport): one instance's
-        # host-side Python per request, not the GPU, was the bottleneck.
+        # several python-backend instances per GPU: one instance's host-side work per
+        # request, not the GPU, is the bottleneck (see GPU_INSTANCES)
         instances = self.instances or (GPU_INSTANCES if self.device == "gpu" else 1)
         repository = self.repository or write_repository(
             workdir / "models", self.models, backend="python", device=self.device,

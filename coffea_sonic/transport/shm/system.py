@@ -42,7 +42,7 @@ from .pool import DEFAULT_MAX_SLOTS, Slot, SystemRegions
 __all__ = ["SystemShmTransport"]
 
 #: Inputs at least this large are copied into the region by ``copy_threads`` threads.
-PARALLEL_COPY_BYTES = 8 << 20
+PARALLEL_COPY_BYTES = 2 << 20  # numpy releases the GIL while copying: 2+ MiB pays for the threads
 
 _copy_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _copy_pools_lock = threading.Lock()
@@ -62,7 +62,7 @@ class SystemShmTransport(SlotTransport):
 
     ``settings``: the server (``ServerSettings``; a ``host:port`` string is accepted).
     ``max_slots``: regions, so requests in flight through shared memory at once; more requests
-    travel inline. ``copy_threads``: threads that copy one large input (>= 8 MiB) into its region
+    travel inline. ``copy_threads``: threads that copy one large input (>= 2 MiB) into its region
     (numpy releases the GIL while copying); 1 copies in the caller's thread only.
     """
 

@@ -40,6 +40,8 @@ BACKENDS: tuple[str, ...] = ("python", "onnxruntime")
 DEVICES: tuple[str, ...] = ("cpu", "gpu")
 Staging = Literal["pinned", "pageable"]
 STAGINGS: tuple[str, ...] = ("pinned", "pageable")
+#: Threads per GPU model instance that copy a large host input into pinned memory (model.py.tmpl).
+GPU_COPY_THREADS = 4
 
 
 def model_config(
@@ -54,8 +56,9 @@ def model_config(
     intra_op_threads: int = 0,
     tensorrt: bool = False,
     staging: Staging = "pinned",
-    gpu_input_tensors: bool = False,
+    gpu_input_tensors: bool | None = None,
     torchscript_optimize: bool = False,
+    copy_threads: int | None = None,
 ) -> model_config_pb2.ModelConfig:
     """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device.
 
@@ -68,9 +71,13 @@ def model_config(
     * python backend on GPU: ``staging`` (``"pinned"``: host inputs go through a reused pinned
       buffer with asynchronous copies; ``"pageable"``: copied from the backend's memory directly),
       ``gpu_input_tensors`` (hand inputs that arrive in GPU memory, e.g. from CUDA shared memory,
-      to the model without a trip through the host: ``FORCE_CPU_ONLY_INPUT_TENSORS: no``),
+      to the model without a trip through the host: ``FORCE_CPU_ONLY_INPUT_TENSORS: no``; default
+      on: host inputs still arrive on the host, measured no slower on an H100),
       ``torchscript_optimize`` (let TorchScript fuse ops: faster, but then a row's outputs differ
-      in the last bits depending on which call and instance served it; off by default).
+      in the last bits depending on which call and instance served it; off by default),
+      ``copy_threads`` (threads per instance that copy one large host input, >= 4 MiB, into the
+      pinned buffer in parts, each part's DMA overlapping the next part's copy; default 4: 5-15 %
+      more rows/s for 9-19 MB requests on an H100, benchmarks/gpu/defaults_sweep.py).
     * onnxruntime backend on GPU: ``tensorrt`` (TensorRT execution accelerator, FP32).
 
     >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
@@ -96,7 +103,11 @@ def model_config(
             config.parameters["staging"].string_value = staging
             config.parameters["torchscript_optimize"].string_value = (
                 "yes" if torchscript_optimize else "no")
-            if gpu_input_tensors:
+            copy_threads = GPU_COPY_THREADS if copy_threads is None else copy_threads
+            if not isinstance(copy_threads, int) or copy_threads < 1:
+                raise ConfigurationError(f"copy_threads must be an int >= 1, not {copy_threads!r}")
+            config.parameters["copy_threads"].string_value = str(copy_threads)
+            if gpu_input_tensors is None or gpu_input_tensors:
                 config.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value = "no"
     else:
         config.platform = "onnxruntime_onnx"
@@ -150,12 +161,23 @@ def _place(source: Path, target: Path, link: bool) -> None:
 
 
 def _export_torchscript(name: str, target: Path) -> None:
+    """Trace zoo model ``name`` to TorchScript at ``target``, in full fp32.
+
+    Tracing records cuDNN's flags as constants of each convolution (``aten::_convolution(...,
+    allow_tf32)``), so the served model would run TF32 convolutions whatever the serving process
+    sets (2.4e-4 from in-process torch on emtrk_cnn, measured on an H100): trace with TF32 off.
+    """
     import torch
 
     module = zoo.torch_module(name)
     example = tuple(torch.from_numpy(value) for value in zoo.example_inputs(name, 2).values())
-    with torch.no_grad():
-        traced = torch.jit.trace(module, example, check_trace=False)
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+        with torch.no_grad():
+            traced = torch.jit.trace(module, example, check_trace=False)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
     traced.save(str(target))
 
 

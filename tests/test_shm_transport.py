@@ -1,16 +1,21 @@
 """System shared-memory transport (coffea_sonic.transport.shm) against real tritonservers.
 
 Answers equal in-process onnxruntime; outputs reach ``out`` destinations with one copy (traced
-allocations stay far below the output's size, where plain gRPC allocates at least that); a
-cancelled request's slot is dropped; a region the server does not know fails as ``shm_region``;
-a server restricting the shared-memory protocol fails as ``restricted``; the probe accepts a
-direct server and rejects two servers behind a per-request load balancer (HAProxy). On a GPU
-machine, the CUDA transport runs against a fake Triton that maps its regions through CUDA IPC.
+allocations stay far below the output's size, where plain gRPC allocates at least that); slots are
+reused, grown on demand and shared by threads; a full ``/dev/shm`` sends tensors in the gRPC message
+(one warning); a cancelled or failed request's slot is dropped; a region the server does not know
+fails as ``shm_region``; a server restricting the shared-memory protocol fails as ``restricted``;
+the probe accepts a direct server and rejects two servers behind a per-request load balancer
+(HAProxy); regions are gone after a client exits, raises or is killed (swept). On a GPU machine,
+the CUDA transport runs against a fake Triton that maps its regions through CUDA IPC, and against
+a GPU tritonserver when there is one.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import logging
 import os
 import pickle
 import shutil
@@ -29,8 +34,9 @@ from coffea_sonic.transport.base import InferRequest
 from coffea_sonic.transport.errors import TransportError
 from coffea_sonic.transport.grpc import GrpcTransport
 from coffea_sonic.transport.shm import (CudaShmTransport, SystemShmTransport, forget_probes,
-                                        probe_shared_memory, region_prefix)
-from helpers import wait_for
+                                        probe_shared_memory, region_prefix, sweep_stale_regions)
+from coffea_sonic.transport.shm.regions import SystemRegion
+from helpers import grpc_reference, run_in_threads, wait_for
 
 MODEL = "jet_tagger"
 OUTPUTS = zoo.declared_info(MODEL).outputs
@@ -142,6 +148,60 @@ def test_every_slot_busy_sends_inline(server, reference):
         assert len(one_slot.regions()) == 1
 
 
+def test_a_full_pool_replaces_a_too_small_slot_by_a_bigger_one(server, reference):
+    with SystemShmTransport(ServerSettings(server.grpc_address), max_slots=1) as one_slot:
+        one_slot.infer(request(10))
+        first = one_slot.regions()
+        one_slot.infer(request(10, seed=1))
+        assert one_slot.regions() == first  # reused
+        big = request(60_000, seed=2)  # 1.4 MB of inputs + 720 kB of outputs: over the 1 MiB slot
+        answer = one_slot.infer(big)
+        np.testing.assert_allclose(answer.outputs["probs"], reference(big.inputs)["probs"],
+                                   atol=1e-5)
+        grown = one_slot.regions()
+        assert len(grown) == 1 and grown != first and one_slot.stats["inline_requests"] == 0
+        assert server_regions(one_slot.grpc) == grown  # the small one unregistered first
+        one_slot.infer(request(10, seed=3))
+        assert one_slot.regions() == grown and one_slot.pool.stats["regions_made"] == 2
+    assert set(grown).isdisjoint(server_regions(one_slot.grpc))
+
+
+def test_threads_share_the_slots(server, reference):
+    sent = [request(500, seed=seed) for seed in range(6)]
+    answers: dict[int, list[np.ndarray]] = {}
+    with SystemShmTransport(ServerSettings(server.grpc_address), max_slots=3) as pooled:
+        def work(index: int) -> None:
+            answers[index] = [pooled.infer(sent[index]).outputs["probs"] for _ in range(3)]
+
+        run_in_threads(work, [(i,) for i in range(6)], timeout=120)
+        assert pooled.stats["requests"] == 18 and pooled.stats["shm_requests"] >= 3
+        assert len(pooled.regions()) <= 3 and pooled.pool.stats["regions_made"] <= 3
+    # checked after every thread is done: no answer is a view of a slot reused since
+    for index, piece in enumerate(sent):
+        want = reference(piece.inputs)["probs"]
+        for got in answers[index]:
+            # concurrent requests may share a dynamic batch: onnxruntime's sums then differ in
+            # the last bits, as in-process inference on another batch size would
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_full_dev_shm_sends_inline_with_one_warning(server, reference, monkeypatch, caplog):
+    def no_room(self, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SystemRegion, "__init__", no_room)
+    with caplog.at_level(logging.WARNING, logger="coffea_sonic.transport.shm"):
+        with SystemShmTransport(ServerSettings(server.grpc_address)) as starved:
+            for seed in range(3):
+                sent = request(40, seed=seed)
+                np.testing.assert_allclose(starved.infer(sent).outputs["probs"],
+                                           reference(sent.inputs)["probs"], atol=1e-5)
+            assert starved.stats["inline_requests"] == 3 and starved.stats["shm_requests"] == 0
+            assert starved.regions() == [] and "No space left" in starved.pool.disabled
+    warnings = [r for r in caplog.records if "Make /dev/shm larger" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+
+
 def test_cancel_drops_the_slot(server):
     with SystemShmTransport(ServerSettings(server.grpc_address), max_slots=1) as cancelling:
         for _ in range(5):  # cancel() is False only if the server answered first (unlikely)
@@ -178,6 +238,8 @@ def test_server_errors_are_classified_and_drop_the_slot(transport):
     error = future.exception(60)
     assert isinstance(error, TransportError) and error.kind == "not_found", error
     assert transport.regions() == [] and transport.pool.stats["regions_dropped"] == 1
+    assert transport.infer(request(5)).outputs["probs"].shape == (5, 3)  # on a fresh slot
+    assert transport.pool.stats["regions_made"] == 2 and len(transport.regions()) == 1
 
 
 def test_pickles_as_configuration(server):
@@ -327,19 +389,25 @@ transport = SystemShmTransport(ServerSettings(address))
 answer = transport.infer(InferRequest("jet_tagger", "", zoo.example_inputs("jet_tagger", 100),
                                       zoo.declared_info("jet_tagger").outputs, rows=100))
 print(json.dumps({"pid": os.getpid(), "regions": transport.regions()}), flush=True)
+if ending == "exception":
+    raise RuntimeError("analysis failed after inference")
 if ending == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@pytest.mark.parametrize("ending", ["exit", "sigkill"])
-def test_regions_of_an_ended_client_are_gone(server, ending):
+@pytest.mark.parametrize("ending, sweeper", [("exit", None), ("exception", None),
+                                             ("sigkill", "next client"), ("sigkill", "sweep")])
+def test_regions_of_an_ended_client_are_gone(server, ending, sweeper):
     import json
+    import signal
     import sys
 
     done = subprocess.run([sys.executable, "-c", CLIENT, server.grpc_address, ending],
                           capture_output=True, text=True, timeout=120)
+    assert done.stdout, done.stderr
     report = json.loads(done.stdout.splitlines()[0])
+    assert done.returncode == {"exit": 0, "exception": 1, "sigkill": -signal.SIGKILL}[ending]
     prefix = region_prefix(report["pid"])
     assert len(report["regions"]) == 1 and report["regions"][0].startswith(prefix)
     assert not [name for name in os.listdir("/dev/shm") if name.startswith(prefix)]  # unlinked
@@ -351,12 +419,15 @@ def test_regions_of_an_ended_client_are_gone(server, ending):
                           service_pb2.SystemSharedMemoryStatusRequest(), 10)
         return [name for name in status.regions if name.startswith(prefix)]
 
-    if ending == "exit":
-        assert registered() == []  # unregistered at exit
+    if ending != "sigkill":
+        assert registered() == []  # unregistered at exit, after an uncaught exception too
     else:
         assert registered() == report["regions"]  # SIGKILL: still registered...
-        with SystemShmTransport(ServerSettings(server.grpc_address)) as next_client:
-            next_client.infer(request(10))  # ...until the next client's first registration
+        if sweeper == "sweep":
+            assert set(report["regions"]) <= set(sweep_stale_regions(grpc))  # ...until swept
+        else:
+            with SystemShmTransport(ServerSettings(server.grpc_address)) as next_client:
+                next_client.infer(request(10))  # ...until the next client's first registration
         assert registered() == []
 
 
@@ -509,3 +580,40 @@ def test_cuda_transport_against_a_fake_triton_using_cuda_ipc(tmp_path):
     finally:
         fake.kill()
         fake.wait(10)
+
+
+def _tritonserver_found() -> bool:
+    from coffea_sonic.errors import MissingDependencyError
+    from coffea_sonic.server.launcher import server_binary
+
+    try:
+        server_binary()
+    except MissingDependencyError:
+        return False
+    return True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CudaShmTransport.available() or not _tritonserver_found(),
+                    reason="needs torch with a CUDA GPU and a tritonserver")
+def test_cuda_tensors_through_a_gpu_tritonserver_answer_as_plain_grpc():
+    """Torch CUDA tensors in and out of a GPU tritonserver (``infer_tensors``), as gRPC answers."""
+    import torch
+
+    with LocalTritonServer(models=["emtrk_cnn", MODEL], device="gpu") as gpu_server:
+        with CudaShmTransport(gpu_server.grpc_address) as cuda:
+            for name, rows in (("emtrk_cnn", 64), (MODEL, 1000)):
+                inputs = zoo.example_inputs(name, rows, seed=9)
+                expected = grpc_reference(gpu_server.grpc_address, name, inputs)
+                on_gpu = {key: torch.from_numpy(value).cuda() for key, value in inputs.items()}
+                got = cuda.infer_tensors(name, "", on_gpu, zoo.spec(name).outputs)
+                assert sorted(got) == sorted(expected)
+                for key, want in expected.items():
+                    # bit for bit: the zoo's TorchScript models run unfused (see
+                    # benchmarks/transport/RESULTS-transport.md, "Outputs")
+                    assert got[key].is_cuda and np.array_equal(got[key].cpu().numpy(), want), key
+                host = cuda.infer_tensors(name, "", on_gpu, zoo.spec(name).outputs, as_numpy=True)
+                assert all(isinstance(array, np.ndarray) for array in host.values())
+            assert cuda.stats["shm_requests"] == 4 and cuda.stats["inline_requests"] == 0
+            assert cuda.regions()
+        assert cuda.regions() == []

@@ -5,7 +5,7 @@
 #                ln -f .device/ts.tar.xz .devtransport/; ln -f .device/whl/*.whl .devtransport/whl/
 #   device run:  bash benchmarks/transport/run_on_device.sh      (carry: .devtransport)
 #
-# 1. the CUDA shared-memory test of tests/test_transport_fast.py against a GPU tritonserver;
+# 1. the CUDA shared-memory tests of tests/test_shm_transport.py (a GPU tritonserver, a fake one);
 # 2. bench_transport.py --plan gpu: before/after tables, GPU utilisation, server profile,
 #    served == in-process check; JSON + log into $OUT.
 set -uo pipefail
@@ -19,7 +19,7 @@ export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nproc
 echo "== CUDA shared-memory test"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_transport_fast.py -k cuda 2>&1 \
+timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_shm_transport.py -k cuda 2>&1 \
   | tail -25 | tee "$OUT/pytest-cuda.txt"
 echo "== transport benchmark (at most $(( BUDGET - SECONDS )) s)"
 timeout $(( BUDGET - SECONDS )) python3 benchmarks/transport/bench_transport.py --plan "${PLAN:-gpu}" \

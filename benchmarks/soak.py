@@ -4,12 +4,15 @@ Starts real embedded tritonservers (jet_tagger only) and sends ``--requests`` gR
 through :class:`coffea_sonic.TritonModel` the way an analysis does: pipelined calls
 (``infer_async``), a fresh unpickled model every ``--chunk`` calls (what coffea's Runner does per
 chunk), rejected bad inputs now and then (the error path), and, with ``--servers 2``, both servers
-balanced. Every ``--report-every`` requests it samples this process's open file descriptors, threads
-and RSS; it fails (exit 1) if descriptors grow by more than ``--max-fd-growth`` or RSS by more than
-``--max-rss-growth-mb`` after the warm-up sample.
+balanced. ``--transport`` is TritonModel's (``auto``: shared memory to these local servers). Every
+``--report-every`` requests it samples this process's open file descriptors, threads, RSS, gRPC
+channels and shared-memory regions; it fails (exit 1) if descriptors grow by more than
+``--max-fd-growth``, RSS by more than ``--max-rss-growth-mb`` after the warm-up sample, or regions
+beyond the slot pool's bound.
 
     python benchmarks/soak.py                      # 10k requests, 1 server
     python benchmarks/soak.py --servers 2 --json soak.json
+    python benchmarks/soak.py --transport grpc     # tensors in the gRPC message
 """
 
 from __future__ import annotations
@@ -30,11 +33,20 @@ from coffea_sonic import zoo
 from coffea_sonic.errors import InputValidationError
 from coffea_sonic.model import TritonModel
 from coffea_sonic.server import LocalTritonServer
-from coffea_sonic.transport import channel
+from coffea_sonic.transport.grpc import channel
+from coffea_sonic.transport.registry import open_transport
+from coffea_sonic.transport.shm.pool import DEFAULT_MAX_SLOTS
 
 
 def _open_fds() -> int:
     return len(os.listdir(f"/proc/{os.getpid()}/fd"))
+
+
+def _shm_regions(model: TritonModel) -> int:
+    """Regions this process holds for ``model``'s servers (0 unless it uses shared memory)."""
+    if model.transport_kind != "shm":
+        return 0
+    return sum(len(open_transport(settings, "shm").regions()) for settings in model.servers)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests-per-call", type=int, default=4)
     parser.add_argument("--chunk", type=int, default=25, help="calls per unpickled model copy")
     parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--transport", default="auto", choices=["auto", "grpc", "shm"])
     parser.add_argument("--report-every", type=int, default=1000)
     parser.add_argument("--max-fd-growth", type=int, default=8)
     parser.add_argument("--max-rss-growth-mb", type=float, default=64.0)
@@ -57,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         urls = [server.url("jet_tagger") for server in servers]
         template = TritonModel(urls if len(urls) > 1 else urls[0], max_in_flight=4,
-                               max_request_bytes=args.rows * 6 * 4)
+                               max_request_bytes=args.rows * 6 * 4, transport=args.transport)
         rows_per_call = args.rows * args.requests_per_call
         inputs = zoo.example_inputs("jet_tagger", rows_per_call, seed=1)
         expected = template(inputs)["probs"].copy()
@@ -89,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                     "requests": sent, "seconds": round(time.perf_counter() - started, 2),
                     "open_fds": _open_fds(), "threads": threading.active_count(),
                     "rss_mb": round(process.memory_info().rss / 2**20, 1),
-                    "channels": channel.pool_size(),
+                    "channels": channel.pool_size(), "shm_regions": _shm_regions(template),
                 })
                 print("  ".join(f"{key}={value}" for key, value in samples[-1].items()),
                       flush=True)
@@ -103,9 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     final = samples[-1]
     fd_growth = max(s["open_fds"] for s in samples[1:] or samples) - baseline["open_fds"]
     rss_growth = final["rss_mb"] - baseline["rss_mb"]
-    ok = fd_growth <= args.max_fd_growth and rss_growth <= args.max_rss_growth_mb
+    max_regions = max(s["shm_regions"] for s in samples)
+    ok = (fd_growth <= args.max_fd_growth and rss_growth <= args.max_rss_growth_mb
+          and max_regions <= DEFAULT_MAX_SLOTS * args.servers)
     verdict = {
         "requests": sent, "calls": calls, "rejected_bad_inputs": errors, "servers": args.servers,
+        "transport": template.transport_kind, "shm_regions_max": max_regions,
         "rows_per_request": args.rows, "seconds": final["seconds"],
         "requests_per_s": round(sent / final["seconds"], 1),
         "fd_growth_after_warmup": fd_growth, "rss_growth_mb_after_warmup": round(rss_growth, 1),

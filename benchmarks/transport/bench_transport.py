@@ -9,17 +9,20 @@ aggregate is rows answered inside that window. Transports:
 
 =================  ==================================================================================
 ``tritonclient``   stock ``tritonclient.grpc.InferenceServerClient.infer`` (the naive "before" client)
-``grpc``           TritonModel's piece path: ``codec.encode_request`` + ``stub.ModelInfer.future``
+``grpc``           :class:`coffea_sonic.transport.grpc.GrpcTransport` (TritonModel's remote wire)
 ``grpc-framed``    prototype: minimal-copy framing of the same gRPC request, 4 connections
-``http``           :class:`coffea_sonic.transport.http.HttpBinaryTransport` (binary tensors, no copy)
+``http``           :class:`coffea_sonic.transport.http.HttpTransport` (binary tensors, no copy)
 ``shm``            :class:`coffea_sonic.transport.shm.SystemShmTransport`
 ``cuda``           :class:`coffea_sonic.transport.shm.CudaShmTransport`, inputs already on the GPU
 ``local``          in-process engine (GpuEngine incl. host<->device copies, or CpuEngine)
 ``local-resident`` in-process torch with inputs already on the GPU (compute only, for the profile)
 =================  ==================================================================================
 
-During each served run: GPU utilisation (``nvidia-smi`` every 100 ms) and Triton's statistics
-(queue, compute input/infer/output per request, average batch).
+The transports get one :class:`~coffea_sonic.transport.base.InferRequest` per request, as
+TritonModel sends them. During each served run: GPU utilisation (``nvidia-smi`` every 100 ms,
+:class:`coffea_sonic.bench.probes.GpuUtilisation`) and Triton's statistics (queue, compute
+input/infer/output per request, average batch, busy fraction; read through the transport layer by
+:func:`coffea_sonic.bench.probes.server_statistics`).
 
     python benchmarks/transport/bench_transport.py --plan cpu --out benchmarks/transport
     python benchmarks/transport/bench_transport.py --plan gpu --out $OUT     # on the GPU machine
@@ -32,12 +35,9 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -53,7 +53,7 @@ from sink import SINK_NAME, write_sink  # noqa: E402
 
 logger = logging.getLogger("bench_transport")
 
-#: Input rows per request and model (the issue's batches).
+#: The declared outputs of the sink (``TensorInfo`` made lazily: see :func:`output_specs`).
 SINK_OUTPUTS = [("first", "FP32", (1,))]
 
 # -- plans -------------------------------------------------------------------------------------------
@@ -184,10 +184,14 @@ def example(model: str, rows: int) -> dict[str, np.ndarray]:
     return zoo.example_inputs("emtrk_cnn" if model == SINK_NAME else model, rows, seed=1)
 
 
-def output_specs(model: str) -> list:
+def output_specs(model: str) -> tuple:
+    """The outputs ``model`` declares, as the transports take them (``TensorInfo``)."""
     from coffea_sonic import zoo
+    from coffea_sonic.core.tensors import TensorInfo
 
-    return SINK_OUTPUTS if model == SINK_NAME else list(zoo.spec(model).outputs)
+    if model == SINK_NAME:
+        return tuple(TensorInfo(*spec) for spec in SINK_OUTPUTS)
+    return zoo.declared_info(model).outputs
 
 
 # -- client worker processes -----------------------------------------------------------------------------
@@ -202,24 +206,10 @@ class _Client:
             import tritonclient.grpc as grpcclient
 
             self.client = grpcclient.InferenceServerClient(grpc_address)
-        elif kind == "grpc":
-            from coffea_sonic.transport.channel import get_connection
-
-            self.connection = get_connection(grpc_address)
         elif kind == "grpc-framed":
             self.framed = FramedGrpc(grpc_address, channels=4)
-        elif kind == "http":
-            from coffea_sonic.transport.http import HttpBinaryTransport
-
-            self.transport = HttpBinaryTransport(http_address, max_connections=8)
-        elif kind == "shm":
-            from coffea_sonic.transport.shm import SystemShmTransport
-
-            self.transport = SystemShmTransport(grpc_address, max_slots=8)
-        elif kind == "cuda":
-            from coffea_sonic.transport.shm import CudaShmTransport
-
-            self.transport = CudaShmTransport(grpc_address, max_slots=8)
+        else:
+            self.transport = make_transport(kind, grpc_address, http_address)
 
     def submit(self, inputs: dict) -> Any:
         if self.kind == "tritonclient":
@@ -231,20 +221,41 @@ class _Client:
                 tensor.set_data_from_numpy(array)
                 tensors.append(tensor)
             answer = self.client.infer(self.model, tensors)
-            return _Done({spec[0] if isinstance(spec, tuple) else spec.name: answer.as_numpy(
-                spec[0] if isinstance(spec, tuple) else spec.name) for spec in self.specs})
-        if self.kind == "grpc":
-            from coffea_sonic.transport.codec import decode_response, encode_request
-
-            future = self.connection.stub.ModelInfer.future(
-                encode_request(self.model, "", inputs), timeout=120)
-            return _Mapped(future, decode_response)
+            return _Done({spec.name: answer.as_numpy(spec.name) for spec in self.specs})
         if self.kind == "grpc-framed":
-            from coffea_sonic.transport.codec import decode_response
+            from coffea_sonic.transport.grpc.codec import decode_response
 
             return _Mapped(self.framed.submit(self.model, inputs), decode_response)
-        future = self.transport.submit(self.model, "", inputs, self.specs, timeout_s=120)
-        return _Mapped(future, lambda _: future.outputs())
+        from coffea_sonic.transport.base import InferRequest
+
+        rows = int(next(iter(inputs.values())).shape[0])
+        # a CUDA transport's submit answers host arrays, as TritonModel receives them
+        future = self.transport.submit(InferRequest(self.model, "", inputs, self.specs, rows=rows,
+                                                    timeout_s=120))
+        return _Mapped(future, lambda answer: answer.outputs)
+
+
+def make_transport(kind: str, grpc_address: str, http_address: str) -> Any:
+    """The transport ``kind`` (grpc, http, shm, cuda) to the server, as TritonModel makes it."""
+    from coffea_sonic.core.endpoint import ServerSettings
+
+    if kind == "grpc":
+        from coffea_sonic.transport.grpc import GrpcTransport
+
+        return GrpcTransport(ServerSettings(grpc_address))
+    if kind == "http":
+        from coffea_sonic.transport.http import HttpTransport
+
+        return HttpTransport(ServerSettings(http_address, protocol="http"), max_connections=8)
+    if kind == "shm":
+        from coffea_sonic.transport.shm import SystemShmTransport
+
+        return SystemShmTransport(ServerSettings(grpc_address), max_slots=8)
+    if kind == "cuda":
+        from coffea_sonic.transport.shm import CudaShmTransport
+
+        return CudaShmTransport(ServerSettings(grpc_address), max_slots=8)
+    raise ValueError(f"unknown transport kind {kind!r}")
 
 
 class FramedGrpc:
@@ -258,7 +269,7 @@ class FramedGrpc:
         import grpc
         from tritonclient.grpc import service_pb2
 
-        from coffea_sonic.transport.channel import channel_options
+        from coffea_sonic.transport.grpc.channel import channel_options
 
         self.calls = []
         for index in range(channels):
@@ -286,7 +297,7 @@ class FramedGrpc:
     def submit(self, model: str, inputs: dict) -> Any:
         from tritonclient.grpc import service_pb2
 
-        from coffea_sonic.transport.codec import triton_dtype
+        from coffea_sonic.core.tensors import triton_dtype
 
         request = service_pb2.ModelInferRequest(model_name=model)
         parts: list = []
@@ -506,62 +517,26 @@ class WorkerPool:
                 process.kill()
 
 
-# -- probes -----------------------------------------------------------------------------------------
+# -- probes (coffea_sonic.bench.probes: the harness' GPU sampler and statistics reader) ----------------
 
-class GpuUtilisation:
-    """``nvidia-smi`` sampled every 100 ms in the background (no-op without a GPU)."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float]] = []
-        self.process = None
-        smi = shutil.which("nvidia-smi")
-        if smi:
-            self.process = subprocess.Popen(
-                [smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            try:
-                self.samples.append((time.time(), float(line.strip().split(",")[0])))
-            except ValueError:
-                pass
-
-    def mean(self, start: float, end: float) -> float | None:
-        inside = [value for stamp, value in self.samples if start + 0.2 <= stamp <= end]
-        return round(float(np.mean(inside)), 1) if inside else None
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
+def gpu_mean(gpu: Any, start: float, end: float) -> float | None:
+    """Mean GPU utilisation (%) of a run, its first 0.2 s (ramp-up) left out."""
+    mean = gpu.mean_between(start + 0.2, end)
+    return round(mean, 1) if mean is not None else None
 
 
-def server_stats(address: str, model: str) -> dict:
-    from tritonclient.grpc import service_pb2
+def server_profile(before: Any, after: Any, wall_s: float) -> dict:
+    """Per-request server times (ms), average batch and busy fraction between two cumulative
+    :class:`~coffea_sonic.stats.ServerStatistics` of one model."""
+    from coffea_sonic.bench.probes import server_statistics_summary
 
-    from coffea_sonic.transport.channel import get_connection
-
-    response = get_connection(address).stub.ModelStatistics(
-        service_pb2.ModelStatisticsRequest(name=model), timeout=30)
-    total: dict[str, float] = {}
-    for stats in response.model_stats:
-        infer = stats.inference_stats
-        for part in ("queue", "compute_input", "compute_infer", "compute_output"):
-            total[part + "_ns"] = total.get(part + "_ns", 0) + getattr(infer, part).ns
-        total["requests"] = total.get("requests", 0) + infer.success.count
-        total["executions"] = total.get("executions", 0) + stats.execution_count
-        total["inferences"] = total.get("inferences", 0) + stats.inference_count
-    return total
-
-
-def stats_delta(before: dict, after: dict) -> dict:
-    delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
-    requests = max(delta.get("requests", 0), 1)
-    profile = {f"{part}_ms": round(delta.get(part + "_ns", 0) / requests / 1e6, 3)
+    delta = after - before
+    summary = server_statistics_summary(delta, wall_s)
+    profile = {f"{part}_ms": round(summary[f"{part}_ms_per_request"], 3)
                for part in ("queue", "compute_input", "compute_infer", "compute_output")}
-    profile["avg_batch"] = round(delta.get("inferences", 0) / max(delta.get("executions", 0), 1), 1)
-    profile["executions"] = delta.get("executions", 0)
+    profile["avg_batch"] = round(delta.average_batch, 1)
+    profile["executions"] = delta.execution_count
+    profile["busy_fraction"] = round(summary["busy_fraction"], 3)
     return profile
 
 
@@ -611,21 +586,6 @@ def write_phase_repository(root: Path, phase: str, device: str, instances: int,
 
 # -- main ---------------------------------------------------------------------------------------------
 
-def machine() -> dict:
-    info = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        info["gpu"] = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                     capture_output=True, text=True).stdout.strip()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in cpuinfo
-                               if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return info
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", default="cpu", choices=sorted(PLANS))
@@ -639,6 +599,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma list of kinds to run")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from coffea_sonic.bench.machine import machine_info
+    from coffea_sonic.bench.probes import GpuUtilisation, server_statistics, statistics_transport
     from coffea_sonic.server import LocalTritonServer
     from coffea_sonic.server.launcher import gpu_available
 
@@ -653,12 +615,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or args.plan
     records: list[dict] = []
-    report = {"machine": machine(), "device": device, "instances_after": instances,
+    report = {"machine": machine_info(), "device": device, "instances_after": instances,
               "staging": args.staging, "duration_s": args.duration, "plan": args.plan,
               "records": records}
     pool_size = max(entry[4] for entry in plan)
     pool = WorkerPool(pool_size)
-    gpu = GpuUtilisation()
+    gpu = GpuUtilisation().__enter__()
     scratch = Path(tempfile.mkdtemp(prefix="bench-transport-"))
     try:
         phases = sorted({entry[0] for entry in plan},
@@ -679,13 +641,14 @@ def main(argv: list[str] | None = None) -> int:
             with server:
                 logger.info("%s server ready in %.1f s (%s)", phase, time.time() - began,
                             server.grpc_address)
+                statistics = statistics_transport(server.grpc_address)
                 for _, kind, model, rows, procs, in_flight in entries:
                     task = {"kind": kind, "model": model, "rows": rows, "in_flight": in_flight,
                             "duration": args.duration, "grpc": server.grpc_address,
                             "http": server.http_address, "device": device}
                     served = not kind.startswith("local") and kind != "verify"
                     window: dict = {}
-                    before_stats = server_stats(server.grpc_address, model) if served else {}
+                    before_stats = server_statistics(statistics, model) if served else None
                     try:
                         results = pool.run(task, procs,
                                            on_start=lambda start: window.setdefault("start", start))
@@ -696,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
                         pool.kill()
                         pool = WorkerPool(pool_size)
                         continue
-                    after_stats = server_stats(server.grpc_address, model) if served else {}
+                    after_stats = server_statistics(statistics, model) if served else None
                     errors = [r["error"] for r in results if "error" in r]
                     start = window["start"]
                     total_rows = sum(r.get("rows", 0) for r in results)
@@ -710,8 +673,9 @@ def main(argv: list[str] | None = None) -> int:
                         "client_submit_ms": round(1e3 * sum(r.get("submit_s", 0) for r in results)
                                                   / max(sum(r.get("requests", 0) for r in results), 1), 3),
                         "latency_ms_p50": results[0].get("latency_ms_p50") if results else None,
-                        "gpu_util": gpu.mean(start, start + args.duration),
-                        "server": stats_delta(before_stats, after_stats) if served else {},
+                        "gpu_util": gpu_mean(gpu, start, start + args.duration),
+                        "server": (server_profile(before_stats, after_stats, args.duration)
+                                   if served else {}),
                         "transport_stats": results[0].get("stats") if results else {},
                         "errors": errors,
                     }
@@ -725,7 +689,7 @@ def main(argv: list[str] | None = None) -> int:
                                 record["server"], f" ERRORS {errors}" if errors else "")
                     (out / f"results-{tag}.json").write_text(json.dumps(report, indent=1))
     finally:
-        gpu.close()
+        gpu.__exit__(None, None, None)
         pool.close()
         shutil.rmtree(scratch, ignore_errors=True)
     (out / f"results-{tag}.json").write_text(json.dumps(report, indent=1))
@@ -735,7 +699,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def summary_markdown(report: dict) -> str:
     """One markdown table of every record (rows/s, GB/s, GPU, server profile)."""
-    lines = [f"machine: {report['machine']}, device {report['device']}, after-server instances "
+    from coffea_sonic.bench.machine import machine_label
+
+    host = report["machine"]
+    where = f"{machine_label(host)} ({host.get('cpu_model')}, {host.get('cpu_cores')} cores)"
+    lines = [f"machine: {where}, device {report['device']}, after-server instances "
              f"{report['instances_after']}, staging {report['staging']}, {report['duration_s']} s per run",
              "",
              "| phase | transport | model | batch | procs | in flight | rows/s | GB/s | GPU % | "

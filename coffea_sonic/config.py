@@ -12,7 +12,9 @@ servers without edits. Sources, first match wins:
    ``host:port`` put in place of the declared URL's server (model name and version are kept),
 5. the URL declared in code.
 
-Other settings (``setting("fallback")`` …) follow the same order under their own names.
+Other settings (``setting("fallback")`` …) follow the same order under their own names; they are
+read by :mod:`coffea_sonic.core.settings` (re-exported here), below the URL parser of
+:mod:`coffea_sonic.core.endpoint` that :func:`replace_server` uses.
 
 >>> import os
 >>> os.environ["COFFEA_SONIC_SERVERS"] = "gpu1.example.org:8001,gpu2.example.org:8001"
@@ -23,85 +25,47 @@ Other settings (``setting("fallback")`` …) follow the same order under their o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-import re
-import tomllib
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
+from .core.endpoint import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, parse_address, parse_model_url
+from .core.settings import DASK_PREFIX, ENV_PREFIX, config_file, setting
+from .core.settings import as_list as _as_list
+from .core.settings import dask_setting as _dask_setting
+from .core.settings import file_settings as _file_settings
 from .errors import ConfigurationError
+
+__all__ = ["DASK_PREFIX", "ENV_PREFIX", "config_file", "configured_models", "configured_servers",
+           "model_urls", "replace_server", "setting"]
 
 logger = logging.getLogger(__name__)
 
-ENV_PREFIX = "COFFEA_SONIC_"
-DASK_PREFIX = "coffea_sonic"
-_URL_SERVER = re.compile(r"^(?P<scheme>triton\+(?:grpc|http)s?://)(?P<server>[^/]+)(?P<path>/.*)$")
-
-
-def config_file() -> Path:
-    """The facility endpoints file: ``$COFFEA_SONIC_CONFIG`` or ``~/.config/coffea-sonic/endpoints.toml``."""
-    explicit = os.environ.get(ENV_PREFIX + "CONFIG")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-    return Path(base) / "coffea-sonic" / "endpoints.toml"
-
-
-def _file_settings() -> dict[str, Any]:
-    path = config_file()
-    if not path.is_file():
-        if os.environ.get(ENV_PREFIX + "CONFIG"):
-            raise ConfigurationError(f"COFFEA_SONIC_CONFIG names {path}, which does not exist")
-        return {}
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigurationError(f"{path} is not valid TOML: {error}") from error
-
-
-def _dask_setting(key: str) -> Any:
-    try:
-        import dask.config
-    except ImportError:  # pragma: no cover - dask is a dependency
-        return None
-    return dask.config.get(f"{DASK_PREFIX}.{key}", default=None)
-
-
-def _as_list(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return [str(part) for part in value]
-
-
-def setting(name: str, default: Any = None) -> Any:
-    """A setting from the environment (``COFFEA_SONIC_<NAME>``), Dask config, the file, or default.
-
-    >>> setting("no_such_setting", 3)
-    3
-    """
-    env_value = os.environ.get(ENV_PREFIX + name.upper())
-    if env_value is not None:
-        return env_value
-    dask_value = _dask_setting(name)
-    if dask_value is not None:
-        return dask_value
-    return _file_settings().get(name, default)
-
 
 def replace_server(url: str, server: str) -> str:
-    """``url`` with its ``host:port`` replaced by ``server``.
+    """``url`` with its ``host:port`` replaced by ``server`` (scheme, model and version kept).
+
+    Both are read by the one URL parser (:func:`coffea_sonic.core.endpoint.parse_model_url`,
+    :func:`~coffea_sonic.core.endpoint.parse_address`); a ``server`` without a port gets the
+    scheme's default one.
 
     >>> replace_server("triton+grpc://localhost:8001/jet_tagger/2", "gpu7:9001")
     'triton+grpc://gpu7:9001/jet_tagger/2'
+    >>> replace_server("triton+https://localhost/jet_tagger", "[::1]")
+    'triton+https://[::1]:8000/jet_tagger'
+    >>> replace_server("grpc://localhost:8001/jet_tagger", "gpu7:9001")
+    Traceback (most recent call last):
+    ...
+    coffea_sonic.errors.ConfigurationError: cannot put server 'gpu7:9001' into 'grpc://localhost:8001/jet_tagger': model URL 'grpc://localhost:8001/jet_tagger' has scheme 'grpc'; use triton+grpc://host:port/model[/version] (triton+grpcs:// for TLS, triton+http[s]:// for Triton's HTTP API)
     """
-    match = _URL_SERVER.match(url)
-    if not match:
-        raise ConfigurationError(
-            f"cannot put server {server!r} into {url!r}: expected triton+grpc://host:port/model[/version]")
-    return f"{match['scheme']}{server}{match['path']}"
+    try:
+        ref = parse_model_url(url)
+        host, port = parse_address(server, what="server", default_port=(
+            DEFAULT_HTTP_PORT if ref.protocol == "http" else DEFAULT_GRPC_PORT))
+    except ConfigurationError as error:
+        raise ConfigurationError(f"cannot put server {server!r} into {url!r}: {error}") from None
+    return dataclasses.replace(ref, host=host, port=port).url
 
 
 def model_urls(name: str, declared: str | Sequence[str] | None = None) -> list[str]:

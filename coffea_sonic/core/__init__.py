@@ -3,7 +3,8 @@
 * :mod:`.endpoint`: the one URL parser (:func:`parse_model_url`) and :class:`ServerSettings`
   (address, protocol, TLS, secret headers, restricted-protocol key);
 * :mod:`.tensors`: :class:`TensorInfo`, :class:`ModelInfo`, Triton <-> numpy datatypes;
-* :mod:`.secrets` and :mod:`.tls`: tokens and certificates that never leak.
+* :mod:`.secrets` and :mod:`.tls`: tokens and certificates that never leak;
+* :mod:`.settings`: where run-time settings come from (environment, Dask config, facility file).
 
 Errors (:mod:`coffea_sonic.errors`), settings (:mod:`coffea_sonic.config`) and statistics types
 (:mod:`coffea_sonic.stats`) belong to this layer too. Nothing here imports a transport.

@@ -222,25 +222,25 @@ def _coerce_protocol_key(value: Any) -> ProtocolKey | None:
 def configured_tls() -> TlsOptions:
     """TLS options from the settings ``ca_file``, ``cert_file``, ``key_file``, ``server_name``
     (``COFFEA_SONIC_CA_FILE``..., Dask config, facility file); system roots when none is set."""
-    from .. import config
+    from .settings import setting
 
     return TlsOptions.coerce({
-        "root_certificates": config.setting("ca_file"),
-        "certificate_chain": config.setting("cert_file"),
-        "private_key": config.setting("key_file"),
-        "server_name": config.setting("server_name"),
+        "root_certificates": setting("ca_file"),
+        "certificate_chain": setting("cert_file"),
+        "private_key": setting("key_file"),
+        "server_name": setting("server_name"),
     })
 
 
 def configured_headers() -> dict[str, "str | Secret"]:
     """``authorization: Bearer <token>`` when the settings ``token_env`` (the NAME of the variable
     holding the token) or ``token_file`` are set; only the name or path is ever kept."""
-    from .. import config
+    from .settings import setting
 
-    token_file = config.setting("token_file")
+    token_file = setting("token_file")
     if token_file:
         return {"authorization": Secret.from_file(token_file, prefix="Bearer ")}
-    token_env = config.setting("token_env")
+    token_env = setting("token_env")
     if token_env:
         return {"authorization": Secret.bearer_from_env(str(token_env))}
     return {}
@@ -249,15 +249,15 @@ def configured_headers() -> dict[str, "str | Secret"]:
 def configured_protocol_key() -> ProtocolKey | None:
     """The restricted-protocol key from the settings ``protocol_key_name`` and
     ``protocol_key_env`` (the NAME of the variable holding the value) or ``protocol_key_file``."""
-    from .. import config
+    from .settings import setting
 
-    name = config.setting("protocol_key_name")
+    name = setting("protocol_key_name")
     if not name:
         return None
-    key_file = config.setting("protocol_key_file")
+    key_file = setting("protocol_key_file")
     if key_file:
         return (str(name), Secret.from_file(key_file))
-    key_env = config.setting("protocol_key_env")
+    key_env = setting("protocol_key_env")
     if not key_env:
         raise ConfigurationError(
             "protocol_key_name is set but neither protocol_key_env (the NAME of the variable "

@@ -45,7 +45,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -233,18 +232,21 @@ def _make_runner(task: dict, cache: dict):
         if key not in cache:
             cache[key] = CudaShmTransport(task["grpc"])
         transport = cache[key]
-        specs = [(t.name, t.triton_dtype.removeprefix("TYPE_"), tuple(t.dims))
-                 for t in zoo.spec(model).outputs]
+        from coffea_sonic.transport.base import InferRequest
+
+        outputs = zoo.declared_info(model).outputs
         pieces = int(task["client"].get("pieces", 1))
 
         def call(inputs):
             # equal pieces, all sent before the first answer is awaited (the next piece's
-            # host-to-device copy overlaps the server's work on the previous one)
+            # host-to-device copy overlaps the server's work on the previous one); host arrays
+            # in, host arrays out
             rows = len(next(iter(inputs.values())))
             bounds = [rows * part // pieces for part in range(pieces + 1)]
-            futures = [transport.submit(model, "", {k: v[a:b] for k, v in inputs.items()}, specs)
-                       for a, b in zip(bounds[:-1], bounds[1:])]
-            answers = [future.outputs() for future in futures]
+            futures = [transport.submit(InferRequest(
+                model, "", {k: v[a:b] for k, v in inputs.items()}, outputs, rows=b - a,
+                timeout_s=120)) for a, b in zip(bounds[:-1], bounds[1:])]
+            answers = [future.result().outputs for future in futures]
             return {name: np.concatenate([a[name] for a in answers]) for name in answers[0]}
 
         return call, None
@@ -384,64 +386,33 @@ class Pool:
                 process.kill()
 
 
-# -- probes -----------------------------------------------------------------------------------------
+# -- probes (coffea_sonic.bench.probes: the harness' GPU sampler and statistics reader) ---------------
 
-class GpuBusy:
-    """``nvidia-smi`` utilization.gpu every 100 ms in the background (no-op without a GPU)."""
-
-    def __init__(self) -> None:
-        self.samples: list[tuple[float, float]] = []
-        self.process = None
-        smi = shutil.which("nvidia-smi")
-        if smi:
-            self.process = subprocess.Popen(
-                [smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "100"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            try:
-                self.samples.append((time.time(), float(line.strip().split(",")[0])))
-            except ValueError:
-                pass
-
-    def mean(self, start: float, end: float) -> float | None:
-        inside = [value for stamp, value in self.samples if start + 0.2 <= stamp <= end]
-        return round(float(np.mean(inside)), 1) if inside else None
-
-    def close(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
+def gpu_mean(gpu: Any, start: float, end: float) -> float | None:
+    """Mean GPU busy (%) of a run (a :class:`~coffea_sonic.bench.probes.GpuUtilisation`), its first
+    0.2 s (ramp-up) left out."""
+    mean = gpu.mean_between(start + 0.2, end)
+    return round(mean, 1) if mean is not None else None
 
 
-def server_stats(grpc_address: str, model: str) -> dict:
-    """Triton's cumulative statistics of ``model`` (tritonclient, so no project internals)."""
-    import tritonclient.grpc as grpcclient
+def server_stats(grpc_address: str, model: str) -> Any:
+    """Triton's cumulative statistics of ``model`` (every version), through the transport layer."""
+    from coffea_sonic.bench.probes import server_statistics, statistics_transport
 
-    client = grpcclient.InferenceServerClient(grpc_address)
-    try:
-        response = client.get_inference_statistics(model_name=model)
-    finally:
-        client.close()
-    total: dict[str, float] = {}
-    for stats in response.model_stats:
-        infer = stats.inference_stats
-        for part in ("queue", "compute_input", "compute_infer", "compute_output"):
-            total[part + "_ns"] = total.get(part + "_ns", 0) + getattr(infer, part).ns
-        total["requests"] = total.get("requests", 0) + infer.success.count
-        total["executions"] = total.get("executions", 0) + stats.execution_count
-        total["inferences"] = total.get("inferences", 0) + stats.inference_count
-    return total
+    return server_statistics(statistics_transport(grpc_address), model)
 
 
-def stats_delta(before: dict, after: dict) -> dict:
-    delta = {key: after.get(key, 0) - before.get(key, 0) for key in after}
-    requests = max(delta.get("requests", 0), 1)
-    profile = {f"{part}_ms": round(delta.get(part + "_ns", 0) / requests / 1e6, 3)
+def stats_delta(before: Any, after: Any, wall_s: float) -> dict:
+    """Per-request server times (ms), average executed batch, requests and busy fraction."""
+    from coffea_sonic.bench.probes import server_statistics_summary
+
+    delta = after - before
+    summary = server_statistics_summary(delta, wall_s)
+    profile = {f"{part}_ms": round(summary[f"{part}_ms_per_request"], 3)
                for part in ("queue", "compute_input", "compute_infer", "compute_output")}
-    profile["avg_batch"] = round(delta.get("inferences", 0) / max(delta.get("executions", 0), 1), 1)
-    profile["requests"] = delta.get("requests", 0)
+    profile["avg_batch"] = round(delta.average_batch, 1)
+    profile["requests"] = delta.success_count
+    profile["busy_fraction"] = round(summary["busy_fraction"], 3)
     return profile
 
 
@@ -556,8 +527,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for name in models:
         zoo.onnx_path(name)
+    from coffea_sonic.bench.probes import GpuUtilisation
+
     pool = Pool(max(run.procs for server in plan for run in server.runs))
-    gpu = GpuBusy()
+    gpu = GpuUtilisation().__enter__()
     base: Path | None = None
     if args.plan != "final" and any(not s.default and s.runs and s.runs[0].kind != "local"
                                     for s in plan):
@@ -611,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
                 if server is not None:
                     server.stop()
     finally:
-        gpu.close()
+        gpu.__exit__(None, None, None)
         pool.close()
     report["baseline_rows_per_s"] = baseline
     report["elapsed_s"] = round(time.time() - began, 1)
@@ -622,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(run: Run, config: Server, server, pool: Pool, gpu: GpuBusy, duration: float,
+def measure(run: Run, config: Server, server, pool: Pool, gpu: Any, duration: float,
             device: str) -> dict:
     rows = CHUNK_ROWS[run.model]
     seconds = run.duration or (duration + (0.5 if run.procs >= 8 else 0.0))
@@ -636,7 +609,7 @@ def measure(run: Run, config: Server, server, pool: Pool, gpu: GpuBusy, duration
                               "client_options": run.client, "model": run.model, "rows": rows,
                               "procs": run.procs}
     served = server is not None and run.kind != "local"
-    before = server_stats(server.grpc_address, run.model) if served else {}
+    before = server_stats(server.grpc_address, run.model) if served else None
     try:
         start_at, results = pool.run(task, run.procs)
     except RuntimeError as error:
@@ -652,10 +625,11 @@ def measure(run: Run, config: Server, server, pool: Pool, gpu: GpuBusy, duration
     record["per_process"] = [round(r["rows_per_s"]) for r in good]
     record["chunk_ms_p50"] = round(float(np.median([r["chunk_ms_p50"] for r in good
                                                      if r["chunk_ms_p50"]])), 3) if good else None
-    record["gpu_busy"] = gpu.mean(start_at, start_at + seconds)
+    record["gpu_busy"] = gpu_mean(gpu, start_at, start_at + seconds)
     record["duration_s"] = seconds
     if served:
-        record["server_profile"] = stats_delta(before, server_stats(server.grpc_address, run.model))
+        record["server_profile"] = stats_delta(
+            before, server_stats(server.grpc_address, run.model), seconds)
         profile = record["server_profile"]
         record["profile"] = (f"{profile['queue_ms']}/{profile['compute_input_ms']}/"
                             f"{profile['compute_infer_ms']}/{profile['compute_output_ms']} "

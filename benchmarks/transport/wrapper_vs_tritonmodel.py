@@ -14,7 +14,7 @@ Clients, each at its defaults (the only argument given is the transport):
 ``grpc``            ``TritonModel(url, transport="grpc")``
 ``shm``             ``TritonModel(url, transport="shm")``
 ``auto``            ``TritonModel(url)`` (what a user gets; shared memory on this host)
-``http``            ``TritonModel(url, transport="http")``, if this version has it
+``http``            ``TritonModel(http_url, transport="http")`` (``triton+http://`` the HTTP port)
 ==================  ==============================================================================
 
 The clients take turns call by call (round-robin, order rotated each round), so a change in the
@@ -154,6 +154,7 @@ def tritonmodel_client(name: str, url: str, **options: Any) -> Client:
     try:
         model = TritonModel(url, **options)
         model.info  # resolve metadata now: a missing transport or server fails here, not timed
+        model.transport_kind  # and the transport (a wrong one raises ConfigurationError here)
     except Exception as error:  # noqa: BLE001 - recorded: e.g. transport="http" not there yet
         return Client(name, lambda inputs: {}, error=f"{type(error).__name__}: {error}")
 
@@ -165,6 +166,7 @@ def tritonmodel_client(name: str, url: str, **options: Any) -> Client:
                 "rows_per_request": stats.rows / max(stats.requests, 1),
                 "in_flight": model.max_in_flight, "max_request_bytes": model.max_request_bytes,
                 "transport": getattr(model, "transport", None),
+                "transport_kind": getattr(model, "transport_kind", None),
                 "retries": stats.retries, "failed_requests": stats.failed_requests}
 
     return Client(name, model, describe, model.close)
@@ -306,17 +308,18 @@ def _best_of(function: Callable[[], Any], repeats: int) -> float:
 def client_steps(inputs: dict[str, np.ndarray], piece_rows: int, repeats: int) -> dict[str, Any]:
     """Milliseconds of each client-side step for one ``piece_rows``-row request, in isolation.
 
-    TritonModel's gRPC path (``codec.encode_request``: ``tobytes`` then the protobuf field, then
-    gRPC serializes the message) against the wrapper's (``numpy.resize`` + ``astype`` +
-    ``set_data_from_numpy``'s ``tobytes``, tritonclient's request build, serialization). Internal
-    functions may move while the transport layer is refactored: missing ones are reported as such.
+    TritonModel's gRPC path (:func:`coffea_sonic.transport.grpc.codec.encode_request`, what
+    ``GrpcTransport.submit`` sends: ``tobytes`` then the protobuf field, then gRPC serializes the
+    message) against the wrapper's (``numpy.resize`` + ``astype`` + ``set_data_from_numpy``'s
+    ``tobytes``, tritonclient's request build, serialization). Internal functions that are
+    missing (another version of the package) are reported as such.
     """
     x = inputs["x"][:piece_rows]
     steps: dict[str, Any] = {"piece_rows": piece_rows, "piece_bytes": int(x.nbytes)}
     steps["memcpy_once_ms"] = 1e3 * _best_of(lambda: x.copy(), repeats)
     steps["tobytes_ms"] = 1e3 * _best_of(lambda: x.tobytes(), repeats)
     try:
-        from coffea_sonic.transport.codec import decode_response, encode_request
+        from coffea_sonic.transport.grpc.codec import decode_response, encode_request
     except ImportError as error:
         steps["tritonmodel"] = f"not measured ({error})"
     else:
@@ -392,11 +395,13 @@ def serial_breakdown(url: str, inputs: dict[str, np.ndarray], stats_client: Any,
 
 # -- the knobs ---------------------------------------------------------------------------------------
 
-def sweep(url: str, inputs: dict[str, np.ndarray], transports: list[str], sizes_mib: list[float],
-          in_flight: list[int], rounds: int) -> list[dict[str, Any]]:
-    """rows/s for every (transport, max_request_bytes, max_in_flight), taking turns per round."""
+def sweep(urls: dict[str, str], inputs: dict[str, np.ndarray], transports: list[str],
+          sizes_mib: list[float], in_flight: list[int], rounds: int) -> list[dict[str, Any]]:
+    """rows/s for every (transport, max_request_bytes, max_in_flight), taking turns per round;
+    ``urls``: the model's URL per protocol (``grpc``, ``http``)."""
     clients, settings = [], {}
     for transport in transports:
+        url = urls["http" if transport == "http" else "grpc"]
         probe = tritonmodel_client(transport, url, transport=transport)
         if probe.error:
             logger.warning("sweep: transport %s unavailable: %s", transport, probe.error)
@@ -694,12 +699,13 @@ def measure_config(args: argparse.Namespace, max_batch_size: int, inputs: dict[s
                                       "rounds": args.rounds, "server_instances": 1}}
     with LocalTritonServer(repository=repository, device="cpu") as server:
         url = server.url(MODEL)
+        http_url = f"triton+http://{server.http_address}/{MODEL}"
         stats_client = grpcclient.InferenceServerClient(server.grpc_address)
         clients = [wrapper_client(server.grpc_address),
                    tritonmodel_client("grpc", url, transport="grpc"),
                    tritonmodel_client("shm", url, transport="shm"),
                    tritonmodel_client("auto (default)", url),
-                   tritonmodel_client("http", url, transport="http"),
+                   tritonmodel_client("http", http_url, transport="http"),
                    framed_client(server.grpc_address, 4 * MiB, 4, 1),
                    framed_client(server.grpc_address, 1 * MiB, 8, 2)]
         usable = [client for client in clients if client.error is None]
@@ -730,7 +736,7 @@ def measure_config(args: argparse.Namespace, max_batch_size: int, inputs: dict[s
                                                    calls=max(5, args.rounds // 3))
         if with_sweep and args.sweep_rounds > 0:
             logger.info("sweep of max_request_bytes x max_in_flight")
-            run["sweep"] = sweep(url, inputs, ["grpc", "shm", "http"],
+            run["sweep"] = sweep({"grpc": url, "http": http_url}, inputs, ["grpc", "shm", "http"],
                                  [float(size) for size in args.sweep_mib.split(",")],
                                  [int(window) for window in args.sweep_in_flight.split(",")],
                                  args.sweep_rounds)

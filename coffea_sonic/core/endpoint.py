@@ -111,7 +111,7 @@ def parse_model_url(url: str) -> ModelRef:
     if parts.username or parts.password:
         raise ConfigurationError(
             f"model URL {url!r} carries credentials; pass tokens as headers "
-            "(see coffea_sonic.transport.Secret), never in URLs")
+            "(see coffea_sonic.Secret), never in URLs")
     if parts.query or parts.fragment:
         raise ConfigurationError(f"model URL {url!r} has a query or fragment; {hint}")
     segments = [segment for segment in parts.path.split("/") if segment]

@@ -1,7 +1,7 @@
 """TLS settings for gRPC channels (``triton+grpcs://`` or ``ssl=...``), picklable by path.
 
 Certificates and keys are given as file paths (read in the process that connects, so a Dask worker
-reads its own copy) or, for the private key, as a :class:`~coffea_sonic.transport.Secret`.
+reads its own copy) or, for the private key, as a :class:`~coffea_sonic.core.secrets.Secret`.
 
 >>> TlsOptions.coerce(True)
 TlsOptions(root_certificates=None, certificate_chain=None, private_key=None, server_name=None)

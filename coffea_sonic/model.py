@@ -352,8 +352,14 @@ class TritonModel:
 
     @property
     def transport_kind(self) -> str:
-        """The transport this process' requests use (``"shm"``, ``"grpc"``, ``"http"``, ...)."""
-        return self._window(self._get_runtime())[1]
+        """The transport this process' requests to the first healthy server use now
+        (``"shm"``, ``"grpc"``, ``"http"``, ...; after a region error, the plain one)."""
+        runtime = self._get_runtime()
+        kind = self._window(runtime)[1]
+        endpoint = next((e for e in runtime.router.endpoints if e.healthy), None)
+        if endpoint is not None and endpoint.data is not None:
+            return runtime.router.data_transport(endpoint).name
+        return kind
 
     def _window(self, runtime: _Runtime) -> tuple[Window, str]:
         """The runtime's in-flight window, sized by the transport of the first usable server."""

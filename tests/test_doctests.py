@@ -12,6 +12,7 @@ network download, a server on a fixed port or a long run) are the only ones not 
 from __future__ import annotations
 
 import doctest
+import os
 import functools
 import importlib
 import importlib.util
@@ -137,8 +138,15 @@ def test_docstring_examples(case: Case) -> None:
         pytest.skip(f"{case.name} needs {need.what}, which this machine lacks")
     runner = doctest.DocTestRunner(optionflags=OPTION_FLAGS)
     report: list[str] = []
+    # examples that set settings in os.environ (and clean up only when they all pass) must not
+    # leak them into later tests: every variable is restored when this test ends
+    snapshot = dict(os.environ)
     # The finder gave each docstring its own copy of the module's globals; run() clears it after.
-    result = runner.run(case.test, out=report.append)
+    try:
+        result = runner.run(case.test, out=report.append)
+    finally:
+        os.environ.clear()
+        os.environ.update(snapshot)
     if result.failed:
         pytest.fail(f"{result.failed} of {result.attempted} examples failed in {case.name}:\n"
                     + "".join(report), pytrace=False)

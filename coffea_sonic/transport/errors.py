@@ -26,6 +26,9 @@ kind                      meaning                                        the cli
 'shm_region'
 >>> classify("UNAVAILABLE", "This protocol is restricted, expecting header 'triton-grpc-protocol-k'")
 'restricted'
+>>> classify("INTERNAL", "shared memory size specified with the request for output 'y' (80 bytes) "
+...          "should be at least 120 bytes")
+'internal'
 >>> TransportError("down", "connection refused", address="h:1").retryable
 True
 """
@@ -50,7 +53,13 @@ TRANSIENT_MESSAGES: tuple[str, ...] = (
     "stub process is not healthy", "exceeds maximum queue size", "server is not ready",
     "shutting down",
 )
-_SHM_REGION = re.compile(r"shared[ _]memory|shm region|cuda ipc", re.IGNORECASE)
+# the server does not know (or lost) the region a request names; other shared-memory errors (an
+# answer larger than the space reserved for it) are the answer's fault, not the region's
+_SHM_REGION = re.compile(
+    r"unable to find (?:system |cuda )?shared[ _]memory region|shared[ _]memory region '[^']*' "
+    r"(?:not found|does not exist)|unknown (?:system |cuda )?shared[ _]memory region|"
+    r"failed to (?:register|open|map) .*shared[ _]memory|invalid (?:system |cuda )?shared[ _]memory "
+    r"region", re.IGNORECASE)
 _RESTRICTED = re.compile(r"protocol is restricted|api is restricted|restricted, expecting header",
                          re.IGNORECASE)
 # statistics of a model a server does not have come back as INVALID_ARGUMENT on both wires

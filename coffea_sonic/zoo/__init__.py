@@ -190,7 +190,7 @@ def declared_info(name: str):
     (what a server serving it would declare), or None if the zoo has no such model.
 
     >>> declared_info("jet_tagger").inputs[0].describe()
-    'features FP32[16]'
+    'features FP32[6]'
     """
     from ..core.tensors import ModelInfo, TensorInfo
 

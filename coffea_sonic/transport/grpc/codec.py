@@ -19,7 +19,7 @@ import numpy as np
 from ...core.tensors import numpy_dtype, triton_dtype
 from ...errors import InferenceError
 
-__all__ = ["decode_response", "encode_request", "raw_bytes"]
+__all__ = ["decode_response", "encode_framed", "encode_request", "raw_bytes"]
 
 def raw_bytes(array: np.ndarray) -> bytes:
     if array.dtype == object or array.dtype.kind in "SU":
@@ -68,3 +68,49 @@ def decode_response(response) -> dict[str, np.ndarray]:
                 f"shape {list(shape)} {tensor.datatype} (expected {expected})")
         outputs[tensor.name] = np.frombuffer(content, dtype=dtype).reshape(shape)
     return outputs
+
+
+#: ``raw_input_contents`` is field 7 of ``ModelInferRequest``, length-delimited: tag (7 << 3) | 2
+_RAW_INPUT_TAG = b"\x3a"
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | 0x80 if value else byte)
+        if not value:
+            return bytes(out)
+
+
+def encode_framed(model: str, version: str, inputs: Mapping[str, np.ndarray],
+                  request_id: str = "") -> bytes:
+    """The serialised ``ModelInferRequest`` of :func:`encode_request`, with one copy of the tensors.
+
+    The protobuf header (names, shapes, datatypes) is serialised without the tensors, and each
+    tensor is appended as a ``raw_input_contents`` field straight from the array's memory (protobuf
+    allows repeated fields anywhere in a message). ``encode_request`` + serialisation copies every
+    byte three times (``tobytes``, into the message, into the wire bytes): on the 2-core box that
+    was most of the client's time per request.
+
+    >>> payload = encode_framed("m", "", {"x": np.ones((2, 3), np.float32)})
+    >>> from tritonclient.grpc import service_pb2
+    >>> service_pb2.ModelInferRequest.FromString(payload) == encode_request(
+    ...     "m", "", {"x": np.ones((2, 3), np.float32)})
+    True
+    """
+    from tritonclient.grpc import service_pb2
+
+    header = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    parts: list = []
+    for name, array in inputs.items():
+        tensor = header.inputs.add()
+        tensor.name = name
+        tensor.datatype = triton_dtype(array.dtype)
+        tensor.shape.extend(array.shape)
+        if array.dtype == object or array.dtype.kind in "SU":
+            data = memoryview(raw_bytes(array))
+        else:
+            data = memoryview(np.ascontiguousarray(array)).cast("B")
+        parts += [_RAW_INPUT_TAG, _varint(data.nbytes), data]
+    return b"".join([header.SerializeToString(), *parts])

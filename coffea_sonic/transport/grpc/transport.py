@@ -23,7 +23,7 @@ from ..base import InferRequest, Transport, TransportFuture, answer_from
 from ..errors import TransportError, from_grpc
 from ..messages import model_info_from_responses, models_in_index, statistics_from_response
 from .channel import Connection, get_connection
-from .codec import decode_response, encode_request
+from .codec import decode_response, encode_framed
 
 __all__ = ["GrpcTransport"]
 
@@ -41,6 +41,7 @@ class GrpcTransport(Transport):
         self._pid = -1
         self._connection: Connection | None = None
         self._metadata: tuple[tuple[str, str], ...] = ()
+        self._framed_infer: Any = None
 
     def __reduce__(self):
         # configuration only: every process makes its own channel
@@ -53,6 +54,13 @@ class GrpcTransport(Transport):
             self._connection = get_connection(self.address, self.settings.tls,
                                               self.settings.fingerprint)
             self._metadata = self.settings.metadata()
+            # ModelInfer taking already serialised requests (see codec.encode_framed)
+            from tritonclient.grpc import service_pb2
+
+            self._framed_infer = self._connection.channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=_identity,
+                response_deserializer=service_pb2.ModelInferResponse.FromString)
             self._pid = os.getpid()
         return self._connection
 
@@ -77,10 +85,11 @@ class GrpcTransport(Transport):
     def submit(self, request: InferRequest) -> TransportFuture:
         future = TransportFuture()
         try:
-            message = encode_request(request.model, request.version, request.inputs,
-                                     request_id=request.request_id)
-            call = self.connection.stub.ModelInfer.future(message, timeout=request.timeout_s,
-                                                          metadata=self.metadata)
+            self.connection
+            payload = encode_framed(request.model, request.version, request.inputs,
+                                    request_id=request.request_id)
+            call = self._framed_infer.future(payload, timeout=request.timeout_s,
+                                             metadata=self.metadata)
         except Exception as error:  # noqa: BLE001 - reported through the future
             future.fail(from_grpc(error, self.address))
             return future
@@ -152,3 +161,7 @@ class GrpcTransport(Transport):
         answer = self.rpc("ServerMetadata", service_pb2.ServerMetadataRequest(), timeout_s)
         return {"name": answer.name, "version": answer.version,
                 "extensions": list(answer.extensions)}
+
+
+def _identity(payload: bytes) -> bytes:
+    return payload

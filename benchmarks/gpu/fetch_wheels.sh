@@ -21,6 +21,6 @@ tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1
 total=$(( $(du -sb "$(dirname "$DEST")" | cut -f1) + tree ))
 echo "carry: $total bytes of 67108864 (64 MiB)"
 if [ "$total" -gt 67108864 ]; then
-  echo "over the device tool's limit: drop $DEST (the bench then leaves out the coffea-wrapper" \
+  echo "over the 64 MiB that one command to the GPU machine carries: drop $DEST (the bench then leaves out the coffea-wrapper" \
        "mode) or move large untracked files out of the tree" >&2
 fi

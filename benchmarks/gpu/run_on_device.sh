@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-machine benchmark of benchmarks/RESULTS.md, self-contained for the device tool.
+# The GPU-machine benchmark of benchmarks/RESULTS.md, self-contained for one command on the GPU machine.
 #
 #   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh
 #   device run:  timeout 570 bash benchmarks/gpu/run_on_device.sh      (carry: .device)
@@ -20,7 +20,7 @@ set -uo pipefail
 DEV=${DEV:-.device}
 OUT=${OUT:-bench-output/gpu}
 BENCH_DEVICE=${BENCH_DEVICE:-gpu}
-# the whole script stays inside TOTAL_BUDGET seconds (the device tool allows 600 per command)
+# the whole script stays inside TOTAL_BUDGET seconds (one command there may run 600 s)
 TOTAL_BUDGET=${TOTAL_BUDGET:-570}
 mkdir -p "$OUT"
 if [ "${LOCAL:-0}" = 1 ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-machine part of benchmarks/transport (issue 6), self-contained for the device tool.
+# The GPU-machine part of benchmarks/transport (issue 6), self-contained for one command on the GPU machine.
 #
 #   here, once:  bash ../shared/device/prepare.sh .device; mkdir -p .devtransport/whl
 #                ln -f .device/ts.tar.xz .devtransport/; ln -f .device/whl/*.whl .devtransport/whl/

@@ -34,14 +34,15 @@ def grpc_reference(address: str, name: str, inputs: dict) -> dict:
     return decode_response(response)
 
 
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval: float = 0.05,
-             ignoring: tuple[type[BaseException], ...] = ()) -> T:
+def wait_for(predicate: Callable[[], T], timeout: float, what: str | Callable[[], str], *,
+             interval: float = 0.05, ignoring: tuple[type[BaseException], ...] = ()) -> T:
     """Poll ``predicate`` until it returns something truthy, and return that.
 
     Tests wait on the condition they need instead of sleeping a guessed time and asserting: on a
     loaded 2-core machine any guess is either slow or flaky. Exceptions of the ``ignoring`` types
     count as "not yet" (a server still starting refuses connections); on timeout the
-    AssertionError says ``what`` was awaited, for how long, and the last ignored error.
+    AssertionError says ``what`` was awaited (a callable is asked then, to describe the state at
+    the end), for how long, and the last ignored error.
     """
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
@@ -54,7 +55,8 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, *, interval:
             last_error = error
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_error!r})" if last_error is not None else ""
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{detail}")
+            awaited = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {awaited}{detail}")
         time.sleep(interval)
 
 

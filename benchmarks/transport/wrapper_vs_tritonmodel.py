@@ -54,6 +54,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -641,7 +642,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ratio = rows.get(name, {}).get("ratio_to_wrapper")
             if ratio:
                 bars.text(x, value, f"{ratio:.1f}x", ha="center", va="bottom", fontsize=7)
-    bars.set_xticks(range(len(names)), [n.replace("prototype: ", "proto:\n").replace(", ", "\n")
+    bars.set_xticks(range(len(names)), [textwrap.fill(n.replace("prototype: ", "proto: "), 13)
                                         for n in names], fontsize=7)
     bars.set_ylabel("M rows/s (median; bars p25-p75)")
     bars.set_title(f"{ROWS:,} rows per call, clients at defaults")
@@ -662,7 +663,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axis.set_yticks(range(len(sizes)), [f"{s:g}" for s in sizes])
         axis.set_xlabel("max_in_flight")
         axis.set_ylabel("max_request_bytes (MiB)")
-        axis.set_title(f"TritonModel {transport}: M rows/s")
+        swept = [run["config"]["max_batch_size"] for run in runs if run.get("sweep")]
+        axis.set_title(f"TritonModel {transport}, max_batch_size {swept[0]}: M rows/s",
+                       fontsize=10)
         figure.colorbar(image, ax=axis)
     env = results["environment"]
     figure.suptitle(f"{env['cpu_count']}-core CPU, {env['date']}, load before {env['load_before']}")

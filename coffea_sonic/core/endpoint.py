@@ -30,7 +30,7 @@ from .secrets import Secret, header_fingerprint, normalize_headers, resolve_head
 from .tls import TlsOptions
 
 __all__ = ["DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "ModelRef", "ServerSettings", "configured_headers",
-           "configured_protocol_key", "configured_tls", "parse_address", "parse_model_url"]
+           "configured_protocol_key", "configured_tls", "join_address", "parse_address", "parse_model_url"]
 
 #: Triton's default gRPC and HTTP ports, used when a URL names none.
 DEFAULT_GRPC_PORT = 8001
@@ -61,8 +61,7 @@ class ModelRef:
     @property
     def address(self) -> str:
         """``host:port`` as gRPC wants it (IPv6 hosts bracketed)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return join_address(self.host, self.port)
 
     @property
     def url(self) -> str:
@@ -70,6 +69,15 @@ class ModelRef:
         scheme = f"triton+{self.protocol}{'s' if self.tls else ''}"
         tail = f"/{self.version}" if self.version else ""
         return f"{scheme}://{self.address}/{self.model}{tail}"
+
+
+def join_address(host: str, port: int) -> str:
+    """``host:port``, IPv6 hosts bracketed (the inverse of :func:`parse_address`).
+
+    >>> join_address("::1", 9000), join_address("gpu1", 8001)
+    ('[::1]:9000', 'gpu1:8001')
+    """
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def parse_address(text: str, *, what: str = "server address",

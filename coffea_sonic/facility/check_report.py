@@ -27,7 +27,7 @@ from typing import Literal
 from ..config import setting
 from ..core.endpoint import (DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, SCHEMES, ProtocolKey,
                              ServerSettings, configured_headers, configured_protocol_key,
-                             configured_tls, parse_address, parse_model_url)
+                             configured_tls, join_address, parse_address, parse_model_url)
 from ..core.secrets import Secret
 from ..core.tls import TlsOptions
 from ..errors import ConfigurationError
@@ -66,8 +66,7 @@ class Target:
     @property
     def address(self) -> str:
         """``host:port`` (IPv6 hosts bracketed), as the transports dial it."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{host}:{self.port}"
+        return join_address(self.host, self.port)
 
     @property
     def label(self) -> str:

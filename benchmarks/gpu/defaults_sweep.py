@@ -203,7 +203,17 @@ def plan_smoke() -> list[Server]:
                    runs=[_t("jet_tagger", 2, 0.5, 2), _t("jet_tagger", 1, 4, 4, "grpc")])]
 
 
-PLANS = {"final": plan_final, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
+def plan_gpus() -> list[Server]:
+    """Several GPUs (issue 12): the default server uses every visible GPU; aggregate served rows/s
+    against one process in-process on one GPU (goal: >= 0.9 x N GPUs)."""
+    return [Server("in-process (one GPU)", runs=[Run("local", "emtrk_cnn")]),
+            Server("defaults, every GPU", default=True,
+                   runs=[Run("verify", "emtrk_cnn"), Run("triton", "emtrk_cnn", 8),
+                         Run("triton", "emtrk_cnn", 16), Run("triton", "emtrk_cnn", 28)]),
+            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+
+
+PLANS = {"final": plan_final, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
          "smoke": plan_smoke}
 
 

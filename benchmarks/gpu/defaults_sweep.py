@@ -205,11 +205,14 @@ def plan_smoke() -> list[Server]:
 
 def plan_gpus() -> list[Server]:
     """Several GPUs (issue 12): the default server uses every visible GPU; aggregate served rows/s
-    against one process in-process on one GPU (goal: >= 0.9 x N GPUs)."""
+    against one process in-process on one GPU (goal: >= 0.9 x N GPUs). Client processes scale
+    with the machine (about 14 per GPU, leaving cores to the server)."""
+    cores = os.cpu_count() or 16
+    counts = sorted({8, 16, cores // 2, max(8, cores - 4)})
     return [Server("in-process (one GPU)", runs=[Run("local", "emtrk_cnn")]),
             Server("defaults, every GPU", default=True,
-                   runs=[Run("verify", "emtrk_cnn"), Run("triton", "emtrk_cnn", 8),
-                         Run("triton", "emtrk_cnn", 16), Run("triton", "emtrk_cnn", 28)]),
+                   runs=[Run("verify", "emtrk_cnn")]
+                   + [Run("triton", "emtrk_cnn", n) for n in counts]),
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 

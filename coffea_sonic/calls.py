@@ -72,6 +72,8 @@ class Call:
     #: the call's output arrays, preallocated when every output has fixed dims: each piece's
     #: answer is written straight into its rows (None: outputs are concatenated at the end)
     out: dict[str, np.ndarray] | None = None
+    #: a ragged call's events and groups (:class:`coffea_sonic.ragged.RaggedCall`); rows are events
+    ragged: Any = None
     remaining: int = 0
     error: BaseException | None = None
     outputs: dict[str, np.ndarray] | None = None

@@ -62,6 +62,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import fallback as fallback_module
+from . import ragged as ragged_module
 from .calls import Call, InferenceHandle, Piece, Window
 from .core.endpoint import (ModelRef, ServerSettings, configured_headers, configured_protocol_key,
                             configured_tls, parse_model_url)
@@ -384,29 +385,41 @@ class TritonModel:
 
     # -- inference ----------------------------------------------------------------------------------
 
-    def __call__(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Run the model on ``{input name: array}``; returns ``{output name: array}``."""
-        return self.infer_async(inputs).result()
+    def __call__(self, inputs: Mapping[str, Any], *, counts: Any = None) -> dict[str, np.ndarray]:
+        """Run the model on ``{input name: array}``; returns ``{output name: array}``.
 
-    def infer_async(self, inputs: Mapping[str, Any]) -> InferenceHandle:
+        ``counts`` (rows per event) makes it a ragged call (:mod:`coffea_sonic.ragged`): the
+        inputs are the events' rows, unpadded; per-object outputs come back with one row per
+        input row, per-event outputs with one row per event.
+        """
+        return self.infer_async(inputs, counts=counts).result()
+
+    def infer_async(self, inputs: Mapping[str, Any], *, counts: Any = None) -> InferenceHandle:
         """Validate and send now; the handle's ``result()`` gives what ``__call__`` would."""
         info = self.info
         runtime = self._get_runtime()
-        arrays, rows = validate_inputs(info, inputs, self.nonfinite)
-        call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=runtime, info=info)
+        ragged = None
+        if counts is None:
+            ragged_module.check_plain_call(info, inputs)
+            arrays, rows = validate_inputs(info, inputs, self.nonfinite)
+        else:  # rows of the call are events; pieces are groups of whole events
+            ragged = ragged_module.RaggedCall.build(info, inputs, counts, self.nonfinite)
+            arrays, rows = ragged.arrays, ragged.events
+        call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=runtime, info=info,
+                    ragged=ragged)
         self._add_stats(calls=1)
         if rows == 0:
-            call.outputs = empty_outputs(info)
+            call.outputs = empty_outputs(info) if ragged is None else ragged.empty_outputs()
             call.done.set()
             return InferenceHandle(self, call)
         window, kind = self._window(runtime)
         cap = self.max_request_bytes or TRANSPORT_DEFAULTS.get(kind, DEFAULT_MAX_REQUEST_BYTES)[0]
-        plan = plan_pieces(info, arrays, rows, cap)
+        plan = plan_pieces(info, arrays, rows, cap) if ragged is None else ragged.plan(cap)
         call.pieces = [Piece(call, index, start, stop, pad)
                        for index, (start, stop, pad) in enumerate(plan)]
         call.results = [None] * len(call.pieces)
         call.remaining = len(call.pieces)
-        call.out = _preallocate(info, rows)
+        call.out = _preallocate(info, rows) if ragged is None else None
         window.submit(call.pieces)
         return InferenceHandle(self, call)
 
@@ -427,11 +440,14 @@ class TritonModel:
         try:
             transport = runtime.router.data_transport(endpoint)
             if piece.tensors is None:
-                piece.tensors = piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
+                piece.tensors = _piece_tensors(piece)
                 piece.bytes_sent = sum(array.nbytes for array in piece.tensors.values())
+            ragged = call.ragged  # one batch item per group; outputs shaped by its events
             request = InferRequest(
-                self.model_name, runtime.version, piece.tensors, call.info.outputs,
-                rows=piece.rows + piece.pad if call.info.batching else None,
+                self.model_name, runtime.version, piece.tensors,
+                call.info.outputs if ragged is None else ragged.request_outputs(piece.start,
+                                                                                piece.stop),
+                rows=piece.rows + piece.pad if call.info.batching and ragged is None else None,
                 timeout_s=self.timeout_s, request_id=f"{call.call_id}.{piece.index}",
                 out=({name: array[piece.start:piece.stop] for name, array in call.out.items()}
                      if call.out is not None else None))
@@ -562,7 +578,7 @@ class TritonModel:
         def work() -> None:
             try:
                 engine = fallback_module.fallback_engine(choice, self.model_name)
-                produced = engine(piece_arrays(call.arrays, piece.start, piece.stop, piece.pad))
+                produced = engine(_piece_tensors(piece))
                 outputs = self._check_outputs(call.info, piece, produced, "fallback engine")
                 self._add_stats(fallback_calls=1, fallback_rows=piece.rows, rows=piece.rows)
                 self._record(piece, outputs)
@@ -600,6 +616,8 @@ class TritonModel:
     def _check_outputs(self, info: ModelInfo, piece: Piece, outputs: Mapping[str, Any],
                        source: str, delivered: frozenset[str] = frozenset()
                        ) -> dict[str, np.ndarray]:
+        if piece.call.ragged is not None:
+            return piece.call.ragged.check(piece.start, piece.stop, outputs, source)
         missing = [name for name in info.output_names if name not in outputs]
         if missing:
             raise InferenceError(
@@ -646,6 +664,10 @@ class TritonModel:
     def _assemble(self, call: Call) -> dict[str, np.ndarray]:
         """The call's outputs in input order: the preallocated arrays every piece wrote into,
         or (outputs of variable shape) the pieces' outputs concatenated once."""
+        if call.ragged is not None:  # per-object and per-event outputs, checked there
+            outputs = call.ragged.assemble([(p.start, p.stop) for p in call.pieces], call.results)
+            call.results, call.arrays = [], {}
+            return outputs
         if call.out is not None:
             outputs = call.out
         else:
@@ -705,6 +727,14 @@ class TritonModel:
             yield measured
         finally:
             measured.delta = self.server_statistics() - measured.before
+
+
+def _piece_tensors(piece: Piece) -> dict[str, np.ndarray]:
+    """The input tensors of ``piece``: its rows (plus padding), or its group of ragged events."""
+    call = piece.call
+    if call.ragged is not None:
+        return call.ragged.tensors(piece.start, piece.stop)
+    return piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
 
 
 def _preallocate(info: ModelInfo, rows: int) -> dict[str, np.ndarray] | None:

@@ -68,18 +68,24 @@ class SonicResult:
     """
 
     def __init__(self, handle: Any, counts: Any, *, done_outputs: Mapping[str, Any] | None = None,
-                 on_done: Callable[[], None] | None = None) -> None:
+                 on_done: Callable[[], None] | None = None,
+                 realign: Callable[[dict[str, np.ndarray]], dict[str, Any]] | None = None) -> None:
         self._handle = handle
         self._counts = counts
         self._outputs = dict(done_outputs) if done_outputs is not None else None
         self._on_done = on_done
+        #: turns the model's rows into the outputs (default: unflatten every output by counts)
+        self._realign = realign
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """Block until the outputs are there: numpy rows, or awkward arrays aligned with ``like``."""
         if self._outputs is None:
             rows = self._handle.result(timeout)
-            self._outputs = (columns.unflatten(rows, self._counts)
-                             if self._counts is not None else rows)
+            if self._realign is not None:
+                self._outputs = self._realign(rows)
+            else:
+                self._outputs = (columns.unflatten(rows, self._counts)
+                                 if self._counts is not None else rows)
             if self._on_done is not None:
                 self._on_done()
         return self._outputs
@@ -187,20 +193,54 @@ class SonicMixin:
                 for tensor in info.outputs}
         return columns.unflatten(rows, counts) if counts is not None else rows
 
-    def infer_async(self, name: str, inputs: Inputs, *, like: Any = None) -> SonicResult:
+    def infer_async(self, name: str, inputs: Inputs, *, like: Any = None,
+                    ragged: bool = False) -> SonicResult:
         """Send the request now and return a handle; call ``.result()`` when the outputs are needed.
 
         ``inputs`` maps tensor names to numpy arrays or (jagged) awkward arrays; ``like`` is a
         jagged array whose structure numpy inputs/outputs follow (e.g. ``events.Jet`` for rows
         from :func:`coffea_sonic.columns.jet_features`).
+
+        ``ragged=True`` (a model declaring ragged inputs, :mod:`coffea_sonic.ragged`): the
+        innermost lists (an event's hits, a jet's constituents) go unpadded, many per request,
+        with their counts; per-object outputs come back jagged like the inputs
+        (``[events][hits]``), per-list outputs with one entry per list (numpy ``[events, ...]``
+        for ``[events][hits]`` inputs, ``[events][jets]`` for ``[events][jets][constituents]``).
         """
         rows, counts, meta_pass = self._prepare(name, inputs, like)
+        if ragged:
+            return self._infer_ragged(name, rows, counts, meta_pass)
         if meta_pass:
             return SonicResult(None, None, done_outputs=self._meta_outputs(name, counts))
         handle = self.sonic_model(name).infer_async(rows)
         return SonicResult(handle, counts)
 
-    def infer(self, name: str, inputs: Inputs, *, like: Any = None) -> dict[str, Any]:
+    def _infer_ragged(self, name: str, rows: dict[str, np.ndarray], counts: Any,
+                      meta_pass: bool) -> SonicResult:
+        if counts is None:
+            raise InputValidationError(
+                f"model {name!r}: ragged=True needs jagged inputs (e.g. hits [events][hits][3]) "
+                "or like= a jagged array whose innermost lists the rows fill")
+        levels = counts if isinstance(counts, tuple) else (counts,)
+        outer = levels[:-1] if len(levels) > 2 else (levels[0] if len(levels) == 2 else None)
+        model = self.sonic_model(name)
+        per_object = set(model.info.ragged_outputs)
+
+        def realign(outputs: dict[str, np.ndarray]) -> dict[str, Any]:
+            return {output: (columns.unflatten(array, counts) if output in per_object
+                             else columns.unflatten(array, outer) if outer is not None else array)
+                    for output, array in outputs.items()}
+
+        if meta_pass:
+            info = model.info
+            empty = {t.name: np.empty((0, *(max(d, 0) for d in t.dims[
+                1 if t.name in per_object else 0:])), dtype=t.dtype) for t in info.outputs}
+            return SonicResult(None, None, done_outputs=realign(empty))
+        handle = model.infer_async(rows, counts=np.asarray(levels[-1]))
+        return SonicResult(handle, counts, realign=realign)
+
+    def infer(self, name: str, inputs: Inputs, *, like: Any = None,
+              ragged: bool = False) -> dict[str, Any]:
         """Run model ``name`` on ``inputs`` and wait: outputs aligned with the inputs (or ``like``).
 
         >>> class P(SonicMixin):
@@ -208,7 +248,7 @@ class SonicMixin:
         >>> P().infer("jet_tagger", {"features": np.zeros((0, 6), np.float32)})  # doctest: +SKIP
         {'probs': array([], shape=(0, 3), dtype=float32)}
         """
-        return self.infer_async(name, inputs, like=like).result()
+        return self.infer_async(name, inputs, like=like, ragged=ragged).result()
 
     def sonic_map(self, function: Callable[..., Any], *arrays: Any, label: str | None = None,
                   **kwargs: Any) -> Any:

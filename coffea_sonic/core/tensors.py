@@ -85,11 +85,17 @@ class ModelInfo:
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     checksum: str = field(default="")
+    #: inputs the config marks ``allow_ragged_batch: true`` (see :mod:`coffea_sonic.ragged`)
+    ragged_inputs: tuple[str, ...] = ()
+    #: outputs shaped like a ragged input (config ``batch_output`` of kind
+    #: ``BATCH_SCATTER_WITH_INPUT_SHAPE``): one row per object, not per event
+    ragged_outputs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.checksum:
             object.__setattr__(self, "checksum", signature_checksum(
-                self.platform, self.max_batch_size, self.inputs, self.outputs))
+                self.platform, self.max_batch_size, self.inputs, self.outputs,
+                self.ragged_inputs, self.ragged_outputs))
 
     @property
     def batching(self) -> bool:
@@ -117,15 +123,21 @@ class ModelInfo:
 
 
 def signature_checksum(platform: str, max_batch_size: int, inputs: Sequence[TensorInfo],
-                       outputs: Sequence[TensorInfo]) -> str:
+                       outputs: Sequence[TensorInfo], ragged_inputs: Sequence[str] = (),
+                       ragged_outputs: Sequence[str] = ()) -> str:
     """16 hex digits over what a client relies on (not instance counts or devices).
+
+    Ragged declarations count only when present, so other models keep their checksums.
 
     >>> len(signature_checksum("python", 8, [TensorInfo("x", "FP32", (4,))], []))
     16
     """
-    canonical = json.dumps({
+    signature = {
         "platform": platform, "max_batch_size": max_batch_size,
         "inputs": [[t.name, t.datatype, list(t.dims)] for t in inputs],
         "outputs": [[t.name, t.datatype, list(t.dims)] for t in outputs],
-    }, sort_keys=True)
+    }
+    if ragged_inputs or ragged_outputs:
+        signature["ragged"] = [sorted(ragged_inputs), sorted(ragged_outputs)]
+    canonical = json.dumps(signature, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

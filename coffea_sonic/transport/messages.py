@@ -35,6 +35,8 @@ def _tensors(declared: Any) -> tuple[TensorInfo, ...]:
 
 def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
     """Build :class:`ModelInfo` from gRPC ``ModelMetadataResponse`` and ``ModelConfigResponse``."""
+    from tritonclient.grpc import model_config_pb2
+
     declared = config.config
     platform = declared.backend or declared.platform or metadata.platform
     inputs = _tensors(declared.input)
@@ -48,8 +50,15 @@ def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
                    for t in inputs)
     outputs = tuple(TensorInfo(t.name, "BYTES" if t.datatype == "STRING" else t.datatype, t.dims)
                     for t in outputs)
+    # ragged batching (coffea_sonic.ragged): inputs that may differ in shape within a batch, and
+    # outputs scattered like such an input (one row per object, not per event)
+    ragged_inputs = tuple(t.name for t in declared.input if t.allow_ragged_batch)
+    scatter = model_config_pb2.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE
+    ragged_outputs = tuple(name for batch_output in declared.batch_output
+                           if batch_output.kind == scatter for name in batch_output.target_name)
     return ModelInfo(name=metadata.name, versions=tuple(metadata.versions), platform=platform,
-                     max_batch_size=int(declared.max_batch_size), inputs=inputs, outputs=outputs)
+                     max_batch_size=int(declared.max_batch_size), inputs=inputs, outputs=outputs,
+                     ragged_inputs=ragged_inputs, ragged_outputs=ragged_outputs)
 
 
 def models_in_index(index: Any) -> dict[str, tuple[str, ...]]:

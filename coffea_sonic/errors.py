@@ -45,3 +45,15 @@ class MissingDependencyError(SonicError, ImportError):
 
 class ClusterStartError(SonicError, RuntimeError):
     """A Dask cluster (local, batch jobs or a scheduler address) did not get its workers in time."""
+
+
+class UnservableModelError(ConfigurationError, ServerStartError):
+    """A model repository holds models the embedded server cannot run (refused before it starts).
+
+    ``refusals`` lists ``(model, version, reason)``. Also a :class:`ServerStartError`, since the
+    server was not started: code that handles a failed start handles this too.
+    """
+
+    def __init__(self, message: str, refusals: list | tuple = ()) -> None:
+        super().__init__(message)
+        self.refusals = list(refusals)

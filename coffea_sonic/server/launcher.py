@@ -39,6 +39,7 @@ from typing import Iterable, Literal, Sequence
 
 from ..errors import ConfigurationError, MissingDependencyError, ServerStartError
 from .repository import write_repository
+from .served import install_adapters, prepare_repository
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +229,14 @@ class _PortTaken(ServerStartError):
 class LocalTritonServer:
     """A real tritonserver on this machine, serving zoo models or an existing repository.
 
+    ``repository`` may be written for NVIDIA's official Triton container: python and ensemble
+    models are served as they are, ONNX and TorchScript models through coffea-sonic's python-based
+    adapter with their own config (:mod:`.served`); the user's files are only read. A model it
+    cannot serve (TensorRT, TensorFlow, custom backend, missing file, TorchScript without torch)
+    raises :class:`~coffea_sonic.errors.UnservableModelError` before anything starts, unless
+    ``skip_unservable=True``: then the others are served and ``skipped`` lists
+    ``(model, version, reason)`` of the ones left out.
+
     Ports given as 0 are picked free (tritonserver cannot report a port the OS chose for it, so
     the launcher picks, and starts again on new ports if one was taken in between). Use it as a
     context manager (or ``start()`` / ``stop()``).
@@ -258,6 +267,7 @@ class LocalTritonServer:
         log_verbose: int = 0,
         repository_options: dict | None = None,
         die_with_parent: bool = True,
+        skip_unservable: bool = False,
     ) -> None:
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigurationError(f"device must be auto, cpu or gpu, not {device!r}")
@@ -278,6 +288,12 @@ class LocalTritonServer:
         # Linux delivers the parent-death signal when the starting *thread* exits: start a
         # long-lived server from the main thread (or a long-lived one), or pass False.
         self.die_with_parent = die_with_parent
+        self.skip_unservable = skip_unservable
+        #: (model, version, reason) of the repository's models left out (``skip_unservable``).
+        self.skipped: list[tuple[str, int | None, str]] = []
+        #: The repository the server reads: the served mirror of ``repository``, or the zoo's.
+        self.served_repository: Path | None = None
+        self._library_paths: list[str] = []
         self.shm_prefix = f"csonic_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         self.device: str | None = None
         self.process: subprocess.Popen | None = None
@@ -353,10 +369,27 @@ class LocalTritonServer:
         # several python-backend instances per GPU: one instance's host-side work per
         # request, not the GPU, is the bottleneck (see GPU_INSTANCES)
         instances = self.instances or (GPU_INSTANCES if self.device == "gpu" else 1)
-        repository = self.repository or write_repository(
-            workdir / "models", self.models, backend="python", device=self.device,
-            instances=instances, link=True, **self.repository_options)
+        prepared = None
+        if self.repository is not None:
+            try:  # refusals come before anything starts, and leave nothing behind
+                prepared = prepare_repository(self.repository, workdir / "models",
+                                              device=self.device,
+                                              skip_unservable=self.skip_unservable)
+            except Exception:
+                if self.workdir is None:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                raise
+            self.skipped = [tuple(refusal) for refusal in prepared.skipped]
+            repository = prepared.path
+        else:
+            repository = write_repository(
+                workdir / "models", self.models, backend="python", device=self.device,
+                instances=instances, link=True, **self.repository_options)
+        self.served_repository = repository
         backend_dir = build_backend_dir(workdir / "backends")
+        if prepared is not None and prepared.needs_adapters:
+            backend_dir, self._library_paths = install_adapters(
+                backend_dir, workdir / "backends-adapted")
         self.log_path = workdir / "tritonserver.log"
         stale = _remove_stale_shm_regions()
         if stale:
@@ -387,11 +420,15 @@ class LocalTritonServer:
         """Start the tritonserver process; its finalizer stops it and cleans up after it."""
         logger.info("starting tritonserver (%s) on %s: %s", self.device, self.grpc_address,
                     " ".join(command))
+        environment = server_environment()
+        if self._library_paths:  # the copied python-backend library's own libraries (served.py)
+            environment["LD_LIBRARY_PATH"] = os.pathsep.join(
+                part for part in (environment.get("LD_LIBRARY_PATH"), *self._library_paths) if part)
         with open(self.log_path, "wb") as log:
             prefix = _parent_death_prefix() if self.die_with_parent else []
             self.process = subprocess.Popen(
                 prefix + command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=server_environment(), start_new_session=True)
+                env=environment, start_new_session=True)
         self._finalizer = weakref.finalize(
             self, _finalize, self.process, self.shm_prefix, workdir if self.workdir is None else None,
             self.keep_workdir, 10.0)

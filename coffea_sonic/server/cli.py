@@ -1,14 +1,20 @@
-"""``coffea-sonic serve`` and ``coffea-sonic models export``: command-line front of the server package."""
+"""``coffea-sonic serve`` and ``coffea-sonic models list|export|add|validate``: the server package's CLI."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
+import sys
+import textwrap
 import threading
 import time
+import urllib.error
+import urllib.request
 
 from .. import zoo
+from ..errors import SonicError
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +32,19 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
             "  coffea-sonic serve                          # all zoo models, default ports\n"
             "  coffea-sonic serve --models jet_tagger --grpc-port 0\n"
             "  coffea-sonic serve --device gpu --host 0.0.0.0   # serve a facility node's GPU\n"
-            "  coffea-sonic serve --repository ./my_models"),
+            "  coffea-sonic serve --repository ./my_models --grpc-port 0\n"
+            "  coffea-sonic serve --repository ./facility_repo --skip-unservable\n\n"
+            "A --repository written for NVIDIA's official Triton container is served as it is\n"
+            "(ONNX and TorchScript through python-backend adapters; your files are not touched).\n"
+            "Check one first with: coffea-sonic models validate ./my_models"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--models", nargs="+", choices=zoo.names(), metavar="NAME",
                        help=f"zoo models to serve (default: all of {', '.join(zoo.names())})")
-    serve.add_argument("--repository", help="serve this existing Triton model repository instead")
+    serve.add_argument("--repository", metavar="DIR",
+                       help="serve this Triton model repository (e.g. from `models add`) instead")
+    serve.add_argument("--skip-unservable", action="store_true",
+                       help="with --repository: serve the models the embedded server can run and "
+                            "list the others (TensorRT, TensorFlow, ...) instead of refusing to start")
     serve.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
                        help="where the zoo models run (auto: GPU if nvidia-smi sees one)")
     serve.add_argument("--host", default="127.0.0.1",
@@ -45,8 +59,15 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(func=run_serve)
 
     models = subparsers.add_parser(
-        "models", help="list the model zoo or export a Triton model repository",
-        description="Inspect the zoo, or write a standard Triton model repository for it.")
+        "models", help="the model zoo; add your own model to a repository; validate a repository",
+        description=_help(
+            "Inspect the zoo or export it as a Triton model repository; add your own ONNX or "
+            "TorchScript file to a repository; validate a repository before serving it.",
+            examples=("coffea-sonic models list",
+                      "coffea-sonic models add tagger.onnx --name tagger --repository ./repo",
+                      "coffea-sonic models validate ./repo",
+                      "coffea-sonic serve --repository ./repo")),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = models.add_subparsers(dest="models_command", required=True)
     listing = actions.add_parser("list", help="list zoo models with inputs and outputs")
     listing.set_defaults(func=run_models_list)
@@ -67,28 +88,155 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--tensorrt", action="store_true",
                         help="onnxruntime on GPU: enable the TensorRT execution accelerator")
     export.set_defaults(func=run_models_export)
+    _add_models_add(actions)
+    _add_models_validate(actions)
+
+
+def _add_models_add(actions: argparse._SubParsersAction) -> None:
+    add = actions.add_parser(
+        "add", help="add an ONNX or TorchScript file to a Triton model repository",
+        description=_help(
+            "Write DIR/NAME/config.pbtxt and DIR/NAME/VERSION/model.onnx|model.pt the way NVIDIA's "
+            "official Triton container expects them; `coffea-sonic serve --repository DIR` serves "
+            "the same folder here. The config is checked against the file before anything is "
+            "written.",
+            "ONNX: inputs, outputs, types and dynamic axes are read from the graph. If every tensor "
+            "has a dynamic first axis it is the batch axis (max_batch_size "
+            f"{_default_batch()} unless --max-batch-size says otherwise).",
+            "TorchScript records no shapes: give --max-batch-size and every --input/--output "
+            "(NAME:TYPE:DIMS, DIMS without the batch axis when --max-batch-size > 0; names are "
+            "forward()'s argument names or INPUT__0, OUTPUT__0, ...), or --example-input FILE.npz "
+            "(one array per forward argument, batch axis first) to trace them.",
+            examples=(
+                "coffea-sonic models add tagger.onnx --name tagger --repository ./repo "
+                "--preferred-batch-size 256 1024",
+                "coffea-sonic models add tagger.pt --name tagger_ts --repository ./repo "
+                "--max-batch-size 1024 \\",
+                "    --input INPUT__0:FP32:6 --output OUTPUT__0:FP32:3 --device gpu --instances 2",
+                "coffea-sonic models add pnet.pt --name pnet --repository ./repo --max-batch-size 0 \\",
+                "    --input points:FP32:-1,2,-1 --input features:FP32:-1,7,-1 "
+                "--output OUTPUT__0:FP32:-1,3",
+                "coffea-sonic models add tagger.pt --name tagger_ts --repository ./repo "
+                "--max-batch-size 512 --example-input x.npz",
+                "coffea-sonic models add tagger_v2.onnx --name tagger --repository ./repo "
+                "--version 2")),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add.add_argument("file", metavar="FILE", help="the model: .onnx, or TorchScript (.pt)")
+    add.add_argument("--name", required=True, help="model name (its folder and its URL's name)")
+    add.add_argument("--repository", required=True, metavar="DIR", help="the model repository")
+    add.add_argument("--max-batch-size", type=int, metavar="N",
+                     help="largest batch Triton forms; 0 = the model does not batch (DIMS are full "
+                          "shapes); required for TorchScript")
+    add.add_argument("--preferred-batch-size", type=int, nargs="+", default=[], metavar="N",
+                     help="batch sizes the dynamic batcher aims for")
+    add.add_argument("--max-queue-delay-us", type=int, metavar="US",
+                     help="how long the dynamic batcher may wait to fill a batch")
+    add.add_argument("--instances", type=int, default=1, metavar="N",
+                     help="model instances (per GPU with --device gpu), default 1")
+    add.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                     help="instance_group kind: KIND_CPU or KIND_GPU")
+    add.add_argument("--input", action="append", default=[], metavar="NAME:TYPE:DIMS",
+                     help="an input, e.g. INPUT__0:FP32:6 or points:FP32:-1,2,-1 (repeat per input)")
+    add.add_argument("--output", action="append", default=[], metavar="NAME:TYPE:DIMS",
+                     help="an output, e.g. OUTPUT__0:FP32:3 (repeat per output)")
+    add.add_argument("--example-input", metavar="FILE.npz",
+                     help="TorchScript: arrays to run the module on once, to trace its tensors")
+    add.add_argument("--version", type=int, default=1, metavar="N", help="version folder (default 1)")
+    add.add_argument("--force", action="store_true",
+                     help="replace an existing version folder / rewrite a differing config")
+    add.set_defaults(func=run_models_add)
+
+
+def _add_models_validate(actions: argparse._SubParsersAction) -> None:
+    validate = actions.add_parser(
+        "validate", help="check a model repository: configs, files, signatures, servability",
+        description=_help(
+            "Parse every config.pbtxt with Triton's own schema, check the version folders and "
+            "model files, compare each declared signature with its model file (ONNX graph; "
+            "TorchScript names, and one run on zeros when torch is installed), and say whether "
+            "`coffea-sonic serve` can run it. Every problem is listed (model, version, what, "
+            "expected vs found); the exit code is 1 if there is any, 0 otherwise.",
+            examples=("coffea-sonic models validate ./repo",
+                      "coffea-sonic models validate ./repo --official-only   "
+                      "# only what the official container needs")),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    validate.add_argument("directory", metavar="DIR", help="the model repository")
+    validate.add_argument("--official-only", action="store_true",
+                          help="leave out whether the embedded server can serve each model")
+    validate.set_defaults(func=run_models_validate)
+
+
+def _help(*paragraphs: str, examples: tuple[str, ...] = ()) -> str:
+    """Description text: prose paragraphs wrapped to 90 columns, example lines as they are."""
+    text = "\n\n".join(textwrap.fill(paragraph, 90) for paragraph in paragraphs)
+    return text + ("\n\nexamples:\n" + "\n".join(f"  {line}" for line in examples)
+                   if examples else "")
+
+
+def _default_batch() -> int:
+    from .model_files import DEFAULT_MAX_BATCH_SIZE
+
+    return DEFAULT_MAX_BATCH_SIZE
+
+
+def _served_models(http_address: str) -> list[tuple[str, list[str]]]:
+    """(model, ready versions) from the server's repository index."""
+    request = urllib.request.Request(f"http://{http_address}/v2/repository/index", data=b"{}",
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            index = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        logger.warning("could not read the repository index: %s", error)
+        return []
+    versions: dict[str, list[str]] = {}
+    for entry in index:
+        if entry.get("state") == "READY":
+            versions.setdefault(entry["name"], []).append(str(entry.get("version", "")))
+    return sorted((name, sorted(v, key=lambda x: int(x) if x.isdigit() else 0))
+                  for name, v in versions.items())
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from .launcher import LocalTritonServer
 
+    if args.skip_unservable and not args.repository:
+        print("--skip-unservable applies to --repository DIR (the zoo is always servable)",
+              file=sys.stderr)
+        return 2
+    extra = {"skip_unservable": True} if args.skip_unservable else {}
     server = LocalTritonServer(
         models=args.models, repository=args.repository, device=args.device,
         grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
-        host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout)
+        host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout, **extra)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     started = time.monotonic()
+    try:
+        server.start()
+    except SonicError as error:
+        print(f"coffea-sonic serve: {error}", file=sys.stderr)
+        if args.repository:
+            print(f"\nEvery problem at once: coffea-sonic models validate {args.repository}"
+                  + ("" if args.skip_unservable else "\nTo serve the other models: add "
+                     "--skip-unservable"), file=sys.stderr)
+        return 1
     with server:
-        models = args.models or ([] if args.repository else zoo.names())
         print(f"coffea-sonic server ready in {time.monotonic() - started:.1f} s "
               f"(device {server.device}, pid {server.pid})", flush=True)
         print(f"  gRPC     {server.grpc_address}", flush=True)
         print(f"  HTTP     {server.http_address}", flush=True)
         print(f"  metrics  {server.metrics_url}", flush=True)
-        for name in models:
-            print(f"  model    {server.url(name)}", flush=True)
+        if args.repository:
+            for name, versions in _served_models(server.http_address):
+                print(f"  model    {server.url(name)}  (versions {', '.join(versions)})", flush=True)
+        else:
+            for name in args.models or zoo.names():
+                print(f"  model    {server.url(name)}", flush=True)
+        for model, version, reason in getattr(server, "skipped", None) or []:
+            where = f"{model} version {version}" if version is not None else model
+            print(f"  skipped  {where}: {reason}", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
         while not stop.wait(0.5):
             if not server.running:
@@ -116,3 +264,57 @@ def run_models_export(args: argparse.Namespace) -> int:
                             instances=args.instances, tensorrt=args.tensorrt)
     print(f"wrote Triton model repository {path} ({args.backend} backend, {args.device})")
     return 0
+
+
+def run_models_add(args: argparse.Namespace) -> int:
+    from .model_files import add_model, parse_tensor_spec
+
+    try:
+        added = add_model(
+            args.file, args.name, args.repository, max_batch_size=args.max_batch_size,
+            preferred_batch_sizes=args.preferred_batch_size,
+            max_queue_delay_us=args.max_queue_delay_us, instances=args.instances,
+            device=args.device, inputs=[parse_tensor_spec(t) for t in args.input],
+            outputs=[parse_tensor_spec(t) for t in args.output], version=args.version,
+            example_input=args.example_input, force=args.force)
+    except SonicError as error:
+        print(f"coffea-sonic models add: {error}", file=sys.stderr)
+        return 1
+    config = added.config
+    print(f"added {added.name} version {added.version}: {added.model_path}")
+    print(f"  config   {added.config_path}  ({config.platform}, max_batch_size "
+          f"{config.max_batch_size}, {config.instance_group[0].count} x "
+          f"{'GPU' if config.instance_group[0].kind == config.instance_group[0].KIND_GPU else 'CPU'})")
+    for kind, tensors in (("input ", config.input), ("output", config.output)):
+        for tensor in tensors:
+            print(f"  {kind}   {tensor.name} {_type_name(tensor.data_type)} {list(tensor.dims)}")
+    for note in added.notes:
+        print(f"  note     {note}")
+    print(f"next: coffea-sonic models validate {args.repository}\n"
+          f"      coffea-sonic serve --repository {args.repository}")
+    return 0
+
+
+def _type_name(data_type: int) -> str:
+    from tritonclient.grpc import model_config_pb2
+
+    return model_config_pb2.DataType.Name(data_type).removeprefix("TYPE_")
+
+
+def run_models_validate(args: argparse.Namespace) -> int:
+    from .model_check import validate_repository
+
+    report = validate_repository(args.directory, embedded=not args.official_only)
+    by_model: dict[str, list] = {}
+    for problem in report.problems:
+        by_model.setdefault(problem.model, []).append(problem)
+    for model in report.models:
+        print(f"{model}: {'ok' if model not in by_model else f'{len(by_model[model])} problem(s)'}")
+    for model in sorted(set(by_model) - set(report.models)):
+        print(f"{model}:")
+    for problem in report.problems:
+        print(f"  {problem.describe()}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    print(f"{len(report.models)} model(s) in {report.repository}, {len(report.problems)} problem(s)")
+    return 0 if report.ok else 1

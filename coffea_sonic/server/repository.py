@@ -22,14 +22,17 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Mapping
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from .. import zoo
+from ..core.tensors import TensorInfo
 from ..errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,40 @@ Staging = Literal["pinned", "pageable"]
 STAGINGS: tuple[str, ...] = ("pinned", "pageable")
 #: Threads per GPU model instance that copy a large host input into pinned memory (model.py.tmpl).
 GPU_COPY_THREADS = 4
+
+
+@dataclass(frozen=True)
+class QueuePolicy:
+    """One queue policy of Triton's dynamic batcher (``ModelQueuePolicy``), for all requests or
+    for one priority level.
+
+    ``max_queue_size``: requests waiting at most (0: unbounded); a request beyond it is rejected at
+    once ("Exceeds maximum queue size", which the client treats as overload: it halves its window
+    and retries after a backoff). ``timeout_us``: how long a request may wait in the queue (0:
+    forever); then ``timeout_action`` ``"REJECT"`` fails it or ``"DELAY"`` moves it behind the
+    others. ``allow_timeout_override``: whether a request's own timeout may shorten it.
+
+    >>> policy = QueuePolicy(max_queue_size=8).message()
+    >>> policy.max_queue_size, model_config_pb2.ModelQueuePolicy.TimeoutAction.Name(policy.timeout_action)
+    (8, 'REJECT')
+    """
+
+    max_queue_size: int = 0
+    timeout_us: int = 0
+    timeout_action: Literal["REJECT", "DELAY"] = "REJECT"
+    allow_timeout_override: bool = False
+
+    def message(self) -> model_config_pb2.ModelQueuePolicy:
+        """The ``ModelQueuePolicy`` message of this policy."""
+        if self.timeout_action not in ("REJECT", "DELAY"):
+            raise ConfigurationError(
+                f"timeout_action must be 'REJECT' or 'DELAY', not {self.timeout_action!r}")
+        if self.max_queue_size < 0 or self.timeout_us < 0:
+            raise ConfigurationError(f"queue sizes and timeouts must be >= 0: {self!r}")
+        return model_config_pb2.ModelQueuePolicy(
+            max_queue_size=self.max_queue_size, default_timeout_microseconds=self.timeout_us,
+            timeout_action=model_config_pb2.ModelQueuePolicy.TimeoutAction.Value(self.timeout_action),
+            allow_timeout_override=self.allow_timeout_override)
 
 
 def model_config(
@@ -59,6 +96,9 @@ def model_config(
     gpu_input_tensors: bool | None = None,
     torchscript_optimize: bool = False,
     copy_threads: int | None = None,
+    priority_levels: int = 0,
+    default_priority_level: int | None = None,
+    queue_policies: Mapping[int, QueuePolicy] | None = None,
 ) -> model_config_pb2.ModelConfig:
     """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device.
 
@@ -79,6 +119,12 @@ def model_config(
       pinned buffer in parts, each part's DMA overlapping the next part's copy; default 4: 5-15 %
       more rows/s for 9-19 MB requests on an H100, benchmarks/gpu/defaults_sweep.py).
     * onnxruntime backend on GPU: ``tensorrt`` (TensorRT execution accelerator, FP32).
+    * several users on one server: ``priority_levels`` (Triton's batcher serves a request of
+      priority 1 before any of 2, ...; within a level in arrival order), ``default_priority_level``
+      (requests that name none; default: the lowest, ``priority_levels``) and ``queue_policies``
+      (``{level: QueuePolicy}``, e.g. a bounded queue for the lowest level). Clients send the
+      level as the request's ``priority`` (``TritonModel(priority=...)``);
+      :mod:`coffea_sonic.bench.fairness` measures what it buys.
 
     >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
     >>> config.platform, config.instance_group[0].kind == config.instance_group[0].KIND_GPU
@@ -86,6 +132,11 @@ def model_config(
     >>> gpu = model_config("emtrk_cnn", device="gpu", instances=2, gpu_input_tensors=True)
     >>> gpu.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value, gpu.instance_group[0].count
     ('no', 2)
+    >>> shared = model_config("jet_tagger", priority_levels=4,
+    ...                       queue_policies={4: QueuePolicy(max_queue_size=16)})
+    >>> batcher = shared.dynamic_batching
+    >>> batcher.priority_levels, batcher.default_priority_level, batcher.priority_queue_policy[4].max_queue_size
+    (4, 4, 16)
     """
     if staging not in STAGINGS:
         raise ConfigurationError(f"staging must be one of {STAGINGS}, not {staging!r}")
@@ -128,10 +179,35 @@ def model_config(
         else max_queue_delay_microseconds)
     if max_queue_size is not None:
         batching.default_queue_policy.max_queue_size = max_queue_size
+    _priorities(batching, priority_levels, default_priority_level, queue_policies or {})
     group = config.instance_group.add()
     group.count = instances
     group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
     return config
+
+
+def _priorities(batching: model_config_pb2.ModelDynamicBatching, levels: int,
+                default_level: int | None, policies: Mapping[int, QueuePolicy]) -> None:
+    """Fill the batcher's priority levels and per-level queue policies (checked here: Triton
+    would refuse to load the model with a message about the whole config)."""
+    if not isinstance(levels, int) or levels < 0:
+        raise ConfigurationError(f"priority_levels must be an int >= 0, not {levels!r}")
+    if not levels:
+        if default_level is not None or policies:
+            raise ConfigurationError("default_priority_level and queue_policies need "
+                                     "priority_levels >= 1")
+        return
+    default_level = levels if default_level is None else default_level
+    if not 1 <= default_level <= levels:
+        raise ConfigurationError(f"default_priority_level must be in 1..{levels}, not "
+                                 f"{default_level!r}")
+    batching.priority_levels = levels
+    batching.default_priority_level = default_level
+    for level, policy in policies.items():
+        if not 1 <= int(level) <= levels:
+            raise ConfigurationError(f"a queue policy for priority {level} but the levels are "
+                                     f"1..{levels}")
+        batching.priority_queue_policy[int(level)].CopyFrom(policy.message())
 
 
 def config_text(config: model_config_pb2.ModelConfig) -> str:
@@ -223,3 +299,116 @@ def write_repository(
                 _export_torchscript(name, version_dir / "model.pt")
         logger.info("wrote %s (%s backend, %s)", dest / name, backend, device)
     return dest
+
+
+def ragged_model_config(
+    name: str,
+    inputs: Sequence[TensorInfo],
+    object_outputs: Sequence[TensorInfo] = (),
+    event_outputs: Sequence[TensorInfo] = (),
+    *,
+    backend: str = "python",
+    device: Device = "cpu",
+    instances: int = 1,
+    max_batch_size: int = 64,
+    counts_of: str | None = None,
+    index_input: str | None = None,
+    max_queue_delay_microseconds: int = 0,
+    parameters: Mapping[str, str] | None = None,
+) -> model_config_pb2.ModelConfig:
+    """The ``ModelConfig`` of a ragged model (the convention of :mod:`coffea_sonic.ragged`).
+
+    ``inputs``: the ragged inputs with their per-row dims (``TensorInfo("hits", "FP32", (3,))``
+    is declared ``dims: [-1, 3]``, ``allow_ragged_batch: true``); the counts input
+    ``<counts_of>__counts`` (default: the first input's) is added, INT64, ragged and optional.
+    ``object_outputs``: one row per input row (per-row dims; declared ``[-1, ...]`` and listed in
+    a ``BATCH_SCATTER_WITH_INPUT_SHAPE`` batch output); ``event_outputs``: one row per event.
+    ``index_input``: also declare Triton's ``BATCH_ACCUMULATED_ELEMENT_COUNT`` batch input of
+    that name (built by backends that build batch inputs, for one-event requests; the python
+    backend never gets it). ``backend``: the Triton backend (python, onnxruntime, ...).
+
+    >>> from coffea_sonic.core.tensors import TensorInfo
+    >>> config = ragged_model_config("hitsum", [TensorInfo("hits", "FP32", (3,))],
+    ...                              [TensorInfo("hit_sum", "FP32", ())],
+    ...                              [TensorInfo("event_sum", "FP32", (1,))])
+    >>> [(i.name, list(i.dims), i.allow_ragged_batch) for i in config.input]
+    [('hits', [-1, 3], True), ('hits__counts', [-1], True)]
+    >>> list(config.batch_output[0].target_name), list(config.batch_output[0].source_input)
+    (['hit_sum'], ['hits'])
+    """
+    if not inputs:
+        raise ConfigurationError(f"ragged model {name!r} needs at least one ragged input")
+    if device not in DEVICES:
+        raise ConfigurationError(f"device must be one of {DEVICES}, not {device!r}")
+    if not isinstance(max_batch_size, int) or max_batch_size < 1:
+        raise ConfigurationError(
+            f"a ragged model batches requests: max_batch_size must be an int >= 1, not "
+            f"{max_batch_size!r}")
+    names = [t.name for t in inputs]
+    source = counts_of if counts_of is not None else names[0]
+    if source not in names:
+        raise ConfigurationError(f"counts_of={counts_of!r} is not one of the inputs {names}")
+    config = model_config_pb2.ModelConfig(name=name, max_batch_size=max_batch_size,
+                                          backend=backend)
+    if backend == "python":
+        config.parameters["device"].string_value = device
+    for key, value in (parameters or {}).items():
+        config.parameters[key].string_value = str(value)
+
+    def declare(target, tensor: TensorInfo, dims: Sequence[int]) -> None:
+        target.name, target.dims[:] = tensor.name, list(dims)
+        target.data_type = model_config_pb2.DataType.Value(f"TYPE_{tensor.datatype}")
+
+    for tensor in inputs:
+        entry = config.input.add()
+        declare(entry, tensor, (-1, *tensor.dims))
+        entry.allow_ragged_batch = True
+    counts = config.input.add(name=f"{source}__counts", data_type=model_config_pb2.TYPE_INT64,
+                              allow_ragged_batch=True, optional=True)
+    counts.dims[:] = [-1]
+    for tensor in object_outputs:
+        declare(config.output.add(), tensor, (-1, *tensor.dims))
+    for tensor in event_outputs:
+        declare(config.output.add(), tensor, tensor.dims)
+    if object_outputs:
+        config.batch_output.add(
+            target_name=[t.name for t in object_outputs], source_input=[source],
+            kind=model_config_pb2.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE)
+    if index_input:
+        config.batch_input.add(
+            kind=model_config_pb2.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT,
+            target_name=[index_input], data_type=model_config_pb2.TYPE_INT32,
+            source_input=[source])
+    config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_microseconds
+    group = config.instance_group.add()
+    group.count = instances
+    group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
+    return config
+
+
+def write_model(dest: str | os.PathLike, config: model_config_pb2.ModelConfig,
+                files: Mapping[str, str | bytes], version: int = 1) -> Path:
+    """Write one model (any config, e.g. :func:`ragged_model_config`) into repository ``dest``:
+    ``dest/<name>/config.pbtxt`` and ``files`` (``{"model.py": source}``) in its version folder.
+
+    >>> import tempfile
+    >>> from coffea_sonic.core.tensors import TensorInfo
+    >>> config = ragged_model_config("hitsum", [TensorInfo("hits", "FP32", (3,))])
+    >>> folder = write_model(tempfile.mkdtemp(), config, {"model.py": "# TritonPythonModel"})
+    >>> sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    ['1/model.py', 'config.pbtxt']
+    """
+    folder = Path(dest) / config.name
+    if folder.exists():
+        shutil.rmtree(folder)
+    version_dir = folder / str(version)
+    version_dir.mkdir(parents=True)
+    (folder / "config.pbtxt").write_text(config_text(config))
+    for file_name, content in files.items():
+        target = version_dir / file_name
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
+    logger.info("wrote %s (%s)", folder, config.backend or config.platform)
+    return folder

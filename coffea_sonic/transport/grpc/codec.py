@@ -111,6 +111,7 @@ def encode_framed(model: str, version: str, inputs: Mapping[str, np.ndarray],
         if array.dtype == object or array.dtype.kind in "SU":
             data = memoryview(raw_bytes(array))
         else:
-            data = memoryview(np.ascontiguousarray(array)).cast("B")
+            # a flat byte view (memoryview.cast refuses shapes with a 0, e.g. [1, 0, 3])
+            data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
         parts += [_RAW_INPUT_TAG, _varint(data.nbytes), data]
     return b"".join([header.SerializeToString(), *parts])

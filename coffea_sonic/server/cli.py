@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 from .. import zoo
-from ..errors import SonicError
+from ..errors import SonicError, UnservableModelError
 
 logger = logging.getLogger(__name__)
 
@@ -204,23 +204,22 @@ def run_serve(args: argparse.Namespace) -> int:
         print("--skip-unservable applies to --repository DIR (the zoo is always servable)",
               file=sys.stderr)
         return 2
-    extra = {"skip_unservable": True} if args.skip_unservable else {}
     server = LocalTritonServer(
         models=args.models, repository=args.repository, device=args.device,
         grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
-        host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout, **extra)
+        host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout,
+        skip_unservable=args.skip_unservable)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     started = time.monotonic()
     try:
         server.start()
-    except SonicError as error:
+    except SonicError as error:  # a refusal (nothing started) or a failed start
         print(f"coffea-sonic serve: {error}", file=sys.stderr)
-        if args.repository:
-            print(f"\nEvery problem at once: coffea-sonic models validate {args.repository}"
-                  + ("" if args.skip_unservable else "\nTo serve the other models: add "
-                     "--skip-unservable"), file=sys.stderr)
+        if args.repository and not isinstance(error, UnservableModelError):
+            print(f"\nEvery problem at once: coffea-sonic models validate {args.repository}",
+                  file=sys.stderr)
         return 1
     with server:
         print(f"coffea-sonic server ready in {time.monotonic() - started:.1f} s "

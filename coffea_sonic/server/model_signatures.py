@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -211,7 +212,10 @@ def load_torchscript(path: str | os.PathLike) -> Any:
         raise MissingDependencyError(
             "reading a TorchScript file needs torch: pip install 'coffea-sonic[torch]'") from error
     try:
-        return torch.jit.load(str(path), map_location="cpu")
+        with warnings.catch_warnings():
+            # torch 2.13 deprecates torch.jit, but TorchScript is what Triton's pytorch backend runs
+            warnings.filterwarnings("ignore", r"`torch\.jit\.", DeprecationWarning)
+            return torch.jit.load(str(path), map_location="cpu")
     except Exception as error:  # noqa: BLE001 (torch raises RuntimeError and others)
         raise ConfigurationError(
             f"{path} is not a TorchScript file torch.jit.load can read ({error}); the pytorch "

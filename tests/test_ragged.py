@@ -315,6 +315,18 @@ def test_the_mixin_groups_the_innermost_lists_of_deeper_collections():
     assert ak.num(out["hit_sum"], axis=2).tolist() == ak.num(constituents, axis=2).tolist()
 
 
+def test_the_mixin_sends_nothing_in_dask_awkwards_meta_pass():
+    hits, counts = _sample(events=5)
+    tracer = ak.Array(_jagged(hits, counts).layout.to_typetracer(forget_length=True))
+    model, transport = _memory_model()
+    processor = HitProcessor()
+    processor.sonic_configure(transport=MemoryTransport.factory({"mem:1": transport}))
+    out = processor.process(tracer)
+    assert transport.requests == 0
+    assert str(out["hit_frac"].type).endswith("var * 3 * float32")
+    assert out["event_sum"].shape == (0, 1)
+
+
 def test_the_mixin_needs_jagged_inputs_for_ragged_calls():
     model, transport = _memory_model()
     processor = HitProcessor()

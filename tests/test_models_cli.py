@@ -168,7 +168,6 @@ def test_example_input_traces_a_torchscript_signature(tmp_path, capsys):
 
 
 def test_models_add_then_serve_answers_like_the_frameworks_in_process(tmp_path, capsys):
-    pytest.importorskip("coffea_sonic.server.standard", reason="serving needs the adapters")
     torch = pytest.importorskip("torch")
     import onnxruntime
 
@@ -261,7 +260,6 @@ def test_models_add_errors_name_the_file_and_what_to_pass(tmp_path, capsys):
 
 
 def test_serve_refuses_an_unservable_model_and_skip_unservable_serves_the_rest(tmp_path, capsys):
-    pytest.importorskip("coffea_sonic.server.standard", reason="needs plan_repository")
     repository = tmp_path / "repo"
     assert cli(capsys, "models", "add", write_onnx(tmp_path / "t.onnx"), "--name", "tagger",
                "--repository", repository)[0] == 0
@@ -299,3 +297,23 @@ def test_help_teaches_with_examples(capsys, command):
         main([*command, "--help"])
     text = capsys.readouterr().out
     assert "examples:" in text and f"coffea-sonic {' '.join(command)} " in text
+
+
+def test_your_model_notebook_runs_end_to_end(tmp_path, monkeypatch):
+    """notebooks/03_your_model.ipynb: train, export, models add, validate, serve, TritonModel, SonicMixin."""
+    pytest.importorskip("torch")
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("SONIC_NOTEBOOK_DIR", str(tmp_path))
+    monkeypatch.setenv("SONIC_EVENTS", "400")
+    monkeypatch.delenv("SONIC_SERVER", raising=False)
+    notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" /
+                             "03_your_model.ipynb", as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = "".join(str(output.get("text", "")) for cell in notebook.cells
+                      for output in cell.get("outputs", []))
+    assert "tagger_onnx: ok" in outputs and "tagger_ts: ok" in outputs
+    assert "max |served TorchScript - torch|" in outputs and "b-tagged jets per event" in outputs
+    assert (tmp_path / "repo" / "tagger_ts" / "1" / "model.pt").is_file()

@@ -65,6 +65,7 @@ _EXPORTS: dict[str, str] = {
     "fetch_coffea_test_samples": "coffea_sonic.data",
     "train_jet_tagger": "coffea_sonic.zoo.train",
     "ClusterStartError": "coffea_sonic.errors",
+    "UnservableModelError": "coffea_sonic.errors",
     "make_cluster": "coffea_sonic.facility.cluster",
     "check_servers": "coffea_sonic.facility.check",
     "TokenGateway": "coffea_sonic.facility.gateway",

@@ -7,8 +7,9 @@ Choices (``TritonModel(fallback=...)``, else the setting ``fallback``: environme
   ``ServerUnavailableError`` naming every server tried and why it was not used.
 * ``"cpu"``: the zoo model in-process with onnxruntime (:class:`~coffea_sonic.engines.CpuEngine`,
   the same ONNX file the servers run, so outputs agree to float rounding).
-* ``"local"``: a :class:`~coffea_sonic.server.LocalTritonServer` with the zoo model, started once
-  per process on first need, stopped at exit.
+* ``"local"``: a :class:`~coffea_sonic.server.LocalTritonServer` with the zoo model (or, with the
+  setting ``fallback_repository``, the model from that Triton repository), started once per
+  process on first need, stopped at exit.
 * a callable ``factory(model_name) -> engine`` where ``engine(inputs) -> outputs``: your own.
 
 Every fallback is logged at WARNING (the first per model and process, then at most every 30 s) and
@@ -46,7 +47,7 @@ BUILTIN: dict[str, dict[str, str]] = {
     "cpu": {"engine": "coffea_sonic.engines:fallback_engine",
             "info": "coffea_sonic.zoo:declared_info"},
     "local": {"engine": "coffea_sonic.server.fallback:local_fallback_engine",
-              "info": "coffea_sonic.zoo:declared_info"},
+              "info": "coffea_sonic.server.fallback:declared_info"},
 }
 
 _OFF = {"", "off", "none", "false", "no", "0"}

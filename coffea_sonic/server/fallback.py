@@ -1,26 +1,103 @@
-"""The engine of ``fallback="local"``: an embedded Triton server with the zoo model, per process.
+"""The engine of ``fallback="local"``: an embedded Triton server with the model, per process.
 
-Started once per process on first need (the client's fallback module caches the engine), stopped
-when the process exits.
+Zoo models are served from the zoo. With the setting ``fallback_repository`` (environment
+``COFFEA_SONIC_FALLBACK_REPOSITORY``, Dask config ``coffea_sonic.fallback_repository`` or the
+facility file) the model comes from that Triton repository instead, one written for NVIDIA's
+official container (:mod:`.served`: ONNX and TorchScript through the adapter), served on the CPU
+with its unservable models skipped. Started once per process on first need (the client's
+fallback module caches the engine; one server per repository and process), stopped when the
+process exits.
+
+>>> declared_info("no_such_model") is None
+True
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
+from pathlib import Path
 
-__all__ = ["local_fallback_engine"]
+__all__ = ["declared_info", "local_fallback_engine"]
 
 logger = logging.getLogger("coffea_sonic.fallback")
+
+_servers: dict[Path, object] = {}
+_servers_lock = threading.Lock()
+#: Servers inherited from a parent process: kept referenced so their finalizers never run here.
+_inherited: list[dict] = []
+
+
+def _reset_after_fork() -> None:
+    global _servers, _servers_lock
+    _inherited.append(_servers)
+    _servers = {}
+    _servers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def fallback_repository() -> Path | None:
+    """The repository that ``fallback="local"`` serves models from (setting), or None (the zoo)."""
+    from ..config import setting
+
+    value = setting("fallback_repository")
+    return Path(str(value)).expanduser().resolve() if value else None
+
+
+def _repository_server(repository: Path):
+    from .launcher import LocalTritonServer
+
+    with _servers_lock:
+        server = _servers.get(repository)
+        if server is None or not server.running:
+            server = LocalTritonServer(repository=repository, device="cpu",
+                                       skip_unservable=True).start()
+            _servers[repository] = server
+            logger.warning("coffea-sonic: started a local fallback Triton server for repository "
+                           "%s at %s%s", repository, server.grpc_address,
+                           f" (skipped: {server.skipped})" if server.skipped else "")
+        return server
 
 
 def local_fallback_engine(model: str):
     """A TritonModel of ``model`` on a LocalTritonServer started here (kept alive with it)."""
+    from .. import zoo
+    from ..errors import ConfigurationError
     from ..model import TritonModel
     from .launcher import LocalTritonServer
 
-    server = LocalTritonServer(models=[model], device="cpu").start()
-    logger.warning("coffea-sonic: started a local fallback Triton server for %s at %s",
-                   model, server.grpc_address)
+    repository = fallback_repository()
+    if repository is not None:
+        server = _repository_server(repository)
+        skipped = [entry for entry in server.skipped if entry[0] == model]
+        if skipped or not (server.served_repository / model).is_dir():
+            why = f": {skipped[0][2]}" if skipped else ""
+            raise ConfigurationError(
+                f"fallback='local' cannot serve {model!r} from repository {repository}{why}; "
+                f"check it with `coffea-sonic models validate {repository}`")
+    elif model in zoo.names():
+        server = LocalTritonServer(models=[model], device="cpu").start()
+        logger.warning("coffea-sonic: started a local fallback Triton server for %s at %s",
+                       model, server.grpc_address)
+    else:
+        raise ConfigurationError(
+            f"fallback='local' serves zoo models, and {model!r} is not one; set "
+            "COFFEA_SONIC_FALLBACK_REPOSITORY (setting fallback_repository) to the Triton "
+            "repository that holds it")
     client = TritonModel(server.url(model), fallback="off")
     client._fallback_server = server  # keeps the server alive as long as the engine
     return client
+
+
+def declared_info(model: str):
+    """What ``model`` declares for ``fallback="local"``: the zoo's declaration, or, with a
+    fallback repository, what the local server serving it declares (starting it)."""
+    from .. import fallback as fallback_module
+    from .. import zoo
+
+    if fallback_repository() is None:
+        return zoo.declared_info(model)
+    return fallback_module.fallback_engine("local", model).info

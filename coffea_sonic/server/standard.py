@@ -8,6 +8,15 @@ The embedded tritonserver (nvidia-pytriton's) has only the python backend. It se
   python-based backend adapter (``adapter_model.py.tmpl``, installed by :mod:`.served`), with their
   own config.
 
+Devices: ``device="cpu"`` serves KIND_GPU instance groups as KIND_CPU (the only config change
+besides those below). On a GPU server, TorchScript runs on ``cuda:<device id>`` of each KIND_GPU
+instance. ONNX on a GPU instance uses onnxruntime's CUDA execution provider when the server's
+onnxruntime has one (onnxruntime-gpu); the project pins the CPU wheel (onnxruntime-gpu cannot be
+installed next to it, and the GPU machine has the CPU wheel too), so there the model runs on the
+CPU, said at WARNING when planned. Converting ONNX to torch (onnx2torch) was not taken: not a
+dependency, incomplete operator coverage, and a different implementation from the file the user
+validated.
+
 It refuses, with the reason and what to do: TensorRT plans, TensorFlow models, custom backends,
 missing or unreadable configs and model files, TorchScript when torch is not importable, ensembles
 whose steps are refused. A refusal names a version when only that version is at fault.
@@ -279,11 +288,21 @@ def _plan_model(model_dir: Path, device: str) -> tuple[ServedModel | None, list[
         notes += _onnx_signature(config, model_dir / str(served[-1]) / filename)
     if device == "cpu" and _gpu_groups_to_cpu(config):
         notes.append("instance_group KIND_GPU served as KIND_CPU (no GPU used: device cpu)")
+    if device == "gpu" and backend == "onnxruntime" and not _onnxruntime_has_cuda() and (
+            not config.instance_group or any(g.kind != g.KIND_CPU for g in config.instance_group)):
+        notes.append("GPU instances run on the CPU: this onnxruntime has no CUDA execution "
+                     "provider (onnxruntime-gpu)")
     if len(served) < len(selected) + len(missing):
         config.version_policy.specific.versions[:] = served
         notes.append(f"version_policy: only versions {served} (the others are refused)")
     return ServedModel(name, model_dir, backend, platform, tuple(served), config,
                        config_changed=original is None or config != original, notes=notes), refusals
+
+
+def _onnxruntime_has_cuda() -> bool:
+    import onnxruntime
+
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
 def _copy(config: model_config_pb2.ModelConfig) -> model_config_pb2.ModelConfig:

@@ -292,6 +292,11 @@ def _plan_model(model_dir: Path, device: str) -> tuple[ServedModel | None, list[
             not config.instance_group or any(g.kind != g.KIND_CPU for g in config.instance_group)):
         notes.append("GPU instances run on the CPU: this onnxruntime has no CUDA execution "
                      "provider (onnxruntime-gpu)")
+    accelerators = config.optimization.execution_accelerators
+    if backend in ADAPTED and (accelerators.gpu_execution_accelerator
+                               or accelerators.cpu_execution_accelerator):
+        notes.append("optimization.execution_accelerators (TensorRT / OpenVINO) are not used: the "
+                     "model runs in plain onnxruntime / torch")
     if len(served) < len(selected) + len(missing):
         config.version_policy.specific.versions[:] = served
         notes.append(f"version_policy: only versions {served} (the others are refused)")

@@ -228,6 +228,34 @@ def test_validate_reports_a_wrong_dims_entry_and_a_missing_file_in_one_run(tmp_p
         ("first", "1", "input 'features' dims"), ("second", "1", "model file")}
 
 
+def test_torchscript_without_batching_and_a_wrong_output_found_by_running_it(tmp_path, capsys):
+    """ParticleNet-style: max_batch_size 0, dims [-1, 2, -1]; validate runs the module when it can."""
+    torch = pytest.importorskip("torch")
+
+    class PointNet(torch.nn.Module):
+        def forward(self, points):  # [jets, 2, constituents] -> [jets, 3]
+            pooled = points.mean(dim=2)
+            return torch.cat([pooled, pooled.sum(dim=1, keepdim=True)], dim=1)
+
+    torch.jit.trace(PointNet(), torch.zeros(3, 2, 5)).save(str(tmp_path / "pnet.pt"))
+    repository = tmp_path / "repo"
+    code, _, err = cli(capsys, "models", "add", tmp_path / "pnet.pt", "--name", "pnet",
+                       "--repository", repository, "--max-batch-size", "0",
+                       "--input", "points:FP32:-1,2,-1", "--output", "OUTPUT__0:FP32:-1,3")
+    assert code == 0, err
+    config = read_config(repository / "pnet" / "config.pbtxt")
+    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    assert list(config.input[0].dims) == [-1, 2, -1]
+    assert cli(capsys, "models", "validate", repository)[0] == 0
+
+    # with every dim known, validate runs the module and compares what comes out
+    config.input[0].dims[:] = [4, 2, 8]
+    config.output[0].dims[:] = [4, 2]
+    (repository / "pnet" / "config.pbtxt").write_text(text_format.MessageToString(config))
+    code, out, _ = cli(capsys, "models", "validate", repository)
+    assert code == 1 and "pnet version 1: output 'OUTPUT__0' dims: expected [4, 3] (from a run), found [4, 2]" in out
+
+
 def test_models_add_errors_name_the_file_and_what_to_pass(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     repository = tmp_path / "repo"

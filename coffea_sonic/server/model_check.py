@@ -32,16 +32,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from . import model_signatures as signatures
-from .model_files import DEFAULT_FILENAMES
+from .standard import DEFAULT_FILENAMES, PLATFORM_BACKENDS, selected_versions, version_folders
 
 logger = logging.getLogger(__name__)
-
-#: Platforms the official container knows, and the backend each one means.
-PLATFORM_BACKENDS: dict[str, str] = {
-    "onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch", "tensorrt_plan": "tensorrt",
-    "tensorflow_graphdef": "tensorflow", "tensorflow_savedmodel": "tensorflow", "ensemble": "",
-}
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -140,16 +133,21 @@ def served_versions(folder: Path, config: Any) -> tuple[list[str], list[str]]:
     >>> served_versions(folder, model_config_pb2.ModelConfig())
     (['3'], [])
     """
-    present = sorted((p.name for p in folder.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
-    policy = config.version_policy
-    choice = policy.WhichOneof("policy_choice")
-    if choice == "all":
-        return present, []
-    if choice == "specific":
-        wanted = [str(v) for v in policy.specific.versions]
-        return [v for v in present if v in wanted], [v for v in wanted if v not in present]
-    count = policy.latest.num_versions if choice == "latest" else 1
-    return present[-count:] if count > 0 else [], []
+    served, missing = selected_versions(config, version_folders(folder))
+    return [str(v) for v in served], [str(v) for v in missing]
+
+
+def model_filename(config: Any) -> str | None:
+    """The file a version folder must hold: ``default_model_filename``, else the platform's default.
+
+    >>> model_filename(model_config_pb2.ModelConfig(backend="onnxruntime"))
+    'model.onnx'
+    """
+    if config.default_model_filename:
+        return config.default_model_filename
+    platform = config.platform or next(
+        (p for p, backend in PLATFORM_BACKENDS.items() if backend == config.backend), config.backend)
+    return DEFAULT_FILENAMES.get(platform)
 
 
 def _file_problems(model: str, version: str, path: Path, config: Any, platform: str,
@@ -214,7 +212,7 @@ def check_model(folder: Path, names: set[str], notes: list[str]) -> list[Problem
     if not versions and not missing:
         problems.append(Problem(model, None, "version folders", f"{model}/1/ (a number) holding "
                                 "the model file", "none", f"mkdir {model}/1"))
-    filename = config.default_model_filename or DEFAULT_FILENAMES.get(platform)
+    filename = model_filename(config)
     # a tensor the config cannot even declare has been reported; comparing it would repeat that
     tensors_broken = any(p.what.startswith(("input ", "output ")) for p in problems)
     for version in versions if platform != "ensemble" and filename else ():

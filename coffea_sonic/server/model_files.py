@@ -45,20 +45,13 @@ from tritonclient.grpc import model_config_pb2
 from ..core.tensors import TensorInfo, triton_dtype
 from ..errors import ConfigurationError
 from . import model_signatures as signatures
+from .standard import DEFAULT_FILENAMES
 
 logger = logging.getLogger(__name__)
 
 #: ``max_batch_size`` written for an ONNX model whose tensors all have a dynamic first axis.
 DEFAULT_MAX_BATCH_SIZE = 1024
 ONNX_PLATFORM, TORCH_PLATFORM = "onnxruntime_onnx", "pytorch_libtorch"
-#: The model file Triton looks for in a version folder when the config names none.
-DEFAULT_FILENAMES: dict[str, str] = {
-    "onnxruntime_onnx": "model.onnx", "onnxruntime": "model.onnx",
-    "pytorch_libtorch": "model.pt", "pytorch": "model.pt", "python": "model.py",
-    "tensorrt_plan": "model.plan", "tensorrt": "model.plan",
-    "tensorflow_savedmodel": "model.savedmodel", "tensorflow_graphdef": "model.graphdef",
-    "tensorflow": "model.savedmodel", "openvino": "model.xml",
-}
 TRITON_TYPES: tuple[str, ...] = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
                                  "INT32", "INT64", "FP16", "FP32", "FP64", "BF16", "BYTES")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")

@@ -1,5 +1,6 @@
-"""The embedded real Triton server, the model-repository writer, and the planner of repositories
-written for NVIDIA's official container (:func:`plan_repository`).
+"""The embedded real Triton server, the model-repository writer, the planner of repositories
+written for NVIDIA's official container (:func:`plan_repository`), and your own models:
+:func:`add_model` (``coffea-sonic models add``), :func:`validate_repository` (``models validate``).
 
 >>> from coffea_sonic.server import LocalTritonServer, write_repository
 >>> LocalTritonServer().running
@@ -7,8 +8,11 @@ False
 """
 
 from .launcher import LocalTritonServer, free_port, gpu_available, server_binary
+from .model_check import validate_repository
+from .model_files import add_model
 from .repository import model_config, parse_config, write_repository
 from .standard import Refusal, ServedModel, plan_repository
 
-__all__ = ["LocalTritonServer", "Refusal", "ServedModel", "free_port", "gpu_available",
-           "model_config", "parse_config", "plan_repository", "server_binary", "write_repository"]
+__all__ = ["LocalTritonServer", "Refusal", "ServedModel", "add_model", "free_port", "gpu_available",
+           "model_config", "parse_config", "plan_repository", "server_binary", "validate_repository",
+           "write_repository"]

@@ -431,3 +431,31 @@ def test_local_fallback_serves_a_model_of_the_fallback_repository(tmp_path, monk
         for server in local_fallback._servers.values():
             server.stop()
         local_fallback._servers.clear()
+
+
+@pytest.mark.gpu
+def test_gpu_server_runs_the_repository_on_gpu_instances_within_1e4_of_cpu(tmp_path):
+    from coffea_sonic.server.launcher import gpu_available
+
+    if not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    repository = official_repository(tmp_path / "models")
+    before = fingerprint(repository)
+    inputs = particle_inputs(events=3, particles=17, seed=7)
+    indexed = {"INPUT__0": inputs["points"], "INPUT__1": inputs["features"]}
+    rows = np.random.default_rng(3).normal(size=(100, 6)).astype(np.float32)
+    session = onnxruntime.InferenceSession(str(repository / "tagger" / "1" / "tagger.onnx"),
+                                           providers=["CPUExecutionProvider"])
+    with LocalTritonServer(repository=repository, device="gpu") as server:
+        log = server.log_path.read_text(errors="replace")
+        assert "(GPU device 0)" in log, log[-3000:]
+        expected = torch_reference(repository / "pn_indexed" / "2" / "model.pt", inputs)
+        ours = served_by_tritonmodel(server.url("pn_indexed", 2), indexed)["OUTPUT__0"]
+        assert np.max(np.abs(ours - expected)) <= 1e-4
+        expected = torch_reference(repository / "pn_named" / "1" / "model.pt", inputs)
+        ours = served_by_tritonmodel(server.url("pn_named"), inputs)["scores"]
+        assert np.max(np.abs(ours - expected)) <= 1e-4
+        probs = session.run(["probs"], {"features": rows})[0]
+        ours = served_by_tritonmodel(server.url("tagger"), {"features": rows})["probs"]
+        assert np.max(np.abs(ours - probs)) <= 1e-4
+    assert fingerprint(repository) == before

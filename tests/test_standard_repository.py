@@ -459,3 +459,12 @@ def test_gpu_server_runs_the_repository_on_gpu_instances_within_1e4_of_cpu(tmp_p
         ours = served_by_tritonmodel(server.url("tagger"), {"features": rows})["probs"]
         assert np.max(np.abs(ours - probs)) <= 1e-4
     assert fingerprint(repository) == before
+
+
+def test_an_onnx_config_that_contradicts_its_graph_is_refused_like_the_official_container(tmp_path):
+    _onnx(_write(tmp_path / "tagger" / "1" / "tagger.onnx"))
+    _write(tmp_path / "tagger" / "config.pbtxt", TAGGER.replace("dims: [ 6 ]", "dims: [ 7 ]"))
+    servable, refusals = plan_repository(tmp_path)
+    assert servable == [] and len(refusals) == 1, refusals
+    assert "contradicts the ONNX graph" in refusals[0].reason
+    assert "input 'features' dims" in refusals[0].reason

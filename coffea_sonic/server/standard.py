@@ -219,6 +219,25 @@ def _version_problem(backend: str, platform: str, config: model_config_pb2.Model
     if not (model_dir / str(version) / filename).exists():
         return (f"{model_dir / str(version) / filename} does not exist (platform {platform} loads "
                 f"{filename}{' as default_model_filename says' if config and config.default_model_filename else ''})")
+    if backend == "onnxruntime" and config is not None and (config.input or config.output):
+        # the official container's onnxruntime backend refuses a config that contradicts the
+        # graph; the adapter would run it anyway, so refuse it here the same way
+        import onnx
+
+        from .model_signatures import compare_onnx
+
+        path = model_dir / str(version) / filename
+        if path.is_dir():
+            path = path / "model.onnx"
+        try:
+            graph = onnx.load(str(path), load_external_data=False)
+        except Exception as error:  # noqa: BLE001 - an unreadable file is the refusal
+            return f"{path} is not a readable ONNX model: {type(error).__name__}: {error}"
+        mismatches = compare_onnx(config, graph)
+        if mismatches:
+            return ("config.pbtxt contradicts the ONNX graph, which the official container "
+                    "refuses too: " + "; ".join(m.describe() for m in mismatches)
+                    + " (see `coffea-sonic models validate`)")
     return None
 
 

@@ -25,6 +25,10 @@ EVENT_BRANCH_DTYPES: dict[str, str] = {
     "luminosityBlock": "uint32",
     "event": "uint64",
     "genWeight": "float32",  # absent in collision data
+    "GenMET_pt": "float32",  # absent in collision data
+    "GenMET_phi": "float32",
+    "MET_pt": "float32",  # PF MET: minus the vector sum of all PF candidates
+    "MET_phi": "float32",
 }
 
 #: ``Jet_<field>`` branches and their dtypes (as in NanoAOD v12).
@@ -48,6 +52,7 @@ PFCANDS_BRANCH_DTYPES: dict[str, str] = {
     "mass": "float32",
     "charge": "int32",
     "pdgId": "int32",
+    "fromPV": "uint8",  # 0 not associated to the primary vertex, 1 loose (all neutrals), 3 used in fit
 }
 
 #: ``JetPFCands_<field>`` branches (PFNano jet -> candidate links) and their dtypes.

@@ -50,6 +50,15 @@ EVENTS_PER_BASKET = 10_000
 MAX_CONSTITUENTS_PER_JET = 60
 MIN_CONSTITUENTS_PER_JET = 2
 
+#: Factor on the momentum share of charged constituents of b jets (before renormalisation).
+B_CHARGED_HARDENING = 4.0
+#: Probability that an unclustered PF candidate comes from a pileup vertex.
+PILEUP_FRACTION = 0.5
+#: Mean PF response of neutral hadrons (``pdgId`` 130): PF pt / true pt.
+NEUTRAL_HADRON_RESPONSE = 0.8
+#: ``PFCands_fromPV`` values (CMS ``pat::PackedCandidate::PVAssoc``): no PV, loose, used in fit.
+FROM_PV_NONE, FROM_PV_LOOSE, FROM_PV_USED_IN_FIT = 0, 1, 3
+
 _PION_MASS, _ELECTRON_MASS, _MUON_MASS = 0.13957, 0.000511, 0.10566
 
 
@@ -192,6 +201,10 @@ def _draw_constituents(rng: np.random.Generator, jets: Mapping[str, np.ndarray]
     dphi = np.clip(rng.normal(0.0, width), -0.4, 0.4)
     charged = rng.random(len(jet_of)) < 0.65
     charge = np.where(charged, rng.choice(np.array([-1, 1]), len(jet_of)), 0)
+    # B-hadron decay products: the charged constituents of b jets carry more of the jet momentum
+    # (a hard fragmentation); shares are renormalised, so the jet's pt is unchanged.
+    share = np.where(is_b & charged, share * B_CHARGED_HARDENING, share)
+    share /= np.bincount(jet_of, weights=share, minlength=len(n_constituents))[jet_of]
     lepton_draw = rng.random(len(jet_of))
     lepton_rate = np.where(is_b, 0.15, 0.04)
     is_electron = charged & (lepton_draw < 0.4 * lepton_rate)
@@ -228,6 +241,34 @@ def _draw_unclustered(rng: np.random.Generator, n_events: int
         "pdgId": np.where(charged, 211 * charge, 22),
     }
     return event_of, fields
+
+
+def _pileup_and_met(rng: np.random.Generator, candidates: Mapping[str, np.ndarray],
+                    event_of: np.ndarray, unclustered: np.ndarray, n_events: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pileup flags, true and PF missing transverse momentum of the (shuffled) candidates.
+
+    A share :data:`PILEUP_FRACTION` of the unclustered candidates comes from pileup vertices:
+    charged ones are not associated with the primary vertex (``fromPV`` 0), neutral ones cannot be
+    told apart (``fromPV`` 1 like every neutral). Neutral hadrons are measured with a response
+    :data:`NEUTRAL_HADRON_RESPONSE` (lognormal spread 0.2). The invisible system balances the
+    true visible hard scatter, so ``GenMET = -sum(true pt)`` over hard-scatter candidates, while the
+    PF MET is ``-sum(pt)`` over all candidates. Returns ``(fromPV, GenMET (px, py), PF MET (px, py))``.
+    """
+    n = len(event_of)
+    pileup = unclustered & (rng.random(n) < PILEUP_FRACTION)
+    response = rng.lognormal(np.log(NEUTRAL_HADRON_RESPONSE), 0.2, n)
+    charged = candidates["charge"] != 0
+    from_pv = np.where(charged, np.where(pileup, FROM_PV_NONE, FROM_PV_USED_IN_FIT), FROM_PV_LOOSE)
+    px = candidates["pt"] * np.cos(candidates["phi"])
+    py = candidates["pt"] * np.sin(candidates["phi"])
+    true_scale = np.where(pileup, 0.0,
+                          np.where(np.abs(candidates["pdgId"]) == 130, 1.0 / response, 1.0))
+    gen_met = -np.stack([np.bincount(event_of, weights=px * true_scale, minlength=n_events),
+                         np.bincount(event_of, weights=py * true_scale, minlength=n_events)])
+    pf_met = -np.stack([np.bincount(event_of, weights=px, minlength=n_events),
+                        np.bincount(event_of, weights=py, minlength=n_events)])
+    return from_pv, gen_met, pf_met
 
 
 def _wrap_phi(phi: np.ndarray) -> np.ndarray:
@@ -289,8 +330,14 @@ def generate_events(process: str, n_events: int, seed: int = 0,
         gen_weight = np.where(rng.random(n_events) < 0.004, -1.0, 1.0)
     else:
         gen_weight = rng.lognormal(0.0, 0.3, n_events)
+    # Drawn last so that every branch above keeps the values of earlier sample versions.
+    candidates["fromPV"], gen_met, pf_met = _pileup_and_met(
+        rng, candidates, event_of_candidate[shuffled], n_clustered <= shuffled, n_events)
     columns = _typed({"run": np.ones(n_events), "luminosityBlock": 1 + event // 500,
-                      "event": event, "genWeight": gen_weight}, nanoaod.EVENT_BRANCH_DTYPES)
+                      "event": event, "genWeight": gen_weight,
+                      "GenMET_pt": np.hypot(*gen_met), "GenMET_phi": np.arctan2(gen_met[1], gen_met[0]),
+                      "MET_pt": np.hypot(*pf_met), "MET_phi": np.arctan2(pf_met[1], pf_met[0])},
+                     nanoaod.EVENT_BRANCH_DTYPES)
     return {
         **columns,
         "Jet": ak.unflatten(ak.zip(_typed(jets, nanoaod.JET_BRANCH_DTYPES)), n_jets),

@@ -1,12 +1,15 @@
 """Example HEP models of the SONIC papers, declared once, exported to ONNX, served by Triton.
 
 * ``jet_tagger``: per-jet MLP on NanoAOD Jet features (trained here on the synthetic sample).
-* ``particlenet_lite``: ParticleNet-like EdgeConv tagger over PF constituents.
+* ``particlenet_lite``: ParticleNet-like EdgeConv tagger over PF constituents (untrained).
+* ``particlenet``: ParticleNet-like EdgeConv tagger over PF constituents, trained here
+  (:mod:`coffea_sonic.zoo.physics`).
+* ``deepmet``: DeepMET-like per-candidate weights -> MET (px, py), trained here.
 * ``emtrk_cnn``: the ProtoDUNE EmTrkMichelId CNN (generated on first use and cached, ~48 MB).
 
 >>> from coffea_sonic import zoo
 >>> zoo.names()
-['emtrk_cnn', 'jet_tagger', 'particlenet_lite']
+['deepmet', 'emtrk_cnn', 'jet_tagger', 'particlenet', 'particlenet_lite']
 >>> {k: v.shape for k, v in zoo.example_inputs("jet_tagger", 5).items()}
 {'features': (5, 6)}
 """
@@ -172,13 +175,25 @@ def example_inputs(name: str, n: int, seed: int = 0) -> dict[str, np.ndarray]:
             rng.integers(2, 40, n).astype(float),   # nConstituents
         ]
         return {"features": np.stack(columns, axis=1).astype(np.float32).reshape(n, len(columns))}
-    if name == "particlenet_lite":
+    if name in ("particlenet_lite", "particlenet"):
         size = PARTICLENET_MAX_CONSTITUENTS
         counts = rng.integers(1, size + 1, n)
         mask = (np.arange(size)[None, :] < counts[:, None]).astype(np.float32)[:, None, :]
         points = rng.normal(0.0, 0.2, (n, 2, size)).astype(np.float32) * mask
         features = rng.normal(0.0, 1.0, (n, len(PARTICLENET_FEATURES), size)).astype(np.float32)
         return {"pf_points": points, "pf_features": features * mask, "pf_mask": mask}
+    if name == "deepmet":
+        from .spec import DEEPMET_CLASSES, DEEPMET_MAX_CANDIDATES
+
+        size = DEEPMET_MAX_CANDIDATES
+        counts = rng.integers(0, size + 1, n)
+        real = np.arange(size)[None, :] < counts[:, None]
+        pt = 0.3 + rng.exponential(5.0, (n, size))
+        phi = rng.uniform(-np.pi, np.pi, (n, size))
+        cont = np.stack([pt * np.cos(phi), pt * np.sin(phi), np.log(pt),
+                         rng.uniform(-2.5, 2.5, (n, size))], axis=2) * real[:, :, None]
+        classes = rng.integers(1, len(DEEPMET_CLASSES), (n, size)) * real
+        return {"pf_cont": cont.astype(np.float32), "pf_class": classes.astype(np.int64)}
     if name == "emtrk_cnn":
         patch = rng.uniform(0.0, 1.0, (n, 1, EMTRK_PATCH, EMTRK_PATCH)).astype(np.float32)
         return {"patch": patch}

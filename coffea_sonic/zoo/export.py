@@ -1,6 +1,7 @@
 """Re-export the shipped zoo ONNX files: ``python -m coffea_sonic.zoo.export [NAME ...]``.
 
-``jet_tagger`` is trained first (:mod:`coffea_sonic.zoo.train`); the others use deterministic weights.
+``jet_tagger`` is trained first (:mod:`coffea_sonic.zoo.train`), ``particlenet`` and ``deepmet`` too
+(:mod:`coffea_sonic.zoo.physics`); the others use deterministic weights.
 """
 
 from __future__ import annotations
@@ -27,6 +28,14 @@ def main(argv: list[str] | None = None) -> None:
             from .train import train_jet_tagger
 
             module = train_jet_tagger()
+        elif name == "particlenet":
+            from .physics import train_particlenet
+
+            module, _ = train_particlenet()
+        elif name == "deepmet":
+            from .physics import train_deepmet
+
+            module, _, _ = train_deepmet()
         logger.info("wrote %s", export_onnx(name, here / f"{name}.onnx", module=module))
 
 

@@ -22,6 +22,15 @@ PARTICLENET_MAX_CONSTITUENTS = 32
 PARTICLENET_FEATURES: tuple[str, ...] = (
     "log_pt", "log_e", "log_pt_rel", "log_e_rel", "deta", "dphi", "charge",
 )
+#: PF candidates per event the DeepMET-like regression sees (highest-pt ones, zero-padded, masked).
+DEEPMET_MAX_CANDIDATES = 256
+#: Continuous per-candidate features of deepmet, in this order (``pf_cont``).
+DEEPMET_FEATURES: tuple[str, ...] = ("px", "py", "log_pt", "eta")
+#: Classes of deepmet's categorical input ``pf_class`` (0 is padding), from pdgId and fromPV.
+DEEPMET_CLASSES: tuple[str, ...] = (
+    "padding", "charged_hadron_pv", "charged_hadron_pileup", "electron", "muon", "photon",
+    "neutral_hadron",
+)
 #: Side of the ProtoDUNE wire-plane patch the EmTrkMichelId CNN classifies.
 EMTRK_PATCH = 48
 
@@ -99,6 +108,35 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             outputs=(TensorSpec("probs", "float32", (len(JET_CLASSES),)),),
             max_batch_size=4096,
             preferred_batch_sizes=(512, 2048),
+        ),
+        ModelSpec(
+            name="particlenet",
+            description="ParticleNet-like EdgeConv b/c/light tagger over up to "
+            f"{PARTICLENET_MAX_CONSTITUENTS} PF constituents per jet (CMS input layout), "
+            "trained here on the synthetic PFNano-like sample",
+            inputs=(
+                TensorSpec("pf_points", "float32", (2, PARTICLENET_MAX_CONSTITUENTS)),
+                TensorSpec("pf_features", "float32",
+                           (len(PARTICLENET_FEATURES), PARTICLENET_MAX_CONSTITUENTS)),
+                TensorSpec("pf_mask", "float32", (1, PARTICLENET_MAX_CONSTITUENTS)),
+            ),
+            outputs=(TensorSpec("probs", "float32", (len(JET_CLASSES),)),),
+            max_batch_size=4096,
+            preferred_batch_sizes=(512, 2048),
+        ),
+        ModelSpec(
+            name="deepmet",
+            description="DeepMET-like regression: up to "
+            f"{DEEPMET_MAX_CANDIDATES} PF candidates per event (continuous features + a "
+            "pdgId/fromPV class embedding) -> per-candidate weights -> MET (px, py); trained here",
+            inputs=(
+                TensorSpec("pf_cont", "float32", (DEEPMET_MAX_CANDIDATES, len(DEEPMET_FEATURES))),
+                TensorSpec("pf_class", "int64", (DEEPMET_MAX_CANDIDATES,)),
+            ),
+            outputs=(TensorSpec("met", "float32", (2,)),
+                     TensorSpec("weights", "float32", (DEEPMET_MAX_CANDIDATES,))),
+            max_batch_size=4096,
+            preferred_batch_sizes=(256, 1024),
         ),
         ModelSpec(
             name="emtrk_cnn",

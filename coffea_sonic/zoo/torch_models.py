@@ -16,7 +16,8 @@ import math
 import numpy as np
 
 from ..errors import MissingDependencyError, ModelNotFoundError
-from .spec import EMTRK_PATCH, JET_CLASSES, JET_TAGGER_FEATURES, PARTICLENET_FEATURES
+from .spec import (DEEPMET_CLASSES, DEEPMET_FEATURES, EMTRK_PATCH, JET_CLASSES,
+                   JET_TAGGER_FEATURES, PARTICLENET_FEATURES)
 
 try:
     import torch
@@ -118,6 +119,79 @@ class ParticleNetLite(nn.Module):
         return torch.softmax(self.head(pooled), dim=1)
 
 
+class ParticleNet(nn.Module):
+    """The trained ParticleNet-like tagger: ParticleNetLite's input layout, two smaller EdgeConv
+    blocks (fast to train on a CPU) and a fixed (not trained) affine input scaling.
+
+    ``pf_features`` arrive raw (as :func:`coffea_sonic.columns.pad_constituents` builds them);
+    ``logits`` gives the pre-softmax scores for training.
+    """
+
+    #: Per-feature (offset, scale) of PARTICLENET_FEATURES: log_pt, log_e, log_pt_rel, log_e_rel,
+    #: deta, dphi, charge.
+    FEATURE_OFFSET = (1.0, 1.5, -2.5, -2.5, 0.0, 0.0, 0.0)
+    FEATURE_SCALE = (1.0, 1.0, 1.0, 1.0, 10.0, 10.0, 1.0)
+
+    def __init__(self, k: int = 6) -> None:
+        super().__init__()
+        n_features = len(PARTICLENET_FEATURES)
+        self.register_buffer("offset", torch.tensor(self.FEATURE_OFFSET).reshape(1, -1, 1),
+                             persistent=False)
+        self.register_buffer("scale", torch.tensor(self.FEATURE_SCALE).reshape(1, -1, 1),
+                             persistent=False)
+        self.input_scale = nn.Conv1d(n_features, n_features, kernel_size=1)
+        self.edge1 = EdgeConv(k, n_features, (24, 24))
+        self.edge2 = EdgeConv(k, 24, (32, 32))
+        self.head = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, len(JET_CLASSES)))
+
+    def logits(self, pf_points: "torch.Tensor", pf_features: "torch.Tensor",
+               pf_mask: "torch.Tensor") -> "torch.Tensor":
+        shift = (1.0 - pf_mask) * 1e4
+        points = pf_points + shift
+        features = self.input_scale((pf_features - self.offset) * self.scale) * pf_mask
+        features = self.edge1(points, features) * pf_mask
+        features = self.edge2(features + shift, features) * pf_mask
+        counts = torch.clamp(pf_mask.sum(dim=2), min=1.0)
+        # Mean and max pooling over real constituents (padding set far below any activation).
+        pooled_max = (features - (1.0 - pf_mask) * 1e4).max(dim=2)[0]
+        return self.head(torch.cat([features.sum(dim=2) / counts, pooled_max], dim=1))
+
+    def forward(self, pf_points: "torch.Tensor", pf_features: "torch.Tensor",
+                pf_mask: "torch.Tensor") -> "torch.Tensor":
+        return torch.softmax(self.logits(pf_points, pf_features, pf_mask), dim=1)
+
+
+class DeepMET(nn.Module):
+    """DeepMET-like per-candidate weights: ``met = -sum_i w_i (px_i, py_i)`` over real candidates.
+
+    Inputs ``pf_cont [N, P, 4]`` (px, py, log pt, eta; GeV) and ``pf_class [N, P]`` int64
+    (:data:`~coffea_sonic.zoo.spec.DEEPMET_CLASSES`, 0 = padding). Each candidate's class
+    embedding and scaled features, plus an event summary (the mean over candidates), go through a
+    shared MLP to a weight in [0, 2]. Outputs ``met [N, 2]`` (px, py) and ``weights [N, P]``.
+    """
+
+    def __init__(self, embedding: int = 8, hidden: int = 48) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(len(DEEPMET_CLASSES), embedding)
+        n_in = embedding + len(DEEPMET_FEATURES)
+        self.local = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU())
+        self.net = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        # px, py and eta to O(1) (fixed, not trained).
+        self.register_buffer("feature_scale", torch.tensor([0.05, 0.05, 1.0, 0.4]),
+                             persistent=False)
+
+    def forward(self, pf_cont: "torch.Tensor", pf_class: "torch.Tensor"
+                ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        mask = (pf_class > 0).to(pf_cont.dtype).unsqueeze(2)  # [N, P, 1]
+        scaled = pf_cont * self.feature_scale
+        hidden = self.local(torch.cat([self.embed(pf_class), scaled], dim=2)) * mask
+        summary = hidden.sum(dim=1, keepdim=True) / torch.clamp(mask.sum(dim=1, keepdim=True), min=1.0)
+        weights = 2.0 * torch.sigmoid(self.net(torch.cat([hidden, summary.expand_as(hidden)], dim=2)))
+        weights = weights * mask  # [N, P, 1]
+        met = -(weights * pf_cont[:, :, 0:2]).sum(dim=1)
+        return met, weights.squeeze(2)
+
+
 class EmTrkMichelId(nn.Module):
     """ProtoDUNE EmTrkMichelId CNN: [1,48,48] patch -> em/track/none softmax and Michel sigmoid."""
 
@@ -134,7 +208,8 @@ class EmTrkMichelId(nn.Module):
         return torch.softmax(self.em_trk_none(hidden), dim=1), torch.sigmoid(self.michel(hidden))
 
 
-_BUILDERS = {"jet_tagger": JetTagger, "particlenet_lite": ParticleNetLite, "emtrk_cnn": EmTrkMichelId}
+_BUILDERS = {"jet_tagger": JetTagger, "particlenet_lite": ParticleNetLite,
+             "particlenet": ParticleNet, "deepmet": DeepMET, "emtrk_cnn": EmTrkMichelId}
 
 
 def deterministic_init(module: "nn.Module", seed: int = WEIGHT_SEED) -> "nn.Module":

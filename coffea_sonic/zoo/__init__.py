@@ -193,7 +193,7 @@ def example_inputs(name: str, n: int, seed: int = 0) -> dict[str, np.ndarray]:
         cont = np.stack([pt * np.cos(phi), pt * np.sin(phi), np.log(pt),
                          rng.uniform(-2.5, 2.5, (n, size))], axis=2) * real[:, :, None]
         classes = rng.integers(1, len(DEEPMET_CLASSES), (n, size)) * real
-        return {"pf_cont": cont.astype(np.float32), "pf_class": classes.astype(np.int64)}
+        return {"pf_cont": cont.astype(np.float32), "pf_class": classes.astype(np.float32)}
     if name == "emtrk_cnn":
         patch = rng.uniform(0.0, 1.0, (n, 1, EMTRK_PATCH, EMTRK_PATCH)).astype(np.float32)
         return {"patch": patch}

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
             from .physics import train_deepmet
 
             module, _, _ = train_deepmet()
+            module = module.double()  # see DeepMET.forward: batch-independent served output
         logger.info("wrote %s", export_onnx(name, here / f"{name}.onnx", module=module))
 
 

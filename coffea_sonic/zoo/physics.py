@@ -14,7 +14,7 @@ files. The input builders work on plain numpy/awkward and need no torch:
 ...                     "fromPV": 3}], []])
 >>> inputs = deepmet_inputs(cands)
 >>> inputs["pf_cont"].shape, inputs["pf_class"][:, :2].tolist()
-((2, 256, 4), [[1, 0], [0, 0]])
+((2, 256, 4), [[1.0, 0.0], [0.0, 0.0]])
 >>> met_resolution(np.array([[1.0, 0.0], [3.0, 4.0]]), np.array([[0.0, 0.0], [3.0, 4.0]]))
 0.5
 """
@@ -163,7 +163,8 @@ def deepmet_inputs(candidates: Any, max_candidates: int = DEEPMET_MAX_CANDIDATES
 
     Needs fields ``pt, eta, phi, pdgId, fromPV``. Each event keeps its ``max_candidates``
     highest-pt candidates; padding has class 0. Returns ``pf_cont [N, P, 4]`` float32 in
-    :data:`~coffea_sonic.zoo.spec.DEEPMET_FEATURES` order and ``pf_class [N, P]`` int64.
+    :data:`~coffea_sonic.zoo.spec.DEEPMET_FEATURES` order and ``pf_class [N, P]`` float32
+    class indices.
     """
     candidates = ak.Array(candidates)
     counts = ak.to_numpy(ak.num(candidates, axis=1)).astype(np.int64)
@@ -179,7 +180,7 @@ def deepmet_inputs(candidates: Any, max_candidates: int = DEEPMET_MAX_CANDIDATES
         logger.debug("deepmet keeps the %d highest-pt candidates of each event; %d dropped",
                      max_candidates, int((~kept).sum()))
     pf_cont = np.zeros((n_events, max_candidates, len(DEEPMET_FEATURES)), dtype=np.float32)
-    pf_class = np.zeros((n_events, max_candidates), dtype=np.int64)
+    pf_class = np.zeros((n_events, max_candidates), dtype=np.float32)
     rows, columns = event_of[kept], position[kept]
     pt = flat["pt"][kept]
     pf_cont[rows, columns] = np.stack(

@@ -26,7 +26,8 @@ PARTICLENET_FEATURES: tuple[str, ...] = (
 DEEPMET_MAX_CANDIDATES = 256
 #: Continuous per-candidate features of deepmet, in this order (``pf_cont``).
 DEEPMET_FEATURES: tuple[str, ...] = ("px", "py", "log_pt", "eta")
-#: Classes of deepmet's categorical input ``pf_class`` (0 is padding), from pdgId and fromPV.
+#: Classes of deepmet's categorical input ``pf_class`` (0 is padding), from pdgId and fromPV;
+#: sent as float32 indices like every zoo input, embedded inside the model.
 DEEPMET_CLASSES: tuple[str, ...] = (
     "padding", "charged_hadron_pv", "charged_hadron_pileup", "electron", "muon", "photon",
     "neutral_hadron",
@@ -131,7 +132,8 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             "pdgId/fromPV class embedding) -> per-candidate weights -> MET (px, py); trained here",
             inputs=(
                 TensorSpec("pf_cont", "float32", (DEEPMET_MAX_CANDIDATES, len(DEEPMET_FEATURES))),
-                TensorSpec("pf_class", "int64", (DEEPMET_MAX_CANDIDATES,)),
+                # class indices as float32 (every zoo input is FP32); the model casts them
+                TensorSpec("pf_class", "float32", (DEEPMET_MAX_CANDIDATES,)),
             ),
             outputs=(TensorSpec("met", "float32", (2,)),
                      TensorSpec("weights", "float32", (DEEPMET_MAX_CANDIDATES,))),

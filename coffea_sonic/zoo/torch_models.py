@@ -164,8 +164,8 @@ class ParticleNet(nn.Module):
 class DeepMET(nn.Module):
     """DeepMET-like per-candidate weights: ``met = -sum_i w_i (px_i, py_i)`` over real candidates.
 
-    Inputs ``pf_cont [N, P, 4]`` (px, py, log pt, eta; GeV) and ``pf_class [N, P]`` int64
-    (:data:`~coffea_sonic.zoo.spec.DEEPMET_CLASSES`, 0 = padding). Each candidate's class
+    Inputs ``pf_cont [N, P, 4]`` (px, py, log pt, eta; GeV) and ``pf_class [N, P]`` float32
+    class indices (:data:`~coffea_sonic.zoo.spec.DEEPMET_CLASSES`, 0 = padding). Each candidate's class
     embedding and scaled features, plus an event summary (the mean over candidates), go through a
     shared MLP to a weight in [0, 2]. Outputs ``met [N, 2]`` (px, py) and ``weights [N, P]``.
     """
@@ -182,14 +182,20 @@ class DeepMET(nn.Module):
 
     def forward(self, pf_cont: "torch.Tensor", pf_class: "torch.Tensor"
                 ) -> tuple["torch.Tensor", "torch.Tensor"]:
-        mask = (pf_class > 0).to(pf_cont.dtype).unsqueeze(2)  # [N, P, 1]
-        scaled = pf_cont * self.feature_scale
-        hidden = self.local(torch.cat([self.embed(pf_class), scaled], dim=2)) * mask
+        # Computed in the dtype of the weights: the shipped ONNX runs in float64, so that a
+        # candidate's weight does not depend on the batch it came in (GEMM blocking) and the
+        # float32 MET is the same served and in-process.
+        dtype = self.embed.weight.dtype
+        pf_cont = pf_cont.to(dtype)
+        classes = pf_class.round().long().clamp(0, len(DEEPMET_CLASSES) - 1)
+        mask = (classes > 0).to(dtype).unsqueeze(2)  # [N, P, 1]
+        scaled = pf_cont * self.feature_scale.to(dtype)
+        hidden = self.local(torch.cat([self.embed(classes), scaled], dim=2)) * mask
         summary = hidden.sum(dim=1, keepdim=True) / torch.clamp(mask.sum(dim=1, keepdim=True), min=1.0)
         weights = 2.0 * torch.sigmoid(self.net(torch.cat([hidden, summary.expand_as(hidden)], dim=2)))
         weights = weights * mask  # [N, P, 1]
         met = -(weights * pf_cont[:, :, 0:2]).sum(dim=1)
-        return met, weights.squeeze(2)
+        return met.to(torch.float32), weights.squeeze(2).to(torch.float32)
 
 
 class EmTrkMichelId(nn.Module):

@@ -3,7 +3,8 @@
 1. makes (or reuses) a synthetic NanoAOD-like sample, unless ``--files``/``--fileset`` name yours;
 2. starts the embedded real Triton server, unless ``--server`` names one;
 3. starts a Dask cluster (``--cluster local|slurm|htcondor|ADDRESS``, or ``--scheduler ADDRESS``);
-4. runs :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` through coffea's
+4. runs :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` (with the trained
+   ``particlenet`` on every selected jet and ``deepmet`` on every event) through coffea's
    ``Runner`` + ``DaskExecutor`` with a progress bar;
 5. prints a summary (events, objects inferred, events/s, share of time waiting on inference,
    server-side queue and compute time) and writes ``scores.png`` and ``summary.json``.
@@ -30,7 +31,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_OUTPUT = "sonic-demo"
 DEFAULT_EVENTS = 20_000
 DEFAULT_CHUNKSIZE = 10_000
-DEMO_MODELS = ("jet_tagger", "particlenet_lite")
+DEMO_MODELS = ("jet_tagger", "particlenet_lite", "particlenet", "deepmet")
 
 _DESCRIPTION = """\
 Run the example jet-tagging analysis with inference as a service, end to end: synthetic
@@ -73,7 +74,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     serving.add_argument("--max-in-flight", type=int, default=4,
                          help="requests in flight per model and worker (default: %(default)s)")
     serving.add_argument("--no-constituents", action="store_true",
-                         help="skip the particlenet_lite constituent model")
+                         help="skip the PF-candidate models (particlenet_lite, particlenet, deepmet)")
     compute = parser.add_argument_group("compute")
     compute.add_argument("--executor", choices=("dask", "futures", "iterative"), default="dask",
                          help="coffea executor (default: %(default)s)")
@@ -235,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{server.grpc_address} ({server.device})", flush=True)
             base = f"triton+grpc://{server.grpc_address}"
         analysis = JetTaggingProcessor(base, use_constituents=False if args.no_constituents else "auto",
+                                       physics=not args.no_constituents,
                                        max_in_flight=args.max_in_flight)
         urls = {name: analysis.sonic_model_urls()[name][0] for name in analysis.sonic_models}
         executor, workers = _executor(args, stack)

@@ -7,7 +7,11 @@
   acquire/produce);
 * ``particlenet_lite`` scores the leading jet from its PF candidates, where the files have the
   PFNano branches (``PFCands``, ``JetPFCands``); without them it is skipped (real CMS NanoAOD);
-* collision data without ``Jet_hadronFlavour`` is filled with flavour ``-1``.
+* collision data without ``Jet_hadronFlavour`` is filled with flavour ``-1``;
+* with ``physics=True`` (the demo), the trained zoo models run too: ``particlenet`` scores every
+  selected jet from its PF constituents, and ``deepmet`` regresses each event's MET from its PF
+  candidates (where ``PFCands_fromPV`` exists); with ``GenMET`` the MET residuals of deepmet and
+  of PF MET are histogrammed. This mode runs under ``processor.Runner`` (eager chunks).
 
 It runs unchanged under ``processor.Runner`` (Iterative, Futures, Dask executors) and under
 ``coffea.dataset_tools.apply_to_fileset`` (dask-awkward), on our synthetic files and on real CMS
@@ -37,6 +41,8 @@ logger = logging.getLogger(__name__)
 FLAVOURS = (-1, 0, 4, 5)
 #: b-score threshold of the "b-tagged jets per event" histogram
 B_TAG_THRESHOLD = 0.5
+#: The trained zoo models ``physics=True`` adds.
+PHYSICS_MODELS = ("particlenet", "deepmet")
 
 
 def _is_dask(array: Any) -> bool:
@@ -57,15 +63,17 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
 
     def __init__(self, server: str | Mapping[str, str] = "triton+grpc://127.0.0.1:8001", *,
                  jet_pt_min: float = 15.0, use_constituents: bool | str = "auto",
-                 **model_options: Any) -> None:
+                 physics: bool = False, **model_options: Any) -> None:
+        names = ("jet_tagger", "particlenet_lite") + (PHYSICS_MODELS if physics else ())
         if isinstance(server, str):
             base = server.rstrip("/")
-            models = {name: f"{base}/{name}" for name in ("jet_tagger", "particlenet_lite")}
+            models = {name: f"{base}/{name}" for name in names}
         else:
             models = dict(server)
         self.sonic_configure(models, **model_options)
         self.jet_pt_min = jet_pt_min
         self.use_constituents = use_constituents
+        self.physics = physics
 
     # -- per chunk (or per dask partition) --------------------------------------------------
     def _wants_constituents(self, events: ak.Array) -> bool:
@@ -91,9 +99,37 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
             flavour = ak.values_astype(jets.hadronFlavour, np.int32)
         else:
             flavour = ak.values_astype(ak.zeros_like(jets.pt), np.int32) - 1
+        fields: dict[str, Any] = {}
+        if self.physics:
+            fields = self._physics(events, jets, selected)
         b_score = pending.result()["probs"][:, :, 0]
         per_jet = ak.zip({"b_score": b_score, "flavour": flavour, "pt": jets.pt})
-        return ak.zip({"jets": per_jet, "leading_pn_b": leading_pn_b}, depth_limit=1)
+        if "pn_b" in fields:
+            per_jet = ak.with_field(per_jet, fields.pop("pn_b"), "pn_b")
+        return ak.zip({"jets": per_jet, "leading_pn_b": leading_pn_b, **fields}, depth_limit=1)
+
+    def _physics(self, events: ak.Array, jets: ak.Array, selected: ak.Array) -> dict[str, Any]:
+        """The trained models: particlenet b score per selected jet; deepmet, PF and true MET
+        (px, py) per event where the branches exist."""
+        from ..zoo.physics import deepmet_inputs, met_vector
+
+        if columns.is_typetracer(events):
+            raise NotImplementedError(
+                "JetTaggingProcessor(physics=True) runs on eager chunks (processor.Runner), "
+                "not under dask-awkward")
+        fields: dict[str, Any] = {}
+        if self._wants_constituents(events):
+            constituents = columns.jet_constituents(events)[selected]
+            inputs = columns.pad_constituents(constituents, jets)
+            fields["pn_b"] = self.infer("particlenet", inputs, like=jets)["probs"][:, :, 0]
+        if "PFCands" in ak.fields(events) and "fromPV" in ak.fields(events.PFCands):
+            met = self.infer("deepmet", deepmet_inputs(events.PFCands))["met"]
+            fields["deepmet_px"], fields["deepmet_py"] = met[:, 0], met[:, 1]
+            for name in ("MET", "GenMET"):
+                if name in ak.fields(events):
+                    vector = met_vector(ak.to_numpy(events[name].pt), ak.to_numpy(events[name].phi))
+                    fields[f"{name.lower()}_px"], fields[f"{name.lower()}_py"] = vector.T
+        return fields
 
     def process(self, events: ak.Array) -> dict[str, Any]:
         dataset = events.metadata.get("dataset", "unknown")
@@ -115,14 +151,37 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
         b_score.fill(dataset=dataset, flavour=jets.flavour, score=jets.b_score)
         pn_score.fill(dataset=dataset, score=ak.flatten(tagged.leading_pn_b))
         n_btag.fill(dataset=dataset, n=ak.sum(tagged.jets.b_score > B_TAG_THRESHOLD, axis=1))
+        histograms = {"b_score": b_score, "particlenet_b": pn_score, "n_btag": n_btag}
+        if self.physics:
+            histograms.update(self._physics_histograms(tagged, jets, dataset, dataset_axis,
+                                                       flavour_axis))
         output: dict[str, Any] = {
-            "histograms": {"b_score": b_score, "particlenet_b": pn_score, "n_btag": n_btag},
+            "histograms": histograms,
             "cutflow": {dataset: {"events": _count(ak.num(events, axis=0)),
                                   "jets": _count(ak.num(jets, axis=0))}},
         }
         if not _is_dask(tagged):
             output["inference"] = self.sonic_stats()
         return output
+
+    @staticmethod
+    def _physics_histograms(tagged: ak.Array, jets: ak.Array, dataset: str, dataset_axis: Any,
+                            flavour_axis: Any) -> dict[str, Any]:
+        trained = hist.Hist(dataset_axis, flavour_axis,
+                            hist.axis.Regular(50, 0, 1, name="score", label="particlenet b score"))
+        if "pn_b" in ak.fields(jets):
+            trained.fill(dataset=dataset, flavour=jets.flavour, score=jets.pn_b)
+        residual = hist.Hist(dataset_axis,
+                             hist.axis.StrCategory(["deepmet", "PF MET"], name="method"),
+                             hist.axis.Regular(80, -40, 40, name="residual",
+                                               label="MET x, y residual vs GenMET [GeV]"))
+        if "genmet_px" in ak.fields(tagged) and "met_px" in ak.fields(tagged):
+            for method, prefix in (("deepmet", "deepmet"), ("PF MET", "met")):
+                for axis_name in ("px", "py"):
+                    values = np.asarray(tagged[f"{prefix}_{axis_name}"]) - np.asarray(
+                        tagged[f"genmet_{axis_name}"])
+                    residual.fill(dataset=dataset, method=method, residual=values)
+        return {"particlenet": trained, "met_residual": residual}
 
     def postprocess(self, accumulator: dict[str, Any]) -> dict[str, Any]:
         return accumulator
@@ -156,6 +215,22 @@ def plot_scores(output: Mapping[str, Any], path: str) -> str:
     n_btag = histograms["n_btag"]
     panels.append((f"jets with b score > {B_TAG_THRESHOLD} per event",
                    [(d, n_btag[{"dataset": d}]) for d in n_btag.axes["dataset"]]))
+    trained = histograms.get("particlenet")
+    if trained is not None and trained.sum() > 0:
+        by_flavour = trained[{"dataset": sum}]
+        panels.append(("particlenet (trained) b score by true jet flavour, all selected jets",
+                       [(flavour_names[f], by_flavour[{"flavour": hist.loc(f)}])
+                        for f in (5, 4, 0) if by_flavour[{"flavour": hist.loc(f)}].sum() > 0]))
+    residual = histograms.get("met_residual")
+    if residual is not None and residual.sum() > 0:
+        summed = residual[{"dataset": sum}]
+        curves = []
+        for method in ("deepmet", "PF MET"):
+            one = summed[{"method": method}]
+            centres, counts = one.axes[0].centers, one.values()
+            rms = float(np.sqrt(np.sum(counts * centres ** 2) / max(counts.sum(), 1)))
+            curves.append((f"{method} (RMS {rms:.1f} GeV)", one))
+        panels.append(("MET (px, py) - GenMET: deepmet vs PF MET", curves))
     particlenet = histograms["particlenet_b"]
     if particlenet.sum() > 0:
         panels.append(("particlenet_lite b score, leading jet (untrained)",

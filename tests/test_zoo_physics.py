@@ -79,8 +79,8 @@ def test_particlenet_training_is_reproducible_and_learns():
 
 
 def test_deepmet_training_is_reproducible_and_beats_pf_met():
-    first, ours, pf = physics.train_deepmet(n_events=1500, epochs=2, n_validation=500)
-    second, again, _ = physics.train_deepmet(n_events=1500, epochs=2, n_validation=500)
+    first, ours, pf = physics.train_deepmet(n_events=2000, epochs=4, n_validation=500)
+    second, again, _ = physics.train_deepmet(n_events=2000, epochs=4, n_validation=500)
     for (key, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
         assert np.array_equal(a.numpy(), b.numpy()), key
     assert ours == again and ours < pf

@@ -14,7 +14,7 @@ files. The input builders work on plain numpy/awkward and need no torch:
 ...                     "fromPV": 3}], []])
 >>> inputs = deepmet_inputs(cands)
 >>> inputs["pf_cont"].shape, inputs["pf_class"][:, :2].tolist()
-((2, 256, 4), [[1.0, 0.0], [0.0, 0.0]])
+((2, 160, 4), [[1.0, 0.0], [0.0, 0.0]])
 >>> met_resolution(np.array([[1.0, 0.0], [3.0, 4.0]]), np.array([[0.0, 0.0], [3.0, 4.0]]))
 0.5
 """
@@ -40,7 +40,7 @@ VALIDATION_SEED_OFFSET = 1_000_003
 PARTICLENET_TRAIN_EVENTS = 3500
 PARTICLENET_EPOCHS = 6
 DEEPMET_TRAIN_EVENTS = 8000
-DEEPMET_EPOCHS = 6
+DEEPMET_EPOCHS = 10
 
 
 def _torch():
@@ -208,7 +208,7 @@ def deepmet_dataset(n_events: int, seed: int) -> tuple[dict[str, np.ndarray], np
 
     >>> inputs, gen_met, pf_met = deepmet_dataset(10, seed=1)
     >>> inputs["pf_class"].shape, gen_met.shape
-    ((20, 256), (20, 2))
+    ((20, 160), (20, 2))
     """
     parts = [_events(process, n_events, seed) for process in ("ttbar", "qcd_light")]
     events = ak.concatenate(parts)

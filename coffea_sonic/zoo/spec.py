@@ -23,7 +23,7 @@ PARTICLENET_FEATURES: tuple[str, ...] = (
     "log_pt", "log_e", "log_pt_rel", "log_e_rel", "deta", "dphi", "charge",
 )
 #: PF candidates per event the DeepMET-like regression sees (highest-pt ones, zero-padded, masked).
-DEEPMET_MAX_CANDIDATES = 256
+DEEPMET_MAX_CANDIDATES = 160
 #: Continuous per-candidate features of deepmet, in this order (``pf_cont``).
 DEEPMET_FEATURES: tuple[str, ...] = ("px", "py", "log_pt", "eta")
 #: Classes of deepmet's categorical input ``pf_class`` (0 is padding), from pdgId and fromPV;

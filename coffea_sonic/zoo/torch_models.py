@@ -170,7 +170,7 @@ class DeepMET(nn.Module):
     shared MLP to a weight in [0, 2]. Outputs ``met [N, 2]`` (px, py) and ``weights [N, P]``.
     """
 
-    def __init__(self, embedding: int = 8, hidden: int = 48) -> None:
+    def __init__(self, embedding: int = 8, hidden: int = 32) -> None:
         super().__init__()
         self.embed = nn.Embedding(len(DEEPMET_CLASSES), embedding)
         n_in = embedding + len(DEEPMET_FEATURES)

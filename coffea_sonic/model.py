@@ -165,6 +165,10 @@ class TritonModel:
         ``"off"``, ``"cpu"``, ``"local"`` or a factory ``f(model) -> engine``; None reads the
         ``fallback`` setting (``COFFEA_SONIC_FALLBACK``, default off). See
         :mod:`coffea_sonic.fallback`.
+    priority:
+        Priority level of every request for Triton's dynamic batcher (1 is served first; the
+        model must be configured with ``priority_levels``, see
+        :func:`coffea_sonic.server.repository.model_config`). None: the model's default level.
 
     >>> TritonModel("triton+grpc://127.0.0.1:8001/jet_tagger").version
     ''
@@ -186,6 +190,7 @@ class TritonModel:
         fallback: fallback_module.FallbackChoice = None,
         transport: str | Callable[[ServerSettings], Any] | None = None,
         protocol_key: Any = None,
+        priority: int | None = None,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if transport is None:
@@ -248,6 +253,11 @@ class TritonModel:
         self.expected_checksum = expected_checksum
         self.retry = RetryPolicy.coerce(retry)
         self.fallback = fallback_module.resolve_fallback(fallback)
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
+                                     or priority < 1):
+            raise ConfigurationError(f"priority must be an int >= 1 (1 is served first) or None, "
+                                     f"not {priority!r}")
+        self.priority = priority
         self._init_runtime_fields()
 
     def _init_runtime_fields(self) -> None:
@@ -289,6 +299,8 @@ class TritonModel:
             extras.append(f"protocol_key={self.servers[0].protocol_key[0]!r}")
         if self.tls is not None and not self._ref.tls:
             extras.append("ssl=True")
+        if self.priority is not None:
+            extras.append(f"priority={self.priority}")
         if self.fallback is not None:
             extras.append(f"fallback={self.fallback if isinstance(self.fallback, str) else 'custom'!r}")
         target = self.url if len(self.urls) == 1 else self.urls
@@ -450,7 +462,7 @@ class TritonModel:
                 rows=piece.rows + piece.pad if call.info.batching and ragged is None else None,
                 timeout_s=self.timeout_s, request_id=f"{call.call_id}.{piece.index}",
                 out=({name: array[piece.start:piece.stop] for name, array in call.out.items()}
-                     if call.out is not None else None))
+                     if call.out is not None else None), priority=self.priority or 0)
             if piece.last_address and piece.last_address != endpoint.address:
                 self._add_stats(failovers=1)
             piece.attempts += 1

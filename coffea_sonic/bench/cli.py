@@ -40,6 +40,9 @@ examples:
   coffea-sonic bench --report-from bench-output/results.partial.json -o report
       tables, targets, fit and plots from what a stopped run measured
   coffea-sonic bench --models emtrk_cnn --modes cpu remote --batch-sizes 64 256 --chunk-rows 1024
+  coffea-sonic bench --scenario fairness --quick -o fairness
+      8 users (processes) share one server, one with 10x the load: Jain's index of goodput
+      while all saturate, light users' p95 latency beside the heavy one / alone (under 1 min)
 
 outputs (in --output, default bench-output/): results.json (machine, versions, config, raw
 samples, equality, targets, scaling fit), results.md (tables), throughput_vs_batch.png,
@@ -67,6 +70,11 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
             "concurrent-clients sweep, and write JSON, markdown and PNG plots.\n\n"
             f"modes: {', '.join(MODES)} (local-gpu only where torch sees a GPU)\n\n" + EXAMPLES),
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("--scenario", choices=("suite", "fairness"), default="suite",
+                       help="suite: the measurements above (default); fairness: several users "
+                            "share one server (coffea_sonic.bench.fairness)")
+    bench.add_argument("--policy", choices=("fair", "fifo"), default=None,
+                       help="fairness scenario: priorities by depth (fair, default) or none")
     bench.add_argument("--quick", action="store_true",
                        help="small sweeps (same as --preset quick)")
     bench.add_argument("--preset", choices=sorted(PRESETS), default=None,
@@ -142,7 +150,26 @@ def config_from_args(args: argparse.Namespace):
     return config
 
 
+def run_fairness_scenario(args: argparse.Namespace) -> int:
+    """``--scenario fairness``: results.json in ``--output``; exit 1 if a goal is missed."""
+    from .fairness import config_for, run_fairness, summary_lines, write_results
+
+    started = time.perf_counter()
+    config = config_for("quick" if args.quick else "full", policy=args.policy)
+    results = run_fairness(config, progress=lambda message: print(
+        f"[{time.perf_counter() - started:6.1f} s] {message}", file=sys.stderr, flush=True))
+    path = write_results(results, args.output)
+    print(f"fairness ({config.preset}, policy {config.policy}) finished in "
+          f"{time.perf_counter() - started:.0f} s")
+    for line in summary_lines(results):
+        print(line)
+    print(f"  results: {path}")
+    return 0 if results["fairness"]["met"] else 1
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "scenario", "suite") == "fairness":
+        return run_fairness_scenario(args)
     from .report import write_outputs
     from .suite import run_bench
 

@@ -99,6 +99,7 @@ def model_config(
     priority_levels: int = 0,
     default_priority_level: int | None = None,
     queue_policies: Mapping[int, QueuePolicy] | None = None,
+    rate_limiter_resources: Mapping[str, int] | None = None,
 ) -> model_config_pb2.ModelConfig:
     """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device.
 
@@ -125,6 +126,9 @@ def model_config(
       (``{level: QueuePolicy}``, e.g. a bounded queue for the lowest level). Clients send the
       level as the request's ``priority`` (``TritonModel(priority=...)``);
       :mod:`coffea_sonic.bench.fairness` measures what it buys.
+    * ``rate_limiter_resources``: ``{name: count}`` each instance needs to execute; with
+      tritonserver ``--rate-limit=execution_count --rate-limit-resource=NAME:N`` at most ``N``
+      such executions run at once, however many instances wait (Triton's rate limiter).
 
     >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
     >>> config.platform, config.instance_group[0].kind == config.instance_group[0].KIND_GPU
@@ -137,6 +141,9 @@ def model_config(
     >>> batcher = shared.dynamic_batching
     >>> batcher.priority_levels, batcher.default_priority_level, batcher.priority_queue_policy[4].max_queue_size
     (4, 4, 16)
+    >>> model_config("jet_tagger", rate_limiter_resources={"execution": 1}
+    ...              ).instance_group[0].rate_limiter.resources[0].name
+    'execution'
     """
     if staging not in STAGINGS:
         raise ConfigurationError(f"staging must be one of {STAGINGS}, not {staging!r}")
@@ -183,6 +190,8 @@ def model_config(
     group = config.instance_group.add()
     group.count = instances
     group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
+    for name, count in (rate_limiter_resources or {}).items():
+        group.rate_limiter.resources.add(name=name, count=int(count))
     return config
 
 

@@ -45,6 +45,8 @@ class InferRequest:
     transport that receives an output of exactly ``rows`` rows with the destination's per-row
     shape and a dtype that casts safely writes its first ``len(out[name])`` rows there (the one
     copy of the output bytes) and lists the name in :attr:`InferAnswer.delivered`.
+    ``priority``: the request's priority level for the dynamic batcher (1 is served first; 0: the
+    model's default level), sent as the request parameter ``priority``.
     """
 
     model: str
@@ -55,6 +57,7 @@ class InferRequest:
     timeout_s: float = 60.0
     request_id: str = ""
     out: Mapping[str, np.ndarray] | None = None
+    priority: int = 0
 
     @property
     def nbytes(self) -> int:

@@ -84,7 +84,7 @@ def _varint(value: int) -> bytes:
 
 
 def encode_framed(model: str, version: str, inputs: Mapping[str, np.ndarray],
-                  request_id: str = "") -> bytes:
+                  request_id: str = "", priority: int = 0) -> bytes:
     """The serialised ``ModelInferRequest`` of :func:`encode_request`, with one copy of the tensors.
 
     The protobuf header (names, shapes, datatypes) is serialised without the tensors, and each
@@ -98,10 +98,18 @@ def encode_framed(model: str, version: str, inputs: Mapping[str, np.ndarray],
     >>> service_pb2.ModelInferRequest.FromString(payload) == encode_request(
     ...     "m", "", {"x": np.ones((2, 3), np.float32)})
     True
+
+    ``priority`` > 0 sets the request parameter ``priority`` (Triton's dynamic batcher level):
+
+    >>> service_pb2.ModelInferRequest.FromString(encode_framed("m", "", {}, priority=3)
+    ...                                          ).parameters["priority"].uint64_param
+    3
     """
     from tritonclient.grpc import service_pb2
 
     header = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
+    if priority:
+        header.parameters["priority"].uint64_param = priority
     parts: list = []
     for name, array in inputs.items():
         tensor = header.inputs.add()

@@ -87,7 +87,7 @@ class GrpcTransport(Transport):
         try:
             self.connection
             payload = encode_framed(request.model, request.version, request.inputs,
-                                    request_id=request.request_id)
+                                    request_id=request.request_id, priority=request.priority)
             call = self._framed_infer.future(payload, timeout=request.timeout_s,
                                              metadata=self.metadata)
         except Exception as error:  # noqa: BLE001 - reported through the future

@@ -168,6 +168,8 @@ class SlotTransport(Transport):
             return self._inline(request, context)
         try:
             message = self._message(request, slot, layout)
+            if request.priority:
+                message.parameters["priority"].uint64_param = request.priority
             call = self.grpc.connection.stub.ModelInfer.future(
                 message, timeout=request.timeout_s, metadata=self.grpc.metadata)
         except Exception as error:  # noqa: BLE001 - the server never saw it: the slot is clean

@@ -1,0 +1,313 @@
+"""``coffea-sonic bench --scenario fairness``: several users share one server; is it fair?
+
+Eight users (separate processes, :mod:`coffea_sonic.bench.fairness_users`) send ``jet_tagger``
+requests of the same size to one embedded tritonserver. One user is *heavy*: it keeps ten times as
+many requests in flight as each *light* user. Three phases, all users' processes alive throughout:
+
+1. ``solo``: one light user alone, paced (one request every ``interval_s`` on average).
+2. ``contended``: every user paced, the light ones as in ``solo``, the heavy one sending ten times
+   as many requests (one every ``interval_s / 10``).
+3. ``saturate``: every user saturates (sends each next request as soon as one is answered), the
+   heavy one with ten times the window.
+
+Figures (``results.json``, key ``fairness``):
+
+* ``jain``: Jain's fairness index ``(sum x)^2 / (n * sum x^2)`` over the users' *goodput while all
+  saturate*: for user ``i``, the rows of its requests answered completely and correctly whose
+  answer arrived inside the measurement window of the ``saturate`` phase, divided by the window's
+  length. The window starts ``settle_s`` after the phase starts (every user has its full window of
+  requests in flight by then) and ends when the phase ends (no user stops sending before); during it
+  every user always has as many requests in flight as its window allows, so each wants more than a
+  1/n share and a fair server gives each the same goodput (index 1; 1/n if one user gets all).
+* ``light_p95_ratio``: the 95th percentile of the light users' request latencies (send to complete,
+  correct answer) in ``contended``, over the same percentile for the light user alone in ``solo``
+  (requests sent after ``settle_s`` in each phase).
+
+Goals (issue 12): ``jain >= 0.9`` and ``light_p95_ratio <= 1.5``.
+
+Policy ``fair`` (the default) is what Triton offers, from the repository writer
+(:func:`coffea_sonic.server.repository.model_config`): ``light_lanes + 1`` dynamic-batcher priority
+levels, and every user sends its ``k``-th concurrent request at priority ``k``
+(``TritonModel(priority=k)``, one client per lane), its requests beyond ``light_lanes`` at the last
+level, the *overflow* level, whose queue holds ``overflow_queue`` requests: the batcher serves the
+users round robin by depth (fairness_users), and a user's extra concurrency waits at the overflow
+level or is refused there ("Exceeds maximum queue size"), which its client takes as overload:
+it backs off and sends again. One request per execution (preferred batch size = rows per request),
+so a level-1 request never rides in a batch behind others. Policy ``fifo`` is the same server
+without priorities, for comparison.
+
+What else was tried on the 2-core box (``benchmarks/RESULTS.md``): Triton 2.51 stalls requests for
+0.5 s at a time when a model with *one* instance has any non-default queue policy (priority levels,
+a queue size or timeouts: its batcher then waits in its idle loop), so the model has two; the rate
+limiter (one execution at a time, ``concurrent_executions=1``), more instances, pinning server and
+users to separate cores, or shared memory did not shorten the light users' latency: with clients
+and server on the same two cores, the light users wait for CPU and for an execution in progress.
+
+>>> jain([1.0, 1.0, 1.0, 1.0]), round(jain([10.0, 1, 1, 1, 1, 1, 1, 1]), 3)
+(1.0, 0.338)
+>>> percentile([1.0, 2.0, 3.0, 4.0], 50)
+2.5
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .fairness_users import POLICIES, Phase, UserSpec, user_main
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FairnessConfig", "GOALS", "PRESETS", "jain", "percentile", "run_fairness"]
+
+#: Goals of issue 12 for the two figures.
+GOALS: dict[str, tuple[str, float]] = {"jain": (">=", 0.9), "light_p95_ratio": ("<=", 1.5)}
+MODEL = "jet_tagger"
+
+
+@dataclass(frozen=True)
+class FairnessConfig:
+    """Shape and length of the scenario (see the module docstring)."""
+
+    users: int = 8
+    heavy_factor: int = 10
+    light_lanes: int = 2
+    rows: int = 2048
+    interval_s: float = 0.04
+    solo_s: float = 12.0
+    contended_s: float = 20.0
+    saturate_s: float = 20.0
+    settle_s: float = 2.0
+    policy: str = "fair"
+    instances: int = 2
+    #: executions at once (Triton's rate limiter; 0: one per instance)
+    concurrent_executions: int = 0
+    #: requests that may wait at the overflow level (the last one) before more are rejected
+    overflow_queue: int = 2
+    preset: str = "full"
+
+    @property
+    def heavy_lanes(self) -> int:
+        return self.heavy_factor * self.light_lanes
+
+    @property
+    def levels(self) -> int:
+        """Priority levels of the model: one per light lane, and the overflow level."""
+        return self.light_lanes + 1
+
+    def check(self) -> None:
+        from ..errors import ConfigurationError
+
+        if self.users < 2 or self.light_lanes < 1 or self.heavy_factor < 1 or self.rows < 1:
+            raise ConfigurationError(f"the fairness scenario needs >= 2 users, >= 1 lane and "
+                                     f">= 1 row per request: {self}")
+        if self.policy not in POLICIES:
+            raise ConfigurationError(f"policy must be one of {POLICIES}, not {self.policy!r}")
+        if min(self.solo_s, self.contended_s, self.saturate_s) <= self.settle_s:
+            raise ConfigurationError(f"every phase must last longer than settle_s: {self}")
+
+
+PRESETS: dict[str, FairnessConfig] = {
+    "full": FairnessConfig(),
+    "quick": FairnessConfig(solo_s=8.0, contended_s=12.0, saturate_s=12.0, preset="quick"),
+}
+
+
+def jain(values: Sequence[float]) -> float:
+    """Jain's fairness index of ``values``: 1 when all are equal, 1/n when one has everything."""
+    array = np.asarray(values, dtype=float)
+    if array.size == 0 or not np.any(array):
+        return 0.0
+    return float(array.sum() ** 2 / (array.size * np.square(array).sum()))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (linear interpolation; NaN for no values)."""
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def _server(config: FairnessConfig):
+    from ..server import LocalTritonServer
+    from ..server.repository import QueuePolicy
+
+    options: dict[str, Any] = {"preferred_batch_sizes": [config.rows],
+                               "max_queue_delay_microseconds": 0, "intra_op_threads": 1}
+    if config.policy == "fair":
+        # every level gets a policy: Triton then keeps each level's queue instead of making
+        # and erasing it as requests come and go
+        policies = {level: QueuePolicy() for level in range(1, config.levels)}
+        policies[config.levels] = QueuePolicy(max_queue_size=config.overflow_queue)
+        options.update(priority_levels=config.levels, queue_policies=policies)
+    extra: list[str] = []
+    if config.concurrent_executions:
+        options["rate_limiter_resources"] = {"execution": 1}
+        extra = ["--rate-limit=execution_count",
+                 f"--rate-limit-resource=execution:{config.concurrent_executions}"]
+    return LocalTritonServer(models=[MODEL], device="cpu", instances=config.instances,
+                             repository_options=options, extra_args=extra)
+
+
+def _phases(config: FairnessConfig, start: float) -> list[Phase]:
+    users = config.users  # user 0 is the heavy one
+    plan = [("solo", config.solo_s, ("idle", "paced") + ("idle",) * (users - 2)),
+            ("contended", config.contended_s, ("paced",) * users),
+            ("saturate", config.saturate_s, ("saturate",) * users)]
+    phases, at = [], start
+    for name, duration, modes in plan:
+        phases.append(Phase(name, at, duration, modes, config.interval_s))
+        at += duration + 3.0  # the stragglers of one phase are answered before the next
+    return phases
+
+
+def _collect(results: Any, users: int, what: str, timeout_s: float,
+             processes: Sequence[Any]) -> dict[int, list]:
+    collected: dict[int, list] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(collected) < users:
+        left = deadline - time.monotonic()
+        if left <= 0 or not all(p.is_alive() or p.exitcode == 0 for p in processes):
+            dead = [p.pid for p in processes if p.exitcode not in (None, 0)]
+            raise RuntimeError(f"fairness: {users - len(collected)} users did not report {what} "
+                               f"within {timeout_s:.0f} s (processes that died: {dead})")
+        try:
+            index, name, payload = results.get(timeout=min(left, 1.0))
+        except Exception:  # queue.Empty: look at the processes again
+            continue
+        if name == "error":
+            raise RuntimeError(f"fairness: user {index} failed: {payload}")
+        collected[index] = payload
+    return collected
+
+
+def _figures(config: FairnessConfig, phases: list[Phase],
+             records: dict[str, dict[int, list]]) -> dict[str, Any]:
+    def window(phase: Phase) -> tuple[float, float]:
+        return phase.start_at + config.settle_s, phase.start_at + phase.duration_s
+
+    rejected = {name: {user: per_user[user]["rejected"] for user in per_user}
+                for name, per_user in records.items()}
+    records = {name: {user: per_user[user]["records"] for user in per_user}
+               for name, per_user in records.items()}
+    by_name = {phase.name: phase for phase in phases}
+    low, high = window(by_name["solo"])
+    solo = [done - sent for sent, done, _, good, _ in records["solo"][1]
+            if good and low <= sent < high]
+    low, high = window(by_name["contended"])
+    loaded = [done - sent for user in range(1, config.users)
+              for sent, done, _, good, _ in records["contended"][user] if good and low <= sent < high]
+    heavy_loaded = [done - sent for sent, done, _, good, _ in records["contended"][0]
+                    if good and low <= sent < high]
+    low, high = window(by_name["saturate"])
+    goodput = [sum(rows for _, done, rows, good, _ in records["saturate"][user]
+                   if good and low <= done < high) / (high - low) for user in range(config.users)]
+    failed = {name: sum(1 for user in per_user.values() for *_, good, _ in user if not good)
+              for name, per_user in records.items()}
+    solo_p95, loaded_p95 = percentile(solo, 95) * 1e3, percentile(loaded, 95) * 1e3
+    figures = {
+        "jain": jain(goodput),
+        "light_p95_ratio": loaded_p95 / solo_p95 if solo_p95 > 0 else float("nan"),
+        "light_p95_ms_solo": solo_p95, "light_p95_ms_contended": loaded_p95,
+        "light_p50_ms_solo": percentile(solo, 50) * 1e3,
+        "light_p50_ms_contended": percentile(loaded, 50) * 1e3,
+        "heavy_p50_ms_contended": percentile(heavy_loaded, 50) * 1e3,
+        "requests": {"solo": len(solo), "contended_light": len(loaded),
+                     "contended_heavy": len(heavy_loaded)},
+        "goodput_rows_per_s": goodput,
+        "heavy_share_of_goodput": goodput[0] / sum(goodput) if sum(goodput) else float("nan"),
+        "failed_requests": failed,
+        "rejected_then_retried": {name: sum(per_user.values()) for name, per_user in rejected.items()},
+        "heavy_rejected_then_retried": {name: per_user.get(0, 0) for name, per_user in rejected.items()},
+    }
+    figures["goals"] = {name: {"goal": f"{op} {bound}", "met": bool(
+        figures[name] >= bound if op == ">=" else figures[name] <= bound)}
+        for name, (op, bound) in GOALS.items()}
+    figures["met"] = all(goal["met"] for goal in figures["goals"].values())
+    return figures
+
+
+def run_fairness(config: FairnessConfig, *,
+                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the scenario (module docstring) and return what ``results.json`` holds."""
+    from .machine import machine_info
+
+    config.check()
+    progress = progress or (lambda message: logger.info("%s", message))
+    started = time.monotonic()
+    context = multiprocessing.get_context("spawn")
+    with _server(config) as server:
+        progress(f"fairness: server up ({config.instances} instances, policy {config.policy}); "
+                 f"starting {config.users} users")
+        commands = [context.Queue() for _ in range(config.users)]
+        results = context.Queue()
+        specs = [UserSpec(index=user, url=server.url(MODEL), rows=config.rows, policy=config.policy,
+                          levels=config.levels,
+                          load=float(config.heavy_factor) if user == 0 else 1.0,
+                          lanes=config.heavy_lanes if user == 0 else config.light_lanes)
+                 for user in range(config.users)]
+        processes = [context.Process(target=user_main, args=(spec, commands[spec.index], results),
+                                     name=f"fairness-user-{spec.index}", daemon=True)
+                     for spec in specs]
+        try:
+            for process in processes:
+                process.start()
+            _collect(results, config.users, "ready", 120.0, processes)
+            phases = _phases(config, time.monotonic() + 1.0)
+            records: dict[str, dict[int, list]] = {}
+            for phase in phases:
+                progress(f"fairness: phase {phase.name} ({phase.duration_s:.0f} s)")
+                for queue in commands:
+                    queue.put(phase)
+                records[phase.name] = _collect(
+                    results, config.users, phase.name,
+                    phase.start_at + phase.duration_s - time.monotonic() + 180.0, processes)
+        finally:
+            for queue in commands:
+                queue.put(None)
+            for process in processes:
+                if process.pid is None:  # never started
+                    continue
+                process.join(timeout=30)
+                if process.is_alive():
+                    process.kill()
+                    process.join(timeout=10)
+    figures = _figures(config, phases, records)
+    return {"scenario": "fairness", "machine": machine_info(), "config": asdict(config),
+            "command": " ".join(["coffea-sonic", *sys.argv[1:]]) if sys.argv else "",
+            "wall_s": time.monotonic() - started, "fairness": figures}
+
+
+def write_results(results: dict[str, Any], output: str | os.PathLike) -> Path:
+    """Write ``results.json`` into ``output`` (created); return its path."""
+    directory = Path(output)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "results.json"
+    path.write_text(json.dumps(results, indent=2, default=float))
+    return path
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """What the command prints: the two figures against their goals, and the goodput shares."""
+    figures = results["fairness"]
+    lines = []
+    for name, goal in figures["goals"].items():
+        lines.append(f"  {name}: {figures[name]:.3f} (goal {goal['goal']}: "
+                     f"{'met' if goal['met'] else 'MISSED'})")
+    lines.append(f"  light p95 {figures['light_p95_ms_solo']:.1f} ms alone, "
+                 f"{figures['light_p95_ms_contended']:.1f} ms beside the heavy user; heavy user's "
+                 f"share of goodput while all saturate {figures['heavy_share_of_goodput']:.1%} "
+                 f"(1/{results['config']['users']} is fair)")
+    return lines
+
+
+def config_for(preset: str, **overrides: Any) -> FairnessConfig:
+    """The preset's configuration with ``overrides`` (None values ignored)."""
+    return replace(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})

@@ -118,3 +118,40 @@ def test_scheduler_address_gets_settings_by_plugin_but_never_the_token(monkeypat
             (token,) = cluster.client.run(lambda: os.environ.get("SONIC_TOKEN_X")).values()
     assert servers == "gpu9.example.org:8001"
     assert token is None
+
+
+# -- worker memory sized from the machine ------------------------------------------------------
+def test_local_worker_memory_is_the_machines_less_a_reserve_shared_by_the_workers(caplog):
+    from coffea_sonic.facility.cluster import (LOCAL_RESERVE_BYTES, LOCAL_RESERVE_FRACTION,
+                                               local_worker_memory)
+
+    gib = 2**30
+    # a 16-core GPU node (128 GiB): 15 workers get ~7.7 GiB each, not a fixed 2 GiB
+    assert local_worker_memory(15, total_bytes=128 * gib) == int(128 * gib * 0.9) // 15
+    # small machines keep at least LOCAL_RESERVE_BYTES for the rest
+    assert local_worker_memory(2, total_bytes=8 * gib) == (8 * gib - LOCAL_RESERVE_BYTES) // 2
+    assert LOCAL_RESERVE_FRACTION * 128 * gib > LOCAL_RESERVE_BYTES
+    with caplog.at_level("WARNING", logger="coffea_sonic.facility.cluster"):
+        local_worker_memory(64, total_bytes=16 * gib)
+    assert "ask for fewer workers" in caplog.text
+    with pytest.raises(ConfigurationError, match="workers must be >= 1"):
+        local_worker_memory(0)
+
+
+def test_local_workers_get_the_machines_memory_by_default_and_what_is_asked_otherwise():
+    from distributed.system import MEMORY_LIMIT
+
+    from coffea_sonic.facility.cluster import local_worker_memory
+
+    with make_cluster("local", workers=2) as cluster:
+        limits = cluster.worker_memory()
+        assert sorted(limits.values()) == [local_worker_memory(2)] * 2
+        assert sum(limits.values()) < MEMORY_LIMIT
+        assert "GiB/worker" in repr(cluster)
+        # each worker's own memory manager has that limit, and Dask's thresholds on top of it
+        (state,) = set(cluster.client.run(
+            lambda dask_worker: (dask_worker.memory_manager.memory_limit,
+                                 dask_worker.memory_manager.memory_pause_fraction)).values())
+    assert state[0] == local_worker_memory(2) and state[1] == pytest.approx(0.8)
+    with make_cluster("local", workers=1, memory="1GiB") as cluster:
+        assert list(cluster.worker_memory().values()) == [2**30]

@@ -127,7 +127,10 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
 
     from ..facility.cluster import make_cluster
 
+    # worker memory: this machine's, shared by the workers (make_cluster's default), so that a
+    # big run neither pauses nor spills at the defaults
     with make_cluster("local", workers=workers, timeout_s=120) as cluster:
+        worker_memory = min(cluster.worker_memory().values(), default=0)
         runner = processor.Runner(executor=processor.DaskExecutor(client=cluster.client, status=False),
                                   schema=NanoAODSchema, chunksize=chunksize, savemetrics=False)
         # Warm-up on other files: every worker loads its engine / opens its channel once, as in a
@@ -142,7 +145,8 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
     jets = sum(int(entry["jets"]) for entry in output["cutflow"].values())
     inference: dict[str, InferenceStats] = output.get("inference", {})
     row = {
-        "workers": workers, "events": events, "jets": jets, "wall_s": wall_s,
+        "workers": workers, "worker_memory_bytes": worker_memory, "events": events, "jets": jets,
+        "wall_s": wall_s,
         "events_per_s": events / wall_s,
         "inference_seconds": sum(stats.wait_s for stats in inference.values()),
         "inference_rows": {name: int(stats.rows) for name, stats in inference.items()},

@@ -33,13 +33,51 @@ from .environment import WorkerEnvironment, worker_environment
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BATCH_KINDS", "FacilityCluster", "deliver_settings", "make_cluster",
-           "slurm_is_single_node_here"]
+__all__ = ["BATCH_KINDS", "FacilityCluster", "deliver_settings", "local_worker_memory",
+           "make_cluster", "slurm_is_single_node_here"]
 
 #: Kinds :func:`make_cluster` builds itself; anything else with a ``:`` is a scheduler address.
 BATCH_KINDS: tuple[str, ...] = ("local", "slurm", "htcondor")
 #: Seconds :func:`make_cluster` waits for the workers by default (batch queues may be slower).
 DEFAULT_WAIT_S = 180.0
+#: What local workers leave to everything else on the machine (this process, a Triton server, the
+#: system): the larger of these two.
+LOCAL_RESERVE_BYTES = 2 * 2**30
+LOCAL_RESERVE_FRACTION = 0.10
+#: Below this per worker a local cluster is short of memory (warned, not refused).
+LOCAL_MIN_WORKER_BYTES = 1 * 2**30
+#: Memory a batch job asks for per worker unless told (the submitting node cannot know the nodes').
+BATCH_MEMORY = "2GiB"
+
+
+def local_worker_memory(workers: int, total_bytes: int | None = None) -> int:
+    """Memory limit of each of ``workers`` local Dask workers: ``(total - reserve) / workers``.
+
+    ``total_bytes``: the memory this machine gives Dask (default ``distributed.system.MEMORY_LIMIT``:
+    physical memory, or less under a cgroup or rlimit); the reserve is the larger of
+    ``LOCAL_RESERVE_BYTES`` and ``LOCAL_RESERVE_FRACTION`` of it. A fixed 2 GiB per worker paused
+    the workers of a 4-worker run with 1.5 GiB unmanaged memory each on a 16-core GPU machine (issue
+    12); the machine's share keeps them clear of Dask's spill (70 %) and pause (80 %) thresholds.
+
+    >>> round(local_worker_memory(4, total_bytes=64 * 2**30) / 2**30, 2)
+    14.4
+    >>> local_worker_memory(2, total_bytes=8 * 2**30) / 2**30
+    3.0
+    """
+    if workers < 1:
+        raise ConfigurationError(f"workers must be >= 1 to size their memory, not {workers!r}")
+    if total_bytes is None:
+        from distributed.system import MEMORY_LIMIT
+
+        total_bytes = int(MEMORY_LIMIT)
+    reserve = max(LOCAL_RESERVE_BYTES, int(total_bytes * LOCAL_RESERVE_FRACTION))
+    share = max(total_bytes - reserve, 0) // workers
+    if share < LOCAL_MIN_WORKER_BYTES:
+        logger.warning(
+            "%d local workers get %.2f GiB each of this machine's %.1f GiB (%.1f GiB kept for the "
+            "rest); they may pause or spill: ask for fewer workers", workers, share / 2**30,
+            total_bytes / 2**30, reserve / 2**30)
+    return max(share, 256 * 2**20)
 
 
 def slurm_is_single_node_here() -> bool:
@@ -85,8 +123,11 @@ class FacilityCluster:
         self.workers_requested = workers
 
     def __repr__(self) -> str:
+        limits = sorted(set(self.worker_memory().values()))
+        memory = (f", memory={'/'.join(f'{limit / 2**30:.1f}' for limit in limits)} GiB/worker"
+                  if limits and all(limits) else "")
         return (f"FacilityCluster(kind={self.kind!r}, workers={self.n_workers()}/"
-                f"{self.workers_requested}, scheduler={self.client.scheduler.address})")
+                f"{self.workers_requested}{memory}, scheduler={self.client.scheduler.address})")
 
     def __enter__(self) -> "FacilityCluster":
         return self
@@ -102,6 +143,11 @@ class FacilityCluster:
     def n_workers(self) -> int:
         """Workers connected to the scheduler now."""
         return len(self.client.scheduler_info(n_workers=-1)["workers"])
+
+    def worker_memory(self) -> dict[str, int]:
+        """Memory limit of each connected worker, in bytes (0: none), by worker address."""
+        return {address: int(info.get("memory_limit") or 0)
+                for address, info in self.client.scheduler_info(n_workers=-1)["workers"].items()}
 
     def job_script(self) -> str:
         """The batch job script (SLURM) or submit description (HTCondor) one worker is started with."""
@@ -211,7 +257,7 @@ def _jobqueue_cluster_class(kind: str) -> type:
     return {"slurm": dask_jobqueue.SLURMCluster, "htcondor": dask_jobqueue.HTCondorCluster}[kind]
 
 
-def _batch_options(kind: str, environment: WorkerEnvironment, *, cores: int, memory: str,
+def _batch_options(kind: str, environment: WorkerEnvironment, *, cores: int, memory: str | int,
                    walltime: str | None, queue: str | None, account: str | None,
                    log_directory: str | None, loopback: bool, kw: dict[str, Any]) -> dict[str, Any]:
     options: dict[str, Any] = dict(cores=cores, processes=1, memory=memory,
@@ -249,7 +295,7 @@ def make_cluster(
     workers: int = 2,
     *,
     cores_per_worker: int = 1,
-    memory: str = "2GiB",
+    memory: str | int | None = None,
     walltime: str | None = "01:00:00",
     env: Mapping[str, str] | Iterable[str] | None = None,
     queue: str | None = None,
@@ -270,7 +316,9 @@ def make_cluster(
     settings are included unless ``include_settings=False``. ``loopback`` binds scheduler and
     workers to 127.0.0.1 (default: for local, and for SLURM when its only node is this host).
     ``workers=0`` builds the cluster without submitting jobs (e.g. to inspect ``job_script()``).
-    Other keywords go to the cluster class.
+    ``memory``: per worker (``"6GiB"`` or bytes); None: local workers share this machine's memory
+    (:func:`local_worker_memory`), batch jobs ask for ``BATCH_MEMORY``. Other keywords go to the
+    cluster class.
 
     >>> with make_cluster("local", workers=1, processes=False) as cluster:
     ...     cluster.client.submit(sum, [1, 2]).result()
@@ -285,6 +333,10 @@ def make_cluster(
     if kind == "local":
         from distributed import LocalCluster
 
+        if memory is None:
+            memory = local_worker_memory(max(workers, 1))
+            logger.info("local Dask workers: %.2f GiB each (this machine's memory less a reserve, "
+                        "shared by %d)", memory / 2**30, max(workers, 1))
         options: dict[str, Any] = dict(n_workers=workers, threads_per_worker=cores_per_worker,
                                        memory_limit=memory)
         if kw.get("processes", True):
@@ -301,7 +353,8 @@ def make_cluster(
         if loopback is None:
             loopback = kind == "slurm" and slurm_is_single_node_here()
         options = _batch_options(
-            kind, environment, cores=cores_per_worker, memory=memory, walltime=walltime,
+            kind, environment, cores=cores_per_worker,
+            memory=BATCH_MEMORY if memory is None else memory, walltime=walltime,
             queue=queue, account=account,
             log_directory=os.fspath(log_directory) if log_directory is not None else None,
             loopback=bool(loopback), kw=kw)

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_OUTPUT = "sonic-demo"
 DEFAULT_EVENTS = 20_000
 DEFAULT_CHUNKSIZE = 10_000
-DEMO_MODELS = ("jet_tagger", "particlenet_lite", "particlenet", "deepmet")
+DEMO_MODELS = ("jet_tagger", "particlenet", "deepmet")
 
 _DESCRIPTION = """\
 Run the example jet-tagging analysis with inference as a service, end to end: synthetic
@@ -74,7 +74,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     serving.add_argument("--max-in-flight", type=int, default=4,
                          help="requests in flight per model and worker (default: %(default)s)")
     serving.add_argument("--no-constituents", action="store_true",
-                         help="skip the PF-candidate models (particlenet_lite, particlenet, deepmet)")
+                         help="skip the PF-candidate models (particlenet, deepmet)")
     compute = parser.add_argument_group("compute")
     compute.add_argument("--executor", choices=("dask", "futures", "iterative"), default="dask",
                          help="coffea executor (default: %(default)s)")

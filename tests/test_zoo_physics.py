@@ -5,6 +5,7 @@ weights (served == in-process)."""
 from __future__ import annotations
 
 import awkward as ak
+import hist
 import numpy as np
 import pytest
 from coffea.nanoevents import NanoAODSchema, NanoEventsFactory
@@ -35,7 +36,7 @@ def fresh_events(tmp_path_factory):
 def server():
     from coffea_sonic.server import LocalTritonServer
 
-    with LocalTritonServer(models=["particlenet", "deepmet"], device="cpu") as running:
+    with LocalTritonServer(models=["jet_tagger", "particlenet", "deepmet"], device="cpu") as running:
         yield running
 
 
@@ -99,3 +100,34 @@ def test_served_equals_in_process(server, fresh_events, name):
     for key in local:
         assert served[key].shape == local[key].shape
         assert np.max(np.abs(served[key] - local[key])) <= 1e-5, (name, key)
+
+
+def test_example_analysis_in_physics_mode_tags_every_jet_and_measures_met(server, tmp_path):
+    from coffea import processor
+
+    from coffea_sonic.examples.jet_tagging import JetTaggingProcessor, plot_scores
+
+    fileset = write_sample(tmp_path, events=600, files=1, seed=FRESH_SEED)
+    schema = type("Quiet", (NanoAODSchema,), {"warn_missing_crossrefs": False})
+    analysis = JetTaggingProcessor(f"triton+grpc://{server.grpc_address}", physics=True)
+    assert sorted(analysis.sonic_models) == ["deepmet", "jet_tagger", "particlenet"]
+    output = processor.Runner(executor=processor.IterativeExecutor(), schema=schema)(
+        {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()},
+        treename="Events", processor_instance=analysis)
+    histograms = output["histograms"]
+    jets = sum(entry["jets"] for entry in output["cutflow"].values())
+    assert output["inference"]["particlenet"].rows == jets > 0
+    assert output["inference"]["deepmet"].rows == 1200
+    scores = histograms["particlenet"][{"dataset": sum}]
+    centres = scores.axes["score"].centers
+    mean = {flavour: np.average(centres, weights=scores[{"flavour": hist.loc(flavour)}].values())
+            for flavour in (5, 0)}
+    assert mean[5] > mean[0] + 0.4
+    residual = histograms["met_residual"][{"dataset": sum}]
+    rms = {method: np.sqrt(np.average(residual.axes["residual"].centers ** 2,
+                                      weights=residual[{"method": method}].values()))
+           for method in ("deepmet", "PF MET")}
+    assert rms["deepmet"] < 0.8 * rms["PF MET"]
+    assert (tmp_path / "scores.png").exists() is False
+    plot_scores(output, str(tmp_path / "scores.png"))
+    assert (tmp_path / "scores.png").stat().st_size > 10_000

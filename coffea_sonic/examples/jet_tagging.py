@@ -8,7 +8,8 @@
 * ``particlenet_lite`` scores the leading jet from its PF candidates, where the files have the
   PFNano branches (``PFCands``, ``JetPFCands``); without them it is skipped (real CMS NanoAOD);
 * collision data without ``Jet_hadronFlavour`` is filled with flavour ``-1``;
-* with ``physics=True`` (the demo), the trained zoo models run too: ``particlenet`` scores every
+* with ``physics=True`` (the demo), the trained zoo models run instead of ``particlenet_lite``:
+  ``particlenet`` scores every
   selected jet from its PF constituents, and ``deepmet`` regresses each event's MET from its PF
   candidates (where ``PFCands_fromPV`` exists); with ``GenMET`` the MET residuals of deepmet and
   of PF MET are histogrammed. This mode runs under ``processor.Runner`` (eager chunks).
@@ -64,7 +65,8 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
     def __init__(self, server: str | Mapping[str, str] = "triton+grpc://127.0.0.1:8001", *,
                  jet_pt_min: float = 15.0, use_constituents: bool | str = "auto",
                  physics: bool = False, **model_options: Any) -> None:
-        names = ("jet_tagger", "particlenet_lite") + (PHYSICS_MODELS if physics else ())
+        # The trained particlenet replaces the untrained particlenet_lite in physics mode.
+        names = ("jet_tagger",) + (PHYSICS_MODELS if physics else ("particlenet_lite",))
         if isinstance(server, str):
             base = server.rstrip("/")
             models = {name: f"{base}/{name}" for name in names}
@@ -89,7 +91,7 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
         pending = self.infer_async("jet_tagger", {"features": columns.jet_features(jets)}, like=jets)
         # CPU work below overlaps the jet_tagger request in flight.
         leading = jets[:, :1]
-        if self._wants_constituents(events):
+        if self._wants_constituents(events) and not self.physics:
             constituents = columns.jet_constituents(events)[selected][:, :1]
             pn_inputs = columns.pad_constituents(constituents, leading)
             leading_pn_b = self.infer("particlenet_lite", pn_inputs, like=leading)["probs"][:, :, 0]

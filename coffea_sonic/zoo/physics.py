@@ -161,8 +161,9 @@ def deepmet_inputs(candidates: Any, max_candidates: int = DEEPMET_MAX_CANDIDATES
                    ) -> dict[str, np.ndarray]:
     """``deepmet`` inputs from per-event PF candidates ``[events][candidates]``.
 
-    Needs fields ``pt, eta, phi, pdgId, fromPV``. Each event keeps its ``max_candidates``
-    highest-pt candidates; padding has class 0. Returns ``pf_cont [N, P, 4]`` float32 in
+    Needs fields ``pt, eta, phi, pdgId, fromPV``. Candidates are sorted by descending pt (so are
+    the model's ``weights``) and each event keeps its ``max_candidates`` highest-pt ones; padding
+    has class 0. Returns ``pf_cont [N, P, 4]`` float32 in
     :data:`~coffea_sonic.zoo.spec.DEEPMET_FEATURES` order and ``pf_class [N, P]`` float32
     class indices.
     """

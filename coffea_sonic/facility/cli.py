@@ -109,6 +109,9 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                          help="print one frame (over one interval) and exit")
     monitor.add_argument("--frames", type=int, metavar="N", help="stop after N frames")
     monitor.add_argument("--no-color", action="store_true", help="no ANSI colours")
+    monitor.add_argument("--threshold", type=float, default=100.0, metavar="MS",
+                         help="autoscaling threshold of queue time per execution, in ms "
+                              "(SuperSONIC's default 100)")
     monitor.set_defaults(func=run_monitor)
 
 
@@ -147,7 +150,7 @@ def run_monitor(args: argparse.Namespace) -> int:
 
     try:
         return monitor(args.urls, interval_s=args.interval, once=args.once, frames=args.frames,
-                       color=False if args.no_color else None)
+                       color=False if args.no_color else None, threshold_ms=args.threshold)
     except SonicError as error:
         print(f"coffea-sonic monitor: {error}", file=sys.stderr)
         return 2

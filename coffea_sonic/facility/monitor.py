@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import ConfigurationError, SonicError
 from ..stats import ServerStatistics
+from .autoscaling import DEFAULT_THRESHOLD_MS, load_ms, verdict
 from .check_report import parse_target
 
 logger = logging.getLogger(__name__)
@@ -318,8 +319,10 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
                       for i, cell in enumerate(row)) for row in rows]
 
 
-def render_frame(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *, color: bool = False) -> str:
-    """One frame of the view for (previous, current) scrapes of each server."""
+def render_frame(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *, color: bool = False,
+                 threshold_ms: float = DEFAULT_THRESHOLD_MS) -> str:
+    """One frame of the view for (previous, current) scrapes of each server, ending with the
+    autoscaling load over all of them against ``threshold_ms`` (:mod:`.autoscaling`)."""
     bold, dim, red, reset = ("\033[1m", "\033[2m", "\033[31m", "\033[0m") if color else ("",) * 4
     lines = [f"{bold}coffea-sonic monitor{reset}  {time.strftime('%H:%M:%S')}"]
     for previous, current in pairs:
@@ -351,13 +354,17 @@ def render_frame(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *, color: bo
         else:
             lines += ["  " + line for line in _table(rows)]
     lines.append("")
-    lines.append(f"{dim}QUEUE us/EXEC is SuperSONIC's autoscaling load (it scales out above 100 ms "
-                 f"per execution by default); Ctrl-C to quit{reset}")
+    load = load_ms(pairs)
+    alarm = red if load is not None and load > threshold_ms else ""
+    lines.append(f"{alarm}{verdict(load, threshold_ms, servers=len(pairs))}{reset if alarm else ''}")
+    lines.append(f"{dim}QUEUE us/EXEC is that load per server and model, in us; Ctrl-C to quit"
+                 f"{reset}")
     return "\n".join(lines)
 
 
 def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
-            frames: int | None = None, out: IO[str] | None = None, color: bool | None = None) -> int:
+            frames: int | None = None, out: IO[str] | None = None, color: bool | None = None,
+            threshold_ms: float = DEFAULT_THRESHOLD_MS) -> int:
     """Scrape ``urls`` every ``interval_s`` and redraw the view; returns an exit code.
 
     ``urls``: metrics endpoints, or Triton URLs (their statistics API; see the module docstring).
@@ -383,7 +390,7 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             current = {url: scrape(url) for url in targets}
             pairs = [(previous.get(url) if not previous.get(url, current[url]).error else None,
                       current[url]) for url in targets]
-            frame = render_frame(pairs, color=color)
+            frame = render_frame(pairs, color=color, threshold_ms=threshold_ms)
             out.write(("\033[H\033[2J" if is_tty else "") + frame + "\n")
             out.flush()
             previous = current

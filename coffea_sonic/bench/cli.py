@@ -150,6 +150,30 @@ def config_from_args(args: argparse.Namespace):
     return config
 
 
+def advice_lines(results: dict) -> list[str]:
+    """The CPU:GPU advice of the SONIC scaling model fitted to the clients sweep (per model) and
+    to the end-to-end analysis, as printed after a run.
+
+    >>> fit = {"model": {"recommended_cpu_per_gpu": 6, "saturation_clients": 6.2},
+    ...        "recommendation": "give it about 6 such clients"}
+    >>> advice_lines({"scaling": {"jet_tagger": fit}})
+    ['  CPU:GPU advice, jet_tagger (fitted SONIC model): 6:1 (saturates at 6.2 clients); give it about 6 such clients']
+    """
+    lines = []
+    for name, fit in sorted((results.get("scaling") or {}).items()):
+        if name == "analysis":
+            continue
+        model = fit.get("model", {})
+        lines.append(f"  CPU:GPU advice, {name} (fitted SONIC model): "
+                     f"{model.get('recommended_cpu_per_gpu')}:1 (saturates at "
+                     f"{model.get('saturation_clients', float('nan')):.1f} clients); "
+                     f"{fit.get('recommendation', '')}")
+    analysis = (results.get("scaling") or {}).get("analysis")
+    if analysis:
+        lines.append(f"  CPU:GPU advice, the demo analysis: {analysis['summary']}")
+    return lines
+
+
 def run_fairness_scenario(args: argparse.Namespace) -> int:
     """``--scenario fairness``: results.json in ``--output``; exit 1 if a goal is missed."""
     from .fairness import config_for, run_fairness, summary_lines, write_results
@@ -205,6 +229,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  outputs equal across modes (worst max |diff| {equality['worst']:.1e}; tolerance "
           f"{equality['tolerance']:g}, {equality['gpu_tolerance']:g} on GPU): "
           f"{'yes' if equality['all_equal'] else 'NO'}")
+    for line in advice_lines(results):
+        print(line)
     for skipped in results["skipped"]:
         print(f"  skipped: {skipped}")
     for name, path in written.items():

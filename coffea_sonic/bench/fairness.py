@@ -10,6 +10,9 @@ many requests in flight as each *light* user. Three phases, all users' processes
 3. ``saturate``: every user saturates (sends each next request as soon as one is answered), the
    heavy one with ten times the window.
 
+``solo`` and ``contended`` alternate ``rounds`` times before ``saturate``, so that both see the same
+background load of a shared machine; each figure pools its phases.
+
 Figures (``results.json``, key ``fairness``):
 
 * ``jain``: Jain's fairness index ``(sum x)^2 / (n * sum x^2)`` over the users' *goodput while all
@@ -20,8 +23,8 @@ Figures (``results.json``, key ``fairness``):
   every user always has as many requests in flight as its window allows, so each wants more than a
   1/n share and a fair server gives each the same goodput (index 1; 1/n if one user gets all).
 * ``light_p95_ratio``: the 95th percentile of the light users' request latencies (send to complete,
-  correct answer) in ``contended``, over the same percentile for the light user alone in ``solo``
-  (requests sent after ``settle_s`` in each phase).
+  correct answer) in the ``contended`` phases, over the same percentile for the light user alone
+  in the ``solo`` phases (requests sent after ``settle_s`` in each phase).
 
 Goals (issue 12): ``jain >= 0.9`` and ``light_p95_ratio <= 1.5``.
 
@@ -83,10 +86,12 @@ class FairnessConfig:
     light_lanes: int = 2
     rows: int = 2048
     interval_s: float = 0.04
-    solo_s: float = 12.0
-    contended_s: float = 20.0
+    #: solo and contended phases alternate this many times
+    rounds: int = 3
+    solo_s: float = 6.0
+    contended_s: float = 10.0
     saturate_s: float = 20.0
-    settle_s: float = 2.0
+    settle_s: float = 1.0
     policy: str = "fair"
     instances: int = 2
     #: executions at once (Triton's rate limiter; 0: one per instance)
@@ -107,7 +112,8 @@ class FairnessConfig:
     def check(self) -> None:
         from ..errors import ConfigurationError
 
-        if self.users < 2 or self.light_lanes < 1 or self.heavy_factor < 1 or self.rows < 1:
+        if (self.users < 2 or self.light_lanes < 1 or self.heavy_factor < 1 or self.rows < 1
+                or self.rounds < 1):
             raise ConfigurationError(f"the fairness scenario needs >= 2 users, >= 1 lane and "
                                      f">= 1 row per request: {self}")
         if self.policy not in POLICIES:
@@ -118,7 +124,8 @@ class FairnessConfig:
 
 PRESETS: dict[str, FairnessConfig] = {
     "full": FairnessConfig(),
-    "quick": FairnessConfig(solo_s=8.0, contended_s=12.0, saturate_s=12.0, preset="quick"),
+    "quick": FairnessConfig(rounds=2, solo_s=5.0, contended_s=7.0, saturate_s=12.0,
+                            preset="quick"),
 }
 
 
@@ -156,16 +163,20 @@ def _server(config: FairnessConfig):
                              repository_options=options, extra_args=extra)
 
 
-def _phases(config: FairnessConfig, start: float) -> list[Phase]:
+def _plan(config: FairnessConfig) -> list[tuple[str, float, tuple[str, ...]]]:
+    """``(name, seconds, mode of each user)`` of every phase, in order: ``solo-i`` and
+    ``contended-i`` alternate ``rounds`` times (both see the same background load of the
+    machine), then ``saturate``."""
     users = config.users  # user 0 is the heavy one
-    plan = [("solo", config.solo_s, ("idle", "paced") + ("idle",) * (users - 2)),
-            ("contended", config.contended_s, ("paced",) * users),
-            ("saturate", config.saturate_s, ("saturate",) * users)]
-    phases, at = [], start
-    for name, duration, modes in plan:
-        phases.append(Phase(name, at, duration, modes, config.interval_s))
-        at += duration + 3.0  # the stragglers of one phase are answered before the next
-    return phases
+    plan = []
+    for round_ in range(1, config.rounds + 1):
+        plan += [(f"solo-{round_}", config.solo_s, ("idle", "paced") + ("idle",) * (users - 2)),
+                 (f"contended-{round_}", config.contended_s, ("paced",) * users)]
+    return plan + [("saturate", config.saturate_s, ("saturate",) * users)]
+
+
+def _kind(phase_name: str) -> str:
+    return phase_name.split("-")[0]
 
 
 def _collect(results: Any, users: int, what: str, timeout_s: float,
@@ -197,20 +208,27 @@ def _figures(config: FairnessConfig, phases: list[Phase],
                 for name, per_user in records.items()}
     records = {name: {user: per_user[user]["records"] for user in per_user}
                for name, per_user in records.items()}
-    by_name = {phase.name: phase for phase in phases}
-    low, high = window(by_name["solo"])
-    solo = [done - sent for sent, done, _, good, _ in records["solo"][1]
-            if good and low <= sent < high]
-    low, high = window(by_name["contended"])
-    loaded = [done - sent for user in range(1, config.users)
-              for sent, done, _, good, _ in records["contended"][user] if good and low <= sent < high]
-    heavy_loaded = [done - sent for sent, done, _, good, _ in records["contended"][0]
-                    if good and low <= sent < high]
-    low, high = window(by_name["saturate"])
+    def latencies(kind: str, users: Sequence[int]) -> list[float]:
+        out = []
+        for phase in phases:
+            if _kind(phase.name) == kind:
+                low, high = window(phase)
+                out += [done - sent for user in users
+                        for sent, done, _, good, _ in records[phase.name][user]
+                        if good and low <= sent < high]
+        return out
+
+    solo = latencies("solo", [1])
+    loaded = latencies("contended", range(1, config.users))
+    heavy_loaded = latencies("contended", [0])
+    (saturate,) = [phase for phase in phases if phase.name == "saturate"]
+    low, high = window(saturate)
     goodput = [sum(rows for _, done, rows, good, _ in records["saturate"][user]
                    if good and low <= done < high) / (high - low) for user in range(config.users)]
-    failed = {name: sum(1 for user in per_user.values() for *_, good, _ in user if not good)
-              for name, per_user in records.items()}
+    failed: dict[str, int] = {}
+    for name, per_user in records.items():
+        failed[_kind(name)] = failed.get(_kind(name), 0) + sum(
+            1 for user in per_user.values() for *_, good, _ in user if not good)
     solo_p95, loaded_p95 = percentile(solo, 95) * 1e3, percentile(loaded, 95) * 1e3
     figures = {
         "jain": jain(goodput),
@@ -224,14 +242,23 @@ def _figures(config: FairnessConfig, phases: list[Phase],
         "goodput_rows_per_s": goodput,
         "heavy_share_of_goodput": goodput[0] / sum(goodput) if sum(goodput) else float("nan"),
         "failed_requests": failed,
-        "rejected_then_retried": {name: sum(per_user.values()) for name, per_user in rejected.items()},
-        "heavy_rejected_then_retried": {name: per_user.get(0, 0) for name, per_user in rejected.items()},
+        "rejected_then_retried": _by_kind({name: sum(per_user.values())
+                                           for name, per_user in rejected.items()}),
+        "heavy_rejected_then_retried": _by_kind({name: per_user.get(0, 0)
+                                                 for name, per_user in rejected.items()}),
     }
     figures["goals"] = {name: {"goal": f"{op} {bound}", "met": bool(
         figures[name] >= bound if op == ">=" else figures[name] <= bound)}
         for name, (op, bound) in GOALS.items()}
     figures["met"] = all(goal["met"] for goal in figures["goals"].values())
     return figures
+
+
+def _by_kind(per_phase: dict[str, int]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for name, count in per_phase.items():
+        totals[_kind(name)] = totals.get(_kind(name), 0) + count
+    return totals
 
 
 def run_fairness(config: FairnessConfig, *,
@@ -260,9 +287,13 @@ def run_fairness(config: FairnessConfig, *,
             for process in processes:
                 process.start()
             _collect(results, config.users, "ready", 120.0, processes)
-            phases = _phases(config, time.monotonic() + 1.0)
+            phases: list[Phase] = []
             records: dict[str, dict[int, list]] = {}
-            for phase in phases:
+            for name, duration, modes in _plan(config):
+                # every user starts at the same moment (one clock for all processes), after the
+                # last answers of the previous phase came back
+                phase = Phase(name, time.monotonic() + 0.5, duration, modes, config.interval_s)
+                phases.append(phase)
                 progress(f"fairness: phase {phase.name} ({phase.duration_s:.0f} s)")
                 for queue in commands:
                     queue.put(phase)

@@ -216,7 +216,8 @@ def test_restarted_server_is_readmitted(chunks):
                  what=lambda: f"the restarted server to be readmitted: "
                               f"{router.describe('jet_tagger')}")
         _run(model, chunks[4:8])
-        assert _requests_served(restarted) > 0
+        wait_for(lambda: _requests_served(restarted) > 0, timeout=10,
+                 what="the restarted server's statistics to count its requests")
     finally:
         second.stop()
         if restarted is not None:

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from coffea_sonic import zoo
 from coffea_sonic.engines import CpuEngine
-from coffea_sonic.errors import ServerStartError
+from coffea_sonic.errors import ConfigurationError, ServerStartError
 from coffea_sonic.server import LocalTritonServer, parse_config, write_repository
 from helpers import CheckedThread, wait_for
 
@@ -223,3 +223,29 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
     # the next server started anywhere on the machine removes the orphaned regions
     with LocalTritonServer(models=["jet_tagger"], device="cpu"):
         assert not glob.glob(f"/dev/shm/{prefix}*")
+
+
+def test_gpus_restrict_what_the_server_sees():
+    with pytest.raises(ConfigurationError, match="GPU indices"):
+        LocalTritonServer(models=["jet_tagger"], gpus=[])
+    with LocalTritonServer(models=["jet_tagger"], device="cpu", gpus=[1, 3]) as server:
+        environment = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        assert b"CUDA_VISIBLE_DEVICES=1,3" in environment
+
+
+@pytest.mark.gpu
+def test_default_gpu_server_uses_every_visible_gpu_and_gpus_selects():
+    from coffea_sonic.server.launcher import gpu_available
+
+    if not gpu_available():
+        pytest.skip("needs a CUDA GPU")
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    count = sum(line.startswith("GPU ") for line in listed.splitlines())
+    with LocalTritonServer(models=["jet_tagger"], device="gpu", instances=1) as server:
+        log = server.log_path.read_text(errors="replace")
+        assert all(f"(GPU device {index})" in log for index in range(count)), log[-2000:]
+    if count > 1:
+        with LocalTritonServer(models=["jet_tagger"], device="gpu", instances=1,
+                               gpus=[count - 1]) as server:
+            log = server.log_path.read_text(errors="replace")
+            assert "(GPU device 0)" in log and "(GPU device 1)" not in log, log[-2000:]

@@ -54,7 +54,10 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--metrics-port", type=int, default=8002,
                        help="Prometheus metrics port, 0 = pick a free one")
     serve.add_argument("--instances", type=int, default=None,
-                       help="model instances per device (default: 4 on GPU, 1 on CPU)")
+                       help="model instances per device (default: 6 per GPU, 1 on CPU)")
+    serve.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1",
+                       help="GPUs to serve on (default: every visible GPU, each with --instances "
+                            "model instances)")
     serve.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS")
     serve.set_defaults(func=run_serve)
 
@@ -197,6 +200,21 @@ def _served_models(http_address: str) -> list[tuple[str, list[str]]]:
                   for name, v in versions.items())
 
 
+def _gpu_list(text: str) -> list[int]:
+    """``--gpus 0,1`` -> ``[0, 1]``.
+
+    >>> _gpu_list("0, 2")
+    [0, 2]
+    """
+    try:
+        gpus = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1, not {text!r}") from None
+    if not gpus or min(gpus) < 0:
+        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1, not {text!r}")
+    return gpus
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from .launcher import LocalTritonServer
 
@@ -208,7 +226,7 @@ def run_serve(args: argparse.Namespace) -> int:
         models=args.models, repository=args.repository, device=args.device,
         grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
         host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout,
-        skip_unservable=args.skip_unservable)
+        skip_unservable=args.skip_unservable, gpus=args.gpus)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -268,6 +268,7 @@ class LocalTritonServer:
         repository_options: dict | None = None,
         die_with_parent: bool = True,
         skip_unservable: bool = False,
+        gpus: Sequence[int] | None = None,
     ) -> None:
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigurationError(f"device must be auto, cpu or gpu, not {device!r}")
@@ -289,6 +290,12 @@ class LocalTritonServer:
         # long-lived server from the main thread (or a long-lived one), or pass False.
         self.die_with_parent = die_with_parent
         self.skip_unservable = skip_unservable
+        if gpus is not None and (not list(gpus) or not all(
+                isinstance(g, int) and g >= 0 for g in gpus)):
+            raise ConfigurationError(f"gpus must be a non-empty list of GPU indices, not {gpus!r}")
+        #: GPUs the server may use (None: every visible one); the model instances per GPU
+        #: (``instances``) are placed on each of them
+        self.gpus = list(gpus) if gpus is not None else None
         #: (model, version, reason) of the repository's models left out (``skip_unservable``).
         self.skipped: list[tuple[str, int | None, str]] = []
         #: The repository the server reads: the served mirror of ``repository``, or the zoo's.
@@ -421,6 +428,8 @@ class LocalTritonServer:
         logger.info("starting tritonserver (%s) on %s: %s", self.device, self.grpc_address,
                     " ".join(command))
         environment = server_environment()
+        if self.gpus is not None:  # the server sees only these, as its GPUs 0..n-1
+            environment["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         if self._library_paths:  # the copied python-backend library's own libraries (served.py)
             environment["LD_LIBRARY_PATH"] = os.pathsep.join(
                 part for part in (environment.get("LD_LIBRARY_PATH"), *self._library_paths) if part)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import InputValidationError, MissingDependencyError
 from .spec import DEEPMET_CLASSES, DEEPMET_FEATURES, DEEPMET_MAX_CANDIDATES
-from .train import FLAVOUR_TO_CLASS, b_vs_light_auc
+from .train import FLAVOUR_TO_CLASS, b_vs_light_auc, fit
 
 logger = logging.getLogger(__name__)
 
@@ -104,24 +104,11 @@ def train_particlenet(n_events: int = PARTICLENET_TRAIN_EVENTS, seed: int = 0,
         raise InputValidationError(f"need >= {batch_size} jets and epochs >= 1, got {n_jets} "
                                    f"jets from {n_events} events and epochs={epochs}")
     model = torch_models.build("particlenet").train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    steps = n_jets // batch_size
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * steps)
     loss_function = torch.nn.CrossEntropyLoss()
-    shuffler = torch.Generator().manual_seed(seed)
-    for epoch in range(epochs):
-        permutation = torch.randperm(n_jets, generator=shuffler)
-        total = 0.0
-        for step in range(steps):
-            batch = permutation[step * batch_size:(step + 1) * batch_size]
-            optimizer.zero_grad()
-            loss = loss_function(model.logits(*(t[batch] for t in tensors)), labels[batch])
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total += loss.item()
-        logger.debug("particlenet epoch %d: mean loss %.4f", epoch, total / steps)
-    model.eval()
+    fit(model, lambda batch: loss_function(model.logits(*(t[batch] for t in tensors)),
+                                           labels[batch]),
+        n_jets, epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, seed=seed,
+        name="particlenet")
     auc = particlenet_auc(model, n_validation, seed + VALIDATION_SEED_OFFSET)
     logger.info("trained particlenet on %d jets (%d ttbar events), %d epochs in %.1f s: "
                 "b-vs-light ROC AUC %.4f on the jets of %d fresh events", n_jets, n_events, epochs,
@@ -244,25 +231,14 @@ def train_deepmet(n_events: int = DEEPMET_TRAIN_EVENTS, seed: int = 0,
         raise InputValidationError(f"need >= {batch_size} events and epochs >= 1, got {n_rows} "
                                    f"and epochs={epochs}")
     model = torch_models.build("deepmet").train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    steps = n_rows // batch_size
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * steps)
     loss_function = torch.nn.HuberLoss(delta=5.0)
-    shuffler = torch.Generator().manual_seed(seed)
-    for epoch in range(epochs):
-        permutation = torch.randperm(n_rows, generator=shuffler)
-        total = 0.0
-        for step in range(steps):
-            batch = permutation[step * batch_size:(step + 1) * batch_size]
-            optimizer.zero_grad()
-            met, _ = model(pf_cont[batch], pf_class[batch])
-            loss = loss_function(met, target[batch])
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total += loss.item()
-        logger.debug("deepmet epoch %d: mean loss %.4f", epoch, total / steps)
-    model.eval()
+
+    def loss_of(batch: Any) -> Any:
+        met, _ = model(pf_cont[batch], pf_class[batch])
+        return loss_function(met, target[batch])
+
+    fit(model, loss_of, n_rows, epochs=epochs, batch_size=batch_size,
+        learning_rate=learning_rate, seed=seed, name="deepmet")
     ours, pf = deepmet_resolution(model, n_validation, seed + VALIDATION_SEED_OFFSET)
     logger.info("trained deepmet on %d events, %d epochs in %.1f s: MET (px, py) resolution "
                 "%.2f GeV vs PF MET %.2f GeV on %d fresh events", n_rows, epochs,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -107,24 +108,10 @@ def train_jet_tagger(n_jets: int = 60_000, seed: int = 0, epochs: int = 10,
     inputs, targets = torch.from_numpy(features), torch.from_numpy(labels)
 
     model = torch_models.build("jet_tagger").train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    steps_per_epoch = n_jets // batch_size
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * steps_per_epoch)
     loss_function = torch.nn.CrossEntropyLoss()
-    shuffler = torch.Generator().manual_seed(seed)
-    for epoch in range(epochs):
-        permutation = torch.randperm(n_jets, generator=shuffler)
-        total_loss = 0.0
-        for step in range(steps_per_epoch):
-            batch = permutation[step * batch_size:(step + 1) * batch_size]
-            optimizer.zero_grad()
-            loss = loss_function(model.logits(inputs[batch]), targets[batch])
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            total_loss += loss.item()
-        logger.debug("epoch %d: mean loss %.4f", epoch, total_loss / steps_per_epoch)
-    model.eval()
+    fit(model, lambda batch: loss_function(model.logits(inputs[batch]), targets[batch]), n_jets,
+        epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, seed=seed,
+        name="jet_tagger")
 
     validation_features, validation_flavour = draw_labelled_jets(
         n_validation, seed=seed + _VALIDATION_SEED_OFFSET)
@@ -139,3 +126,32 @@ def train_jet_tagger(n_jets: int = 60_000, seed: int = 0, epochs: int = 10,
         time.perf_counter() - started, b_vs_light_auc(probs, validation_flavour),
         b_vs_light_auc(btag_only, validation_flavour), n_validation)
     return model
+
+
+def fit(model: Any, loss_of: Callable[[Any], Any], rows: int, *, epochs: int, batch_size: int,
+        learning_rate: float, seed: int, name: str) -> Any:
+    """Train ``model`` in place: Adam, cosine-annealed learning rate, ``epochs`` passes over
+    ``rows`` rows in seeded random batches; ``loss_of(batch_indices)`` gives a batch's loss.
+
+    The one training loop of the zoo's models (the same order of operations every time, so a
+    seed reproduces the shipped weights exactly). Returns the model in eval mode.
+    """
+    import torch
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
+    steps = rows // batch_size
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, epochs * steps)
+    shuffler = torch.Generator().manual_seed(seed)
+    for epoch in range(epochs):
+        permutation = torch.randperm(rows, generator=shuffler)
+        total = 0.0
+        for step in range(steps):
+            batch = permutation[step * batch_size:(step + 1) * batch_size]
+            optimizer.zero_grad()
+            loss = loss_of(batch)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            total += loss.item()
+        logger.debug("%s epoch %d: mean loss %.4f", name, epoch, total / steps)
+    return model.eval()

@@ -37,10 +37,8 @@ import argparse
 import datetime
 import json
 import logging
-import multiprocessing as mp
 import os
 import platform
-import queue as queues
 import shutil
 import subprocess
 import sys
@@ -54,6 +52,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))
+
+from coffea_sonic.bench.clients import ClientPool  # noqa: E402 (after the path)
 
 logger = logging.getLogger("defaults_sweep")
 
@@ -331,74 +331,6 @@ def _run_task(task: dict, tasks, control, cache: dict) -> dict:
     return result
 
 
-def _worker(tasks, control) -> None:
-    logging.basicConfig(level=logging.WARNING)
-    cache: dict = {}
-    while True:
-        task = tasks.get()
-        if task is None:
-            return
-        if not isinstance(task, dict):  # the start signal of a run this worker failed to join
-            continue
-        try:
-            result = _run_task(task, tasks, control, cache)
-        except BaseException as error:  # noqa: BLE001 - reported to the main process
-            control.put(("ready", os.getpid()))
-            result = {"error": f"{type(error).__name__}: {error}"[:2000]}
-        control.put(("result", result))
-
-
-class Pool:
-    """``size`` spawned client processes, each with its own task queue."""
-
-    def __init__(self, size: int) -> None:
-        context = mp.get_context("spawn")
-        self.size = size
-        self.control = context.Queue()
-        self.queues = [context.Queue() for _ in range(size)]
-        self.processes = [context.Process(target=_worker, args=(q, self.control), daemon=True)
-                          for q in self.queues]
-        for process in self.processes:
-            process.start()
-
-    def run(self, task: dict, procs: int) -> tuple[float, list[dict]]:
-        for index, q in enumerate(self.queues[:procs]):
-            q.put(dict(task, index=index))
-        ready, results = 0, []
-        while ready < procs:
-            kind, value = self._get(procs, 300)
-            ready += kind == "ready"
-            if kind == "result":
-                results.append(value)
-        start_at = time.time() + 0.2
-        for q in self.queues[:procs]:
-            q.put(start_at)
-        while len(results) < procs:
-            kind, value = self._get(procs, task["duration"] + 120)
-            if kind == "result":
-                results.append(value)
-        return start_at, results
-
-    def _get(self, procs: int, timeout_s: float):
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            try:
-                return self.control.get(timeout=2)
-            except queues.Empty:
-                dead = [p.pid for p in self.processes[:procs] if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"client process(es) {dead} died") from None
-        raise RuntimeError(f"no answer from the client processes within {timeout_s:.0f} s")
-
-    def close(self) -> None:
-        for q in self.queues:
-            q.put(None)
-        for process in self.processes:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
-
-
 # -- probes (coffea_sonic.bench.probes: the harness' GPU sampler and statistics reader) ---------------
 
 def gpu_mean(gpu: Any, start: float, end: float) -> float | None:
@@ -542,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         zoo.onnx_path(name)
     from coffea_sonic.bench.probes import GpuUtilisation
 
-    pool = Pool(max(run.procs for server in plan for run in server.runs))
+    pool = ClientPool(max(run.procs for server in plan for run in server.runs), _run_task)
     gpu = GpuUtilisation().__enter__()
     base: Path | None = None
     if args.plan != "final" and any(not s.default and s.runs and s.runs[0].kind != "local"
@@ -592,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                     (out / f"defaults-{tag}.json").write_text(json.dumps(report, indent=1))
                     if "died" in " ".join(record.get("errors", [])):
                         pool.close()
-                        pool = Pool(pool.size)
+                        pool = ClientPool(pool.size, _run_task)
             finally:
                 if server is not None:
                     server.stop()

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -48,6 +47,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent.parent))
+
+from coffea_sonic.bench.clients import ClientPool  # noqa: E402 (after the path)
 
 from sink import SINK_NAME, write_sink  # noqa: E402
 
@@ -440,81 +441,10 @@ def _run_task(task: dict, clients: dict, control) -> dict:
             "stats": dict(getattr(getattr(client, "transport", None), "stats", {}) or {})}
 
 
-def _worker(tasks, control) -> None:
-    logging.basicConfig(level=logging.WARNING)
-    clients: dict = {}
-    while True:
-        task = tasks.get()
-        if task is None:
-            return
-        if not isinstance(task, dict):  # a start signal of a run this worker failed to join
-            continue
-        task["go"] = tasks
-        try:
-            result = _run_task(task, clients, control)
-        except BaseException as error:  # noqa: BLE001 - reported to the main process
-            control.put(("ready", os.getpid()))
-            result = {"error": f"{type(error).__name__}: {error}"}
-        control.put(("result", result))
-
-
-class WorkerPool:
-    """``size`` spawned client processes, each with its own task queue."""
-
-    def __init__(self, size: int) -> None:
-        context = mp.get_context("spawn")
-        self.control = context.Queue()
-        self.queues = [context.Queue() for _ in range(size)]
-        self.processes = [context.Process(target=_worker, args=(queue, self.control), daemon=True)
-                          for queue in self.queues]
-        for process in self.processes:
-            process.start()
-
-    def run(self, task: dict, procs: int, on_start=None) -> list[dict]:
-        for queue in self.queues[:procs]:
-            queue.put(dict(task))
-        ready = 0
-        results = []  # a worker that failed early reports before the others are ready
-        while ready < procs:
-            kind, value = self._get(procs, 240)
-            ready += kind == "ready"
-            if kind == "result":
-                results.append(value)
-        start_at = time.time() + 0.2
-        for queue in self.queues[:procs]:
-            queue.put(start_at)
-        if on_start is not None:
-            on_start(start_at)
-        while len(results) < procs:
-            kind, value = self._get(procs, task["duration"] + 120)
-            if kind == "result":
-                results.append(value)
-        return results
-
-    def _get(self, procs: int, timeout_s: float):
-        """The next control message; RuntimeError if a worker died or nothing came in time."""
-        import queue as queues
-
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            try:
-                return self.control.get(timeout=2)
-            except queues.Empty:
-                dead = [p.pid for p in self.processes[:procs] if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(f"client worker(s) {dead} died") from None
-        raise RuntimeError(f"no answer from the client workers within {timeout_s:.0f} s")
-
-    def close(self) -> None:
-        for queue in self.queues:
-            queue.put(None)
-        for process in self.processes:
-            process.join(10)
-
-    def kill(self) -> None:
-        for process in self.processes:
-            if process.is_alive():
-                process.kill()
+def _task(task: dict, tasks, control, clients: dict) -> dict:
+    """A client process's run (see coffea_sonic.bench.clients.ClientPool)."""
+    task["go"] = tasks
+    return _run_task(task, clients, control)
 
 
 # -- probes (coffea_sonic.bench.probes: the harness' GPU sampler and statistics reader) ----------------
@@ -619,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
               "staging": args.staging, "duration_s": args.duration, "plan": args.plan,
               "records": records}
     pool_size = max(entry[4] for entry in plan)
-    pool = WorkerPool(pool_size)
+    pool = ClientPool(pool_size, _task)
     gpu = GpuUtilisation().__enter__()
     scratch = Path(tempfile.mkdtemp(prefix="bench-transport-"))
     try:
@@ -650,14 +580,14 @@ def main(argv: list[str] | None = None) -> int:
                     window: dict = {}
                     before_stats = server_statistics(statistics, model) if served else None
                     try:
-                        results = pool.run(task, procs,
+                        _, results = pool.run(task, procs,
                                            on_start=lambda start: window.setdefault("start", start))
                     except RuntimeError as error:  # a crashed or stuck worker: new pool, go on
                         logger.error("%s %s %s: %s", phase, kind, model, error)
                         records.append({"phase": phase, "kind": kind, "model": model, "rows": rows,
                                         "procs": procs, "errors": [str(error)]})
-                        pool.kill()
-                        pool = WorkerPool(pool_size)
+                        pool.close()
+                        pool = ClientPool(pool_size, _task)
                         continue
                     after_stats = server_statistics(statistics, model) if served else None
                     errors = [r["error"] for r in results if "error" in r]

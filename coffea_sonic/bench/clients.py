@@ -1,0 +1,103 @@
+"""Client processes for benchmarks: ``size`` spawned processes that start a run together.
+
+Python threads are GIL-bound on large payloads (8 threads move about as much as one stream), so
+the benchmarks drive servers from processes. Each process has its own task queue; a run hands a
+task to ``procs`` of them, waits until each says it is ready (models loaded, connections made),
+then gives all the same start time, so the measured window sees every client at full speed.
+
+``run_task(task, tasks, control, cache)`` is the benchmark's own function (a module-level one, so
+it can be sent to spawned processes). It must put ``("ready", pid)`` on ``control`` when ready,
+then take the start time (a float) from ``tasks``, run until ``task["duration"]`` has passed and
+return a picklable result; ``cache`` lives as long as the process (clients, engines).
+
+>>> ClientPool.__name__
+'ClientPool'
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue as queues
+import time
+from typing import Any, Callable
+
+__all__ = ["ClientPool"]
+
+RunTask = Callable[[dict, Any, Any, dict], Any]
+
+
+def _serve(run_task: RunTask, tasks: Any, control: Any) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    cache: dict = {}
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        if not isinstance(task, dict):  # the start signal of a run this process failed to join
+            continue
+        try:
+            result = run_task(task, tasks, control, cache)
+        except BaseException as error:  # noqa: BLE001 - reported to the main process
+            control.put(("ready", os.getpid()))
+            result = {"error": f"{type(error).__name__}: {error}"[:2000]}
+        control.put(("result", result))
+
+
+class ClientPool:
+    """``size`` spawned client processes running ``run_task`` (see the module docstring)."""
+
+    def __init__(self, size: int, run_task: RunTask) -> None:
+        context = mp.get_context("spawn")
+        self.size = size
+        self.run_task = run_task
+        self.control = context.Queue()
+        self.queues = [context.Queue() for _ in range(size)]
+        self.processes = [context.Process(target=_serve, args=(run_task, q, self.control),
+                                          daemon=True) for q in self.queues]
+        for process in self.processes:
+            process.start()
+
+    def run(self, task: dict, procs: int,
+            on_start: Callable[[float], None] | None = None) -> tuple[float, list[dict]]:
+        """Run ``task`` on ``procs`` processes started together; (start time, their results)."""
+        for index, q in enumerate(self.queues[:procs]):
+            q.put(dict(task, index=index))
+        ready, results = 0, []  # a process that failed early reports before the others are ready
+        while ready < procs:
+            kind, value = self._get(procs, 300)
+            ready += kind == "ready"
+            if kind == "result":
+                results.append(value)
+        start_at = time.time() + 0.2
+        for q in self.queues[:procs]:
+            q.put(start_at)
+        if on_start is not None:
+            on_start(start_at)
+        while len(results) < procs:
+            kind, value = self._get(procs, task["duration"] + 120)
+            if kind == "result":
+                results.append(value)
+        return start_at, results
+
+    def _get(self, procs: int, timeout_s: float) -> tuple[str, Any]:
+        """The next control message; RuntimeError if a process died or nothing came in time."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                return self.control.get(timeout=2)
+            except queues.Empty:
+                dead = [p.pid for p in self.processes[:procs] if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(f"client process(es) {dead} died") from None
+        raise RuntimeError(f"no answer from the client processes within {timeout_s:.0f} s")
+
+    def close(self) -> None:
+        """Stop every process (killing those that do not stop within 10 s)."""
+        for q in self.queues:
+            q.put(None)
+        for process in self.processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()

@@ -139,11 +139,17 @@ def test_a_delivered_slice_and_an_undeliverable_output(transport, reference):
 
 def test_every_slot_busy_sends_inline(server, reference):
     with SystemShmTransport(ServerSettings(server.grpc_address), max_slots=1) as one_slot:
-        sent = [request(20_000, seed=seed) for seed in range(3)]
-        futures = [one_slot.submit(piece) for piece in sent]
-        for piece, future in zip(sent, futures):
-            np.testing.assert_allclose(future.result(60).outputs["probs"],
-                                       reference(piece.inputs)["probs"], atol=1e-5)
+        # the only slot is taken, as by a request in flight (no race with a fast answer)
+        held = one_slot.pool.acquire(1 << 20, 30)
+        assert held is not None
+        try:
+            sent = [request(20_000, seed=seed) for seed in range(3)]
+            futures = [one_slot.submit(piece) for piece in sent]
+            for piece, future in zip(sent, futures):
+                np.testing.assert_allclose(future.result(60).outputs["probs"],
+                                           reference(piece.inputs)["probs"], atol=1e-5)
+        finally:
+            one_slot.pool.release(held)
         assert one_slot.stats["inline_requests"] >= 1 and one_slot.pool.stats["all_busy"] >= 1
         assert len(one_slot.regions()) == 1
 

@@ -40,6 +40,9 @@ examples:
   coffea-sonic bench --report-from bench-output/results.partial.json -o report
       tables, targets, fit and plots from what a stopped run measured
   coffea-sonic bench --models emtrk_cnn --modes cpu remote --batch-sizes 64 256 --chunk-rows 1024
+  coffea-sonic bench --scenario e2e --e2e-events 1000000 --e2e-workers 15 -o e2e
+      the analysis end to end on a GPU machine (1 M events, 15 Dask workers): in-process CPU,
+      in-process GPU in every worker, served on 1, 2, 4 GPUs (those the machine has)
   coffea-sonic bench --scenario fairness --quick -o fairness
       8 users (processes) share one server, one with 10x the load: Jain's index of goodput
       while all saturate, light users' p95 latency beside the heavy one / alone (under 1 min)
@@ -70,9 +73,11 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
             "concurrent-clients sweep, and write JSON, markdown and PNG plots.\n\n"
             f"modes: {', '.join(MODES)} (local-gpu only where torch sees a GPU)\n\n" + EXAMPLES),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    bench.add_argument("--scenario", choices=("suite", "fairness"), default="suite",
+    bench.add_argument("--scenario", choices=("suite", "fairness", "e2e"), default="suite",
                        help="suite: the measurements above (default); fairness: several users "
-                            "share one server (coffea_sonic.bench.fairness)")
+                            "share one server (coffea_sonic.bench.fairness); e2e: the analysis "
+                            "end to end on this machine, in-process CPU vs in-process GPU vs "
+                            "served on 1, 2, 4 GPUs (coffea_sonic.bench.e2e_machine)")
     bench.add_argument("--policy", choices=("fair", "fifo"), default=None,
                        help="fairness scenario: priorities by depth (fair, default) or none")
     bench.add_argument("--quick", action="store_true",
@@ -112,6 +117,11 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                        help="also run the demo analysis end to end over N events (0: skip)")
     bench.add_argument("--e2e-workers", nargs="+", type=int, metavar="W",
                        help="Dask worker counts of the end-to-end run")
+    bench.add_argument("--e2e-gpus", nargs="+", type=int, metavar="K",
+                       help="e2e scenario: serve on the first K GPUs, one run per K that this "
+                            "machine has (default: 1 2 4)")
+    bench.add_argument("--no-local-gpu", action="store_true",
+                       help="e2e scenario: leave out the in-process GPU run")
     bench.add_argument("--report-from", metavar="JSON",
                        help="re-derive targets / scaling fit and rewrite markdown and plots from an "
                             "earlier results.json (or a results.partial.json left by a stopped "
@@ -191,9 +201,31 @@ def run_fairness_scenario(args: argparse.Namespace) -> int:
     return 0 if results["fairness"]["met"] else 1
 
 
+def run_e2e_scenario(args: argparse.Namespace) -> int:
+    """``--scenario e2e``: results.json, results.md and e2e_machine.png in ``--output``."""
+    import os
+
+    from .e2e_machine import run_machine_e2e, write_results
+
+    started = time.perf_counter()
+    workers = (args.e2e_workers or [max(1, (os.cpu_count() or 2) - 1)])[0]
+    result = run_machine_e2e(
+        args.e2e_events or 1_000_000, workers, gpus=tuple(args.e2e_gpus or (1, 2, 4)),
+        local_gpu=not args.no_local_gpu, progress=lambda message: print(
+            f"[{time.perf_counter() - started:6.1f} s] {message}", file=sys.stderr, flush=True))
+    written = write_results(result, args.output, command="coffea-sonic " + " ".join(sys.argv[1:]))
+    print(f"e2e finished in {time.perf_counter() - started:.0f} s")
+    print(result["summary"])
+    for name, path in written.items():
+        print(f"  {name}: {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "scenario", "suite") == "fairness":
         return run_fairness_scenario(args)
+    if getattr(args, "scenario", "suite") == "e2e":
+        return run_e2e_scenario(args)
     from .report import write_outputs
     from .suite import run_bench
 

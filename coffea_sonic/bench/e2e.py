@@ -1,16 +1,19 @@
 """End to end: the demo analysis with inference in-process on CPU vs on the server, 1..W workers.
 
-The analysis is :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` on the synthetic
-NanoAOD sample, run by ``processor.Runner`` with a local Dask cluster of W single-core workers.
-For the in-process variant, :class:`InProcessJetTagging` swaps each served model for
-:class:`~coffea_sonic.engines.CpuEngine` (one onnxruntime thread per worker), so the analysis code,
-data and chunking are identical; the time spent in the engine gives the inference share ``p``.
+The analysis is :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` in physics mode
+(``jet_tagger`` and the trained ``particlenet`` on every selected jet, ``deepmet`` on every event)
+on the synthetic NanoAOD sample, run by ``processor.Runner`` with a local Dask cluster of W
+single-core workers. For the in-process variants, :class:`InProcessJetTagging` swaps each served
+model for :class:`~coffea_sonic.engines.CpuEngine` (one onnxruntime thread per worker) or, with
+``device="cuda"``, :class:`~coffea_sonic.engines.GpuEngine` (torch on a GPU of this machine, the
+workers spread over the GPUs), so the analysis code, data and chunking are identical; the time
+spent in the engine gives the inference share ``p``.
 
 From the runs: ``p`` and ``t_CPU`` (per event, one worker, all on CPU), the server's busy time per
 event (``t_GPU``), and the served time per event with one worker give the SONIC scaling model of
 the analysis, which predicts the served throughput for any number of workers.
 
->>> model = _EngineModel("jet_tagger")
+>>> model = _EngineModel("jet_tagger")  # in-process CPU
 >>> from coffea_sonic import zoo
 >>> model.infer_async(zoo.example_inputs("jet_tagger", 3)).result()["probs"].shape
 (3, 3)
@@ -31,7 +34,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import zoo
-from ..examples.jet_tagging import JetTaggingProcessor
+from ..examples.jet_tagging import PHYSICS_MODELS, JetTaggingProcessor
 from ..stats import InferenceStats
 from .config import BenchConfig
 from .probes import server_statistics, server_statistics_summary, statistics_transport
@@ -39,18 +42,41 @@ from .scaling import ScalingModel
 
 logger = logging.getLogger(__name__)
 
-#: Models the demo analysis calls (on the synthetic sample, which has PF candidates).
-E2E_MODELS: tuple[str, ...] = ("jet_tagger", "particlenet_lite")
-_ENGINES: dict[str, Any] = {}
+#: Models the analysis calls (physics mode, on the synthetic sample, which has PF candidates).
+E2E_MODELS: tuple[str, ...] = ("jet_tagger",) + PHYSICS_MODELS
+_ENGINES: dict[tuple[str, str], Any] = {}
+#: In-process engines run a chunk in pieces of at most this much input (TritonModel's gRPC size).
+ENGINE_PIECE_BYTES = 4 * 2**20
 
 
-def _engine(name: str):
+def _worker_gpu() -> str:
+    """The GPU of this Dask worker: local workers are named 0..W-1 and take the GPUs in turn."""
+    import torch
+
+    try:
+        from distributed import get_worker
+
+        index = int(get_worker().name)
+    except (ImportError, ValueError, TypeError):
+        index = os.getpid()
+    return f"cuda:{index % max(torch.cuda.device_count(), 1)}"
+
+
+def _engine(name: str, device: str = "cpu"):
     # One engine per model and worker process: the processor is unpickled for every chunk.
-    if name not in _ENGINES:
-        from ..engines import CpuEngine
+    if (name, device) not in _ENGINES:
+        if device == "cpu":
+            from ..engines import CpuEngine
 
-        _ENGINES[name] = CpuEngine(name, threads=1)
-    return _ENGINES[name]
+            _ENGINES[name, device] = CpuEngine(name, threads=1)
+        else:
+            import torch
+
+            from ..engines import GpuEngine
+
+            torch.set_num_threads(1)  # one core per worker, as for onnxruntime
+            _ENGINES[name, device] = GpuEngine(name, device=_worker_gpu())
+    return _ENGINES[name, device]
 
 
 class _Done:
@@ -73,17 +99,26 @@ class _ModelInfo:
 class _EngineModel:
     """In-process stand-in for a TritonModel: same call surface, engine seconds in ``latency_s``."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, device: str = "cpu") -> None:
         self.name = name
+        self.device = device
         self.info = _ModelInfo(name)
         self.stats = InferenceStats()
 
     def infer_async(self, inputs: Mapping[str, np.ndarray]) -> _Done:
         started = time.perf_counter()
-        outputs = _engine(self.name)(inputs)
-        elapsed = time.perf_counter() - started
+        engine = _engine(self.name, self.device)
         rows = len(next(iter(inputs.values())))
-        self.stats += InferenceStats(calls=1, requests=1, rows=rows, latency_s=elapsed,
+        # Pieces of at most ENGINE_PIECE_BYTES of input, as a served call is split: the whole
+        # chunk at once made particlenet's EdgeConv hold ~5 GiB per worker (4166-event chunks).
+        row_bytes = max(sum(array[:1].nbytes for array in inputs.values()), 1)
+        step = max(1, ENGINE_PIECE_BYTES // row_bytes)
+        pieces = [engine({name: array[start:start + step] for name, array in inputs.items()})
+                  for start in range(0, max(rows, 1), step)]
+        outputs = pieces[0] if len(pieces) == 1 else {
+            name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]}
+        elapsed = time.perf_counter() - started
+        self.stats += InferenceStats(calls=1, requests=len(pieces), rows=rows, latency_s=elapsed,
                                      wait_s=elapsed)
         return _Done(outputs)
 
@@ -92,19 +127,22 @@ class _EngineModel:
 
 
 class InProcessJetTagging(JetTaggingProcessor):
-    """The demo analysis with every model run in-process by onnxruntime (the all-CPU baseline).
+    """The analysis with every model run in-process: by onnxruntime (``device="cpu"``, the all-CPU
+    baseline) or by torch on this worker's GPU (``device="cuda"``, a GPU in every worker).
 
     >>> sorted(InProcessJetTagging().sonic_models)
-    ['jet_tagger', 'particlenet_lite']
+    ['deepmet', 'jet_tagger', 'particlenet']
     """
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, device: str = "cpu", **options: Any) -> None:
+        options.setdefault("physics", True)
         super().__init__("triton+grpc://in-process:1", **options)
+        self.device = device
 
     def sonic_model(self, name: str):
         clients = self.__dict__.setdefault("_sonic_clients", {})
         if name not in clients:
-            clients[name] = _EngineModel(name)
+            clients[name] = _EngineModel(name, self.device)
             self.__dict__.setdefault("_sonic_baseline", {})[name] = clients[name].stats.copy()
         return clients[name]
 
@@ -120,8 +158,15 @@ def _as_runner_fileset(fileset: Mapping[str, list[str]]) -> dict:
     return {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()}
 
 
+def _worker_peak_rss() -> int:
+    # runs in every Dask worker: its peak resident memory so far (VmHWM)
+    from .probes import _rss_and_peak
+
+    return _rss_and_peak()[1]
+
+
 def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[str]], workers: int,
-              chunksize: int, measure_server: Callable | None) -> dict:
+              chunksize: int, measure_server: Callable | None, gpu: Any = None) -> dict:
     from coffea import processor
     from coffea.nanoevents import NanoAODSchema
 
@@ -137,15 +182,18 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
         # long job. (Same files would reuse the cached results: coffea submits pure tasks.)
         runner(_as_runner_fileset(warmup), treename="Events", processor_instance=analysis)
         before = measure_server() if measure_server else None
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         output = runner(_as_runner_fileset(fileset), treename="Events", processor_instance=analysis)
         wall_s = time.perf_counter() - started
         after = measure_server() if measure_server else None
+        peaks = cluster.client.run(_worker_peak_rss)
+        gpu_percent = gpu.mean_between(started_at, time.time()) if gpu is not None else None
     events = sum(int(entry["events"]) for entry in output["cutflow"].values())
     jets = sum(int(entry["jets"]) for entry in output["cutflow"].values())
     inference: dict[str, InferenceStats] = output.get("inference", {})
     row = {
         "workers": workers, "worker_memory_bytes": worker_memory, "events": events, "jets": jets,
+        "worker_peak_rss_bytes": max(peaks.values(), default=0), "gpu_percent": gpu_percent,
         "wall_s": wall_s,
         "events_per_s": events / wall_s,
         "inference_seconds": sum(stats.wait_s for stats in inference.values()),
@@ -159,25 +207,41 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
     return row
 
 
-def run_end_to_end(config: BenchConfig, *, server_address: str | None,
-                   progress: Callable[[str], None] | None = None) -> dict:
-    """Run the demo analysis in-process and served with each worker count; see the module doc."""
-    progress = progress or (lambda message: logger.info("%s", message))
+def _quiet_dask() -> None:
     warnings.filterwarnings("ignore", message="Missing cross-reference index")
     import distributed  # noqa: F401 - its import sets its loggers to INFO; quiet them after
 
     for name in ("distributed", "dask_jobqueue"):
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _silence_tau_warnings() -> str | None:
+    # The synthetic sample has no Tau collection links: NanoEvents warns once per chunk in every
+    # worker process (they read PYTHONWARNINGS at start); _restore_warnings puts it back.
+    saved = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [saved, "ignore:Missing cross-reference index:RuntimeWarning"]))
+    return saved
+
+
+def _restore_warnings(saved: str | None) -> None:
+    if saved is None:
+        os.environ.pop("PYTHONWARNINGS", None)
+    else:
+        os.environ["PYTHONWARNINGS"] = saved
+
+
+def run_end_to_end(config: BenchConfig, *, server_address: str | None,
+                   progress: Callable[[str], None] | None = None) -> dict:
+    """Run the demo analysis in-process and served with each worker count; see the module doc."""
+    progress = progress or (lambda message: logger.info("%s", message))
+    _quiet_dask()
     workers_list = sorted(set(config.e2e_workers))
     events = config.e2e_events
     chunksize = max(1000, events // (4 * max(workers_list)))
     directory = tempfile.mkdtemp(prefix="coffea-sonic-bench-e2e-")
     rows: list[dict] = []
-    # The synthetic sample has no Tau collection links: NanoEvents warns once per chunk in every
-    # worker process (they read PYTHONWARNINGS at start); restored afterwards.
-    saved_warnings = os.environ.get("PYTHONWARNINGS")
-    os.environ["PYTHONWARNINGS"] = ",".join(
-        filter(None, [saved_warnings, "ignore:Missing cross-reference index:RuntimeWarning"]))
+    saved_warnings = _silence_tau_warnings()
     try:
         progress(f"e2e: writing the synthetic sample ({events} events)")
         files = max(1, min(4, max(workers_list)))
@@ -195,15 +259,12 @@ def run_end_to_end(config: BenchConfig, *, server_address: str | None,
             rows.append({"inference": "cpu", **row})
             if server_address:
                 progress(f"e2e: served inference ({server_address}), {workers} worker(s)")
-                analysis = JetTaggingProcessor(f"triton+grpc://{server_address}")
+                analysis = JetTaggingProcessor(f"triton+grpc://{server_address}", physics=True)
                 row = _run_once(analysis, fileset, warmup, workers, chunksize, measure_server)
                 rows.append({"inference": "served", **row})
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-        if saved_warnings is None:
-            os.environ.pop("PYTHONWARNINGS", None)
-        else:
-            os.environ["PYTHONWARNINGS"] = saved_warnings
+        _restore_warnings(saved_warnings)
     cpu_wall = {row["workers"]: row["wall_s"] for row in rows if row["inference"] == "cpu"}
     for row in rows:
         if row["inference"] == "served" and row["workers"] in cpu_wall:

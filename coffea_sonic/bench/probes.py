@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import threading
 import time
+from typing import Sequence
 
 from ..errors import ConfigurationError
 from ..stats import ServerStatistics
@@ -149,6 +150,17 @@ def server_statistics_summary(delta: ServerStatistics, wall_s: float) -> dict:
     return summary
 
 
+class GpuSubset:
+    """:meth:`GpuUtilisation.only`: ``mean_between`` over some GPUs of a running sampler."""
+
+    def __init__(self, sampler: "GpuUtilisation", gpus: tuple[int, ...]) -> None:
+        self.sampler = sampler
+        self.gpus = gpus
+
+    def mean_between(self, start: float, end: float) -> float | None:
+        return self.sampler.mean_between(start, end, self.gpus)
+
+
 class GpuUtilisation:
     """Sample ``nvidia-smi`` every ``interval_ms`` while the block runs (no-op without a GPU).
 
@@ -166,6 +178,8 @@ class GpuUtilisation:
         self.memory_used_mib: list[float] = []
         #: wall-clock time (``time.time()``) each sample was read
         self.times: list[float] = []
+        #: the GPU (nvidia-smi index) each sample is of: nvidia-smi lists every GPU each time
+        self.indices: list[int] = []
         self._process: subprocess.Popen | None = None
         self._reader: threading.Thread | None = None
         self.available = shutil.which("nvidia-smi") is not None
@@ -175,18 +189,19 @@ class GpuUtilisation:
         for line in self._process.stdout:
             parts = [part.strip() for part in line.split(",")]
             try:
-                utilisation, memory = float(parts[0]), float(parts[1])
+                utilisation, memory, index = float(parts[0]), float(parts[1]), int(parts[2])
             except (ValueError, IndexError):
                 continue
             self.utilisation.append(utilisation)
             self.memory_used_mib.append(memory)
+            self.indices.append(index)
             self.times.append(time.time())
 
     def __enter__(self) -> "GpuUtilisation":
         if self.available:
             try:
                 self._process = subprocess.Popen(
-                    ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                    ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used,index",
                      "--format=csv,noheader,nounits", f"-lms={self.interval_ms}"],
                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             except OSError:
@@ -208,12 +223,22 @@ class GpuUtilisation:
                 self._reader.join(timeout=5)
             self._process = None
 
-    def mean_between(self, start: float, end: float) -> float | None:
-        """Mean utilisation (%) of the samples read between ``start`` and ``end`` (``time.time()``);
-        None without samples there."""
-        inside = [value for stamp, value in zip(self.times, self.utilisation)
-                  if start <= stamp <= end]
+    def mean_between(self, start: float, end: float,
+                     gpus: "Sequence[int] | None" = None) -> float | None:
+        """Mean utilisation (%) of the samples read between ``start`` and ``end`` (``time.time()``)
+        of the GPUs ``gpus`` (nvidia-smi indices; None: every GPU); None without samples there."""
+        wanted = None if gpus is None else set(gpus)
+        inside = [value for stamp, value, index in zip(self.times, self.utilisation, self.indices)
+                  if start <= stamp <= end and (wanted is None or index in wanted)]
         return sum(inside) / len(inside) if inside else None
+
+    def only(self, gpus: "Sequence[int]") -> "GpuSubset":
+        """The same samples, averaged over ``gpus`` only (the GPUs a run uses).
+
+        >>> GpuUtilisation().only([0]).mean_between(0.0, 1.0) is None
+        True
+        """
+        return GpuSubset(self, tuple(gpus))
 
     def summary(self) -> dict:
         samples = self.utilisation

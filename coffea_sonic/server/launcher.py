@@ -57,20 +57,31 @@ PORT_ATTEMPTS = 5
 _PORT_TAKEN = re.compile(r"Socket '[^']*:(\d+)' already in use")
 
 
+def gpu_count() -> int:
+    """How many CUDA GPUs are visible (the lines ``nvidia-smi -L`` lists; 0 without nvidia-smi).
+
+    >>> gpu_count() >= 0
+    True
+    """
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if listing.returncode != 0:
+        return 0
+    return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU"))
+
+
 def gpu_available() -> bool:
     """Whether a CUDA GPU is visible (``nvidia-smi -L`` lists one).
 
     >>> isinstance(gpu_available(), bool)
     True
     """
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return False
-    try:
-        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return listing.returncode == 0 and "GPU" in listing.stdout
+    return gpu_count() > 0
 
 
 def free_port(host: str = "127.0.0.1") -> int:

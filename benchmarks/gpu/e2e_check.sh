@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The analysis end to end on a GPU machine (issue 12): in-process CPU inference vs in-process GPU in
+# every worker vs served on 1, 2, 4 GPUs (those the machine has), one command:
+#
+#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
+#   GPU machine: bash benchmarks/gpu/e2e_check.sh             (bring .device along)
+#                EVENTS=1000000 WORKERS=60 bash benchmarks/gpu/e2e_check.sh
+#
+# Sets up tritonserver + the model Python (triton-gpu-env.sh), installs the carried coffea / Dask
+# wheels into /tmp/site, then runs
+#   coffea-sonic bench --scenario e2e --e2e-events $EVENTS --e2e-workers $WORKERS -o $OUT
+# (default: 1 000 000 events, one Dask worker per core but one). Writes results.json, results.md,
+# e2e_machine.png and e2e-log.txt into $OUT (default bench-output/e2e).
+set -uo pipefail
+DEV=${DEV:-.device}
+OUT=${OUT:-bench-output/e2e}
+EVENTS=${EVENTS:-1000000}
+WORKERS=${WORKERS:-$(( $(nproc) - 1 ))}
+mkdir -p "$OUT"
+# shellcheck disable=SC1091
+source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site "$DEV"/extra/*.whl || exit 1
+export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
+echo "cores: $(nproc), memory: $(free -g | awk '/Mem:/ {print $2}') GiB"
+timeout "${TIMEOUT:-560}" python3 -m coffea_sonic.cli bench --scenario e2e --e2e-events "$EVENTS" \
+  --e2e-workers "$WORKERS" -o "$OUT" "$@" 2>&1 \
+  | grep --line-buffered -v "RuntimeWarning\|warnings.warn\|distributed.worker.memory" | tee "$OUT/e2e-log.txt"
+status=${PIPESTATUS[0]}
+cat "$OUT/results.md" 2>/dev/null
+ls -la "$OUT"
+exit "$status"

@@ -333,32 +333,11 @@ def _run_task(task: dict, tasks, control, cache: dict) -> dict:
 
 # -- probes (coffea_sonic.bench.probes: the harness' GPU sampler and statistics reader) ---------------
 
-def gpu_mean(gpu: Any, start: float, end: float) -> float | None:
-    """Mean GPU busy (%) of a run (a :class:`~coffea_sonic.bench.probes.GpuUtilisation`), its first
-    0.2 s (ramp-up) left out."""
-    mean = gpu.mean_between(start + 0.2, end)
-    return round(mean, 1) if mean is not None else None
-
-
 def server_stats(grpc_address: str, model: str) -> Any:
     """Triton's cumulative statistics of ``model`` (every version), through the transport layer."""
     from coffea_sonic.bench.probes import server_statistics, statistics_transport
 
     return server_statistics(statistics_transport(grpc_address), model)
-
-
-def stats_delta(before: Any, after: Any, wall_s: float) -> dict:
-    """Per-request server times (ms), average executed batch, requests and busy fraction."""
-    from coffea_sonic.bench.probes import server_statistics_summary
-
-    delta = after - before
-    summary = server_statistics_summary(delta, wall_s)
-    profile = {f"{part}_ms": round(summary[f"{part}_ms_per_request"], 3)
-               for part in ("queue", "compute_input", "compute_infer", "compute_output")}
-    profile["avg_batch"] = round(delta.average_batch, 1)
-    profile["requests"] = delta.success_count
-    profile["busy_fraction"] = round(summary["busy_fraction"], 3)
-    return profile
 
 
 def machine() -> dict:
@@ -542,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def measure(run: Run, config: Server, server, pool: Pool, gpu: Any, duration: float,
             device: str) -> dict:
+    from coffea_sonic.bench.probes import run_gpu_mean, server_profile
+
     rows = CHUNK_ROWS[run.model]
     seconds = run.duration or (duration + (0.5 if run.procs >= 8 else 0.0))
     task = {"kind": run.kind, "model": run.model, "rows": rows, "client": run.client,
@@ -570,10 +551,10 @@ def measure(run: Run, config: Server, server, pool: Pool, gpu: Any, duration: fl
     record["per_process"] = [round(r["rows_per_s"]) for r in good]
     record["chunk_ms_p50"] = round(float(np.median([r["chunk_ms_p50"] for r in good
                                                      if r["chunk_ms_p50"]])), 3) if good else None
-    record["gpu_busy"] = gpu_mean(gpu, start_at, start_at + seconds)
+    record["gpu_busy"] = run_gpu_mean(gpu, start_at, start_at + seconds)
     record["duration_s"] = seconds
     if served:
-        record["server_profile"] = stats_delta(
+        record["server_profile"] = server_profile(
             before, server_stats(server.grpc_address, run.model), seconds)
         profile = record["server_profile"]
         record["profile"] = (f"{profile['queue_ms']}/{profile['compute_input_ms']}/"

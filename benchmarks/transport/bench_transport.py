@@ -449,27 +449,6 @@ def _task(task: dict, tasks, control, clients: dict) -> dict:
 
 # -- probes (coffea_sonic.bench.probes: the harness' GPU sampler and statistics reader) ----------------
 
-def gpu_mean(gpu: Any, start: float, end: float) -> float | None:
-    """Mean GPU utilisation (%) of a run, its first 0.2 s (ramp-up) left out."""
-    mean = gpu.mean_between(start + 0.2, end)
-    return round(mean, 1) if mean is not None else None
-
-
-def server_profile(before: Any, after: Any, wall_s: float) -> dict:
-    """Per-request server times (ms), average batch and busy fraction between two cumulative
-    :class:`~coffea_sonic.stats.ServerStatistics` of one model."""
-    from coffea_sonic.bench.probes import server_statistics_summary
-
-    delta = after - before
-    summary = server_statistics_summary(delta, wall_s)
-    profile = {f"{part}_ms": round(summary[f"{part}_ms_per_request"], 3)
-               for part in ("queue", "compute_input", "compute_infer", "compute_output")}
-    profile["avg_batch"] = round(delta.average_batch, 1)
-    profile["executions"] = delta.execution_count
-    profile["busy_fraction"] = round(summary["busy_fraction"], 3)
-    return profile
-
-
 # -- servers ------------------------------------------------------------------------------------------
 
 PHASE_ORDER = ("before", "after-i1", "after-i2", "after", "after-i3", "after-i4", "after-pageable",
@@ -530,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from coffea_sonic.bench.machine import machine_info
-    from coffea_sonic.bench.probes import GpuUtilisation, server_statistics, statistics_transport
+    from coffea_sonic.bench.probes import (GpuUtilisation, run_gpu_mean, server_profile,
+                                           server_statistics, statistics_transport)
     from coffea_sonic.server import LocalTritonServer
     from coffea_sonic.server.launcher import gpu_available
 
@@ -603,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
                         "client_submit_ms": round(1e3 * sum(r.get("submit_s", 0) for r in results)
                                                   / max(sum(r.get("requests", 0) for r in results), 1), 3),
                         "latency_ms_p50": results[0].get("latency_ms_p50") if results else None,
-                        "gpu_util": gpu_mean(gpu, start, start + args.duration),
+                        "gpu_util": run_gpu_mean(gpu, start, start + args.duration),
                         "server": (server_profile(before_stats, after_stats, args.duration)
                                    if served else {}),
                         "transport_stats": results[0].get("stats") if results else {},

@@ -150,6 +150,34 @@ def server_statistics_summary(delta: ServerStatistics, wall_s: float) -> dict:
     return summary
 
 
+def server_profile(before: ServerStatistics, after: ServerStatistics, wall_s: float) -> dict:
+    """Per-request server times (ms), average batch, requests, executions and busy fraction of
+    one model between two cumulative statistics (the benchmark scripts' table columns).
+
+    >>> after = ServerStatistics(success_count=10, inference_count=1000, execution_count=5,
+    ...                          queue_ns=20_000_000, compute_infer_ns=50_000_000)
+    >>> profile = server_profile(ServerStatistics(), after, wall_s=0.1)
+    >>> profile["queue_ms"], profile["compute_infer_ms"], profile["avg_batch"], profile["busy_fraction"]
+    (2.0, 5.0, 200.0, 0.25)
+    """
+    delta = after - before
+    summary = server_statistics_summary(delta, wall_s)
+    profile = {f"{part}_ms": round(summary[f"{part}_ms_per_request"], 3)
+               for part in ("queue", "compute_input", "compute_infer", "compute_output")}
+    profile["avg_batch"] = round(delta.average_batch, 1)
+    profile["requests"] = delta.success_count
+    profile["executions"] = delta.execution_count
+    profile["busy_fraction"] = round(summary["busy_fraction"], 3)
+    return profile
+
+
+def run_gpu_mean(gpu: "GpuUtilisation", start: float, end: float) -> float | None:
+    """Mean GPU busy (%) of a run between ``start`` and ``end`` (``time.time()``), its first 0.2 s
+    (ramp-up) left out; None without samples."""
+    mean = gpu.mean_between(start + 0.2, end)
+    return round(mean, 1) if mean is not None else None
+
+
 class GpuSubset:
     """:meth:`GpuUtilisation.only`: ``mean_between`` over some GPUs of a running sampler."""
 

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import InputValidationError, MissingDependencyError, ModelNotFoundError
 
-__all__ = ["MATCH_FRACTION", "MIN_TRACK_HITS", "NAME", "ENSEMBLE_NAME", "STAGE_MODELS",
+__all__ = ["MATCH_FRACTION", "MIN_TRACK_HITS", "NAME", "ENSEMBLE_NAME", "SERVED_NAMES", "STAGE_MODELS",
            "TrackMetrics", "pipeline", "run_direct", "track_metrics", "weights_path"]
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,8 @@ logger = logging.getLogger(__name__)
 #: The fused served model, the ensemble, and the ensemble's stage models.
 NAME = "trackgnn"
 ENSEMBLE_NAME = "trackgnn_ensemble"
+#: What a user names to serve the pipeline (the stage models come with the ensemble).
+SERVED_NAMES: tuple[str, ...] = (NAME, ENSEMBLE_NAME)
 STAGE_MODELS: tuple[str, ...] = tuple(f"trackgnn_{stage}" for stage in
                                       ("embed", "graph", "filter", "gnn", "cc"))
 #: Hits a true or reconstructed track needs to count in the metrics.

@@ -11,11 +11,13 @@ Exa.TrkX-like stages, on the rows of many events at once (``hits [R, 3]`` x, y, 
    (float32 out);
 2. ``graph``: per event, directed edges from each hit to at most ``k_max`` hits further out in
    r within ``radius`` in the embedding (never across events);
-3. ``filter``: an edge MLP on both hits' features and embeddings; edges scoring over
+3. ``filter``: an edge MLP on both hits' features and embeddings and the edge's geometry
+   (:data:`EDGE_FEATURES`); edges scoring over
    ``filter_cut`` are kept;
 4. ``gnn``: an interaction network (node and edge MLPs, :data:`GNN_STEPS` rounds of message
    passing, sums over incoming and outgoing edges) scores the kept edges; those over
-   ``gnn_cut`` are kept;
+   ``gnn_cut`` that are the best of their source's outgoing and their target's incoming edges
+   are kept (chains: one wrong edge cannot merge two tracks);
 5. ``cc``: connected components of the kept edges; per event, components of at least
    ``min_hits`` hits are tracks labelled 0, 1, ... in the order of their first hit, other hits
    are -1.
@@ -48,6 +50,10 @@ GNN_HIDDEN = 32
 R_SCALE, Z_SCALE = 70.0, 150.0
 #: Per-hit features the networks see (from x, y, z).
 FEATURES = ("x", "y", "z", "r", "cos_phi", "sin_phi", "z_over_r")
+#: Geometric features of an edge (from both hits' x, y, z): r and z steps, the phi step, the z at
+#: r = 0 of the line through both hits, the curvature of the circle through the origin and both
+#: hits (a track from the origin has |curvature| < 1 / (2 R) for its helix radius R).
+EDGE_FEATURES = ("dr", "dz", "dphi", "z0", "curvature", "d_z_over_r")
 #: An edge goes outwards: its target at least this much further out in r (cm).
 MIN_DR = 0.5
 #: Largest padded pair matrix (events x hits x hits) the graph stage builds at once.
@@ -140,9 +146,10 @@ def build_networks() -> Any:
     n_features = len(FEATURES)
     return torch.nn.ModuleDict({
         "embed": _mlp(torch, (n_features, HIDDEN, HIDDEN, EMBEDDING_DIM)),
-        "filter": _mlp(torch, (2 * n_features + 2 * EMBEDDING_DIM, HIDDEN, HIDDEN, 1)),
+        "filter": _mlp(torch, (2 * n_features + 2 * EMBEDDING_DIM + len(EDGE_FEATURES), HIDDEN,
+                               HIDDEN, 1)),
         "gnn_node": _mlp(torch, (n_features, GNN_HIDDEN, GNN_HIDDEN)),
-        "gnn_edge": _mlp(torch, (2 * GNN_HIDDEN, GNN_HIDDEN, GNN_HIDDEN)),
+        "gnn_edge": _mlp(torch, (2 * GNN_HIDDEN + len(EDGE_FEATURES), GNN_HIDDEN, GNN_HIDDEN)),
         "gnn_edge_update": _mlp(torch, (3 * GNN_HIDDEN, GNN_HIDDEN, GNN_HIDDEN)),
         "gnn_node_update": _mlp(torch, (3 * GNN_HIDDEN, GNN_HIDDEN, GNN_HIDDEN)),
         "gnn_classify": _mlp(torch, (3 * GNN_HIDDEN, GNN_HIDDEN, 1)),
@@ -160,13 +167,35 @@ def features(hits: Any) -> Any:
                         y / safe_r, z / (safe_r + 1.0) / 4.0], dim=1)
 
 
-def gnn_scores(nets: Any, feats: Any, edges: Any) -> Any:
-    """Edge logits of the interaction network on ``edges [E, 2]`` (torch)."""
+def edge_features(hits: Any, edges: Any) -> Any:
+    """Per-edge geometric features ``[E, len(EDGE_FEATURES)]`` (torch, the dtype of ``hits``)."""
+    import torch
+
+    a, b = hits[edges[:, 0]], hits[edges[:, 1]]
+    r_a = torch.sqrt(a[:, 0] ** 2 + a[:, 1] ** 2)
+    r_b = torch.sqrt(b[:, 0] ** 2 + b[:, 1] ** 2)
+    dr = r_b - r_a
+    dz = b[:, 2] - a[:, 2]
+    cross = a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]
+    dot = a[:, 0] * b[:, 0] + a[:, 1] * b[:, 1]
+    dphi = torch.atan2(cross, dot)
+    chord = torch.sqrt((b[:, 0] - a[:, 0]) ** 2 + (b[:, 1] - a[:, 1]) ** 2)
+    curvature = 2.0 * cross / torch.clamp(r_a * r_b * chord, min=1e-6)
+    safe_dr = torch.where(dr.abs() < 1e-3, torch.full_like(dr, 1e-3), dr)
+    z0 = a[:, 2] - r_a * dz / safe_dr
+    over = b[:, 2] / (r_b + 1.0) - a[:, 2] / (r_a + 1.0)
+    return torch.stack([dr / 20.0, dz / 20.0, dphi * 10.0, torch.clamp(z0 / 10.0, -10.0, 10.0),
+                        curvature * 100.0, over * 4.0], dim=1)
+
+
+def gnn_scores(nets: Any, feats: Any, edges: Any, geometry: Any) -> Any:
+    """Edge logits of the interaction network on ``edges [E, 2]`` with their
+    :func:`edge_features` ``geometry`` (torch)."""
     import torch
 
     source, target = edges[:, 0], edges[:, 1]
     node = nets["gnn_node"](feats)
-    edge = nets["gnn_edge"](torch.cat([node[source], node[target]], dim=1))
+    edge = nets["gnn_edge"](torch.cat([node[source], node[target], geometry], dim=1))
     for _ in range(GNN_STEPS):
         incoming = torch.zeros_like(node).index_add_(0, target, edge)
         outgoing = torch.zeros_like(node).index_add_(0, source, edge)
@@ -175,13 +204,27 @@ def gnn_scores(nets: Any, feats: Any, edges: Any) -> Any:
     return nets["gnn_classify"](torch.cat([node[source], node[target], edge], dim=1)).squeeze(1)
 
 
-def filter_logits(nets: Any, feats: Any, embedding: Any, edges: Any) -> Any:
-    """Edge logits of the filter MLP on ``edges [E, 2]`` (torch)."""
+def filter_logits(nets: Any, feats: Any, embedding: Any, edges: Any, geometry: Any) -> Any:
+    """Edge logits of the filter MLP on ``edges [E, 2]`` with their :func:`edge_features`
+    ``geometry`` (torch)."""
     import torch
 
     source, target = edges[:, 0], edges[:, 1]
     return nets["filter"](torch.cat([feats[source], feats[target], embedding[source],
-                                     embedding[target]], dim=1)).squeeze(1)
+                                     embedding[target], geometry], dim=1)).squeeze(1)
+
+
+def best_chains(edges: Any, scores: Any, cut: float, rows: int) -> Any:
+    """The edges scoring over ``cut`` that are both the best-scoring outgoing edge of their source
+    and the best-scoring incoming edge of their target: chains, so one wrong edge cannot merge
+    two tracks into one component (order kept)."""
+    import torch
+
+    fill = torch.full((rows,), -math.inf, dtype=scores.dtype, device=scores.device)
+    best_out = fill.scatter_reduce(0, edges[:, 0], scores, reduce="amax")
+    best_in = fill.clone().scatter_reduce(0, edges[:, 1], scores, reduce="amax")
+    keep = (scores > cut) & (scores == best_out[edges[:, 0]]) & (scores == best_in[edges[:, 1]])
+    return edges[keep]
 
 
 def pair_chunks(counts: np.ndarray, budget: int = PAIR_BUDGET) -> list[tuple[int, int]]:
@@ -276,15 +319,16 @@ class TrackPipeline:
         """The edges whose filter score is over ``filter_cut``."""
         if not len(edges):
             return edges
-        logits = filter_logits(self.nets, features(hits), embedding.to(self.dtype), edges)
+        logits = filter_logits(self.nets, features(hits), embedding.to(self.dtype), edges,
+                               edge_features(hits, edges))
         return edges[self.torch.sigmoid(logits) > self.hparams["filter_cut"]]
 
     def gnn(self, hits: Any, edges: Any) -> Any:
-        """The edges whose GNN score is over ``gnn_cut``."""
+        """The edges whose GNN score is over ``gnn_cut``, pruned to chains (:func:`best_chains`)."""
         if not len(edges):
             return edges
-        logits = gnn_scores(self.nets, features(hits), edges)
-        return edges[self.torch.sigmoid(logits) > self.hparams["gnn_cut"]]
+        logits = gnn_scores(self.nets, features(hits), edges, edge_features(hits, edges))
+        return best_chains(edges, self.torch.sigmoid(logits), self.hparams["gnn_cut"], len(hits))
 
     def components(self, edges: Any, rows: int, counts: np.ndarray) -> np.ndarray:
         """Track labels ``[rows]`` int64 (numpy) from the kept edges."""

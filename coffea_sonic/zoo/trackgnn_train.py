@@ -139,13 +139,14 @@ def train_trackgnn(n_events: int = TRAIN_EVENTS, seed: int = 0,
         edges = stage.graph(rows, embedding, events["counts"])
     truth = torch.from_numpy(_true(edges.numpy(), events["track_id"]).astype(np.float32))
     feats = tp.features(torch.from_numpy(events["rows"]))
+    geometry = tp.edge_features(torch.from_numpy(events["rows"]), edges)
     logger.info("trackgnn graph: %d edges, %.4f true; %.4f of true pairs one or two layers "
                 "apart inside the radius %.3f", len(edges), float(truth.mean()),
                 _edge_efficiency(edges.numpy(), events), hparams["radius"])
     positive_weight = torch.tensor(float((1 - truth).sum() / max(truth.sum(), 1)))
     filter_loss = torch.nn.BCEWithLogitsLoss(pos_weight=positive_weight)
     fit(nets["filter"], lambda batch: filter_loss(
-        tp.filter_logits(nets, feats, embedding, edges[batch]), truth[batch]),
+        tp.filter_logits(nets, feats, embedding, edges[batch], geometry[batch]), truth[batch]),
         len(edges), epochs=epochs[1], batch_size=2048, learning_rate=2e-3, seed=seed,
         name="trackgnn filter")
 
@@ -199,7 +200,8 @@ def _train_gnn(torch: Any, nets: Any, events: dict[str, np.ndarray], edges: np.n
             edge_parts.append(torch.from_numpy(part - first + offset))
             truth_parts.append(torch.from_numpy(truth_all[bounds[event]:bounds[event + 1]]))
             offset += stop - first
-        logits = tp.gnn_scores(nets, tp.features(torch.cat(hit_parts)), torch.cat(edge_parts))
+        hits, graph = torch.cat(hit_parts), torch.cat(edge_parts)
+        logits = tp.gnn_scores(nets, tp.features(hits), graph, tp.edge_features(hits, graph))
         return loss_function(logits, torch.cat(truth_parts))
 
     gnn = torch.nn.ModuleDict({key: nets[key] for key in nets if key.startswith("gnn")})

@@ -29,9 +29,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Missing cross-reference")
 ROOT = Path(__file__).resolve().parents[1]
 #: Never used in training (the shipped weights used seed 0 and its validation offset).
 FRESH_SEED = 20_261_127
-#: Floors under what the shipped weights measure on 400 fresh events (efficiency, purity).
-EFFICIENCY_FLOOR = 0.8
-PURITY_FLOOR = 0.8
+#: Floors under what the shipped weights measure on 400 fresh events (0.962 efficiency, 0.965
+#: purity with this seed; 0.96-0.97 on other seeds).
+EFFICIENCY_FLOOR = 0.93
+PURITY_FLOOR = 0.93
 
 
 def _fresh(events: int, seed: int = FRESH_SEED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,7 +121,8 @@ def test_served_over_http_and_through_the_mixin_equal_direct(server):
     clear_routers()
     rows, counts = _with_small_events(15)
     direct = trackgnn.run_direct(rows, counts)
-    http = TritonModel(server.url("trackgnn_ensemble"), transport="http", max_request_bytes=8000)
+    http = TritonModel(f"triton+http://{server.http_address}/trackgnn_ensemble", transport="http",
+                       max_request_bytes=8000)
     np.testing.assert_array_equal(http({"hits": rows}, counts=counts)["labels"], direct)
 
     class Tracking(SonicMixin):

@@ -16,8 +16,8 @@ Exa.TrkX-like stages, on the rows of many events at once (``hits [R, 3]`` x, y, 
    ``filter_cut`` are kept;
 4. ``gnn``: an interaction network (node and edge MLPs, :data:`GNN_STEPS` rounds of message
    passing, sums over incoming and outgoing edges) scores the kept edges; those over
-   ``gnn_cut`` that are the best of their source's outgoing and their target's incoming edges
-   are kept (chains: one wrong edge cannot merge two tracks);
+   ``gnn_cut`` that are the best outgoing edge of their source are kept (one link outwards per
+   hit: a wrong edge beside a right one cannot merge two tracks);
 5. ``cc``: connected components of the kept edges; per event, components of at least
    ``min_hits`` hits are tracks labelled 0, 1, ... in the order of their first hit, other hits
    are -1.
@@ -56,8 +56,10 @@ FEATURES = ("x", "y", "z", "r", "cos_phi", "sin_phi", "z_over_r")
 EDGE_FEATURES = ("dr", "dz", "dphi", "z0", "curvature", "d_z_over_r")
 #: An edge goes outwards: its target at least this much further out in r (cm).
 MIN_DR = 0.5
-#: Largest padded pair matrix (events x hits x hits) the graph stage builds at once.
+#: Largest padded pair matrix (events x hits x hits) the graph stage builds at once, on CPU and
+#: on a GPU (fewer, larger launches).
 PAIR_BUDGET = 1 << 22
+GPU_PAIR_BUDGET = 1 << 26
 #: Hyper-parameters stored with the weights (``hparam.<name>``), with their defaults.
 DEFAULT_HPARAMS: dict[str, float] = {"radius": 1.0, "k_max": 8, "filter_cut": 0.1,
                                      "gnn_cut": 0.5, "min_hits": 3}
@@ -214,17 +216,18 @@ def filter_logits(nets: Any, feats: Any, embedding: Any, edges: Any, geometry: A
                                      embedding[target], geometry], dim=1)).squeeze(1)
 
 
-def best_chains(edges: Any, scores: Any, cut: float, rows: int) -> Any:
-    """The edges scoring over ``cut`` that are both the best-scoring outgoing edge of their source
-    and the best-scoring incoming edge of their target: chains, so one wrong edge cannot merge
-    two tracks into one component (order kept)."""
+def best_outgoing(edges: Any, scores: Any, cut: float, rows: int) -> Any:
+    """The edges scoring over ``cut`` that are the best-scoring outgoing edge of their source:
+    each hit links to at most one hit further out, so a wrong edge beside a right one cannot
+    merge two tracks into one component (order kept).
+
+    (Also requiring the best incoming edge of the target breaks tracks: a track's edges that
+    skip a layer are right too, and often win.)"""
     import torch
 
     fill = torch.full((rows,), -math.inf, dtype=scores.dtype, device=scores.device)
-    best_out = fill.scatter_reduce(0, edges[:, 0], scores, reduce="amax")
-    best_in = fill.clone().scatter_reduce(0, edges[:, 1], scores, reduce="amax")
-    keep = (scores > cut) & (scores == best_out[edges[:, 0]]) & (scores == best_in[edges[:, 1]])
-    return edges[keep]
+    best = fill.scatter_reduce(0, edges[:, 0], scores, reduce="amax")
+    return edges[(scores > cut) & (scores == best[edges[:, 0]])]
 
 
 def pair_chunks(counts: np.ndarray, budget: int = PAIR_BUDGET) -> list[tuple[int, int]]:
@@ -287,7 +290,8 @@ class TrackPipeline:
         points = embedding.to(self.dtype)
         radius2 = self.hparams["radius"] ** 2
         found = []
-        for first, stop in pair_chunks(counts):
+        budget = PAIR_BUDGET if self.device.type == "cpu" else GPU_PAIR_BUDGET
+        for first, stop in pair_chunks(counts, budget):
             widest = int(counts[first:stop].max(initial=0))
             if widest < 2:
                 continue
@@ -324,11 +328,12 @@ class TrackPipeline:
         return edges[self.torch.sigmoid(logits) > self.hparams["filter_cut"]]
 
     def gnn(self, hits: Any, edges: Any) -> Any:
-        """The edges whose GNN score is over ``gnn_cut``, pruned to chains (:func:`best_chains`)."""
+        """The edges whose GNN score is over ``gnn_cut``, the best of each source
+        (:func:`best_outgoing`)."""
         if not len(edges):
             return edges
         logits = gnn_scores(self.nets, features(hits), edges, edge_features(hits, edges))
-        return best_chains(edges, self.torch.sigmoid(logits), self.hparams["gnn_cut"], len(hits))
+        return best_outgoing(edges, self.torch.sigmoid(logits), self.hparams["gnn_cut"], len(hits))
 
     def components(self, edges: Any, rows: int, counts: np.ndarray) -> np.ndarray:
         """Track labels ``[rows]`` int64 (numpy) from the kept edges."""

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 VALIDATION_SEED_OFFSET = 1_000_003
 #: Shipped model: training events and epochs of (embedding, filter, GNN).
 TRAIN_EVENTS = 1200
-EPOCHS = (6, 4, 6)
+EPOCHS = (6, 4, 8)
 
 
 def _events(n_events: int, seed: int) -> dict[str, np.ndarray]:

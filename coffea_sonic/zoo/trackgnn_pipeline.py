@@ -10,7 +10,8 @@ Exa.TrkX-like stages, on the rows of many events at once (``hits [R, 3]`` x, y, 
 1. ``embed``: an MLP maps each hit's features to a point in an :data:`EMBEDDING_DIM`-d space
    (float32 out);
 2. ``graph``: per event, directed edges from each hit to at most ``k_max`` hits further out in
-   r within ``radius`` in the embedding (never across events);
+   r within ``radius`` in the embedding (never across events; events padded in groups of
+   similar size, float32 distances summed elementwise);
 3. ``filter``: an edge MLP on both hits' features and embeddings and the edge's geometry
    (:data:`EDGE_FEATURES`); edges scoring over
    ``filter_cut`` are kept;
@@ -282,33 +283,38 @@ class TrackPipeline:
         return self.nets["embed"](features(hits)).to(self.torch.float32)
 
     def graph(self, hits: Any, embedding: Any, counts: np.ndarray) -> Any:
-        """Directed edges ``[E, 2]`` (global rows) inside each event, in (source, target) order."""
+        """Directed edges ``[E, 2]`` (global rows) inside each event, in (source, target) order.
+
+        Events are padded in groups of similar size (sorted by hits); distances are float32
+        elementwise sums (no GEMM), so an event's edges never depend on the others."""
         torch = self.torch
         counts = np.asarray(counts, dtype=np.int64)
         starts_np = np.cumsum(counts) - counts
         r = torch.sqrt(hits[:, 0] ** 2 + hits[:, 1] ** 2)
-        points = embedding.to(self.dtype)
+        points = embedding.to(torch.float32)
         radius2 = self.hparams["radius"] ** 2
         found = []
         budget = PAIR_BUDGET if self.device.type == "cpu" else GPU_PAIR_BUDGET
-        for first, stop in pair_chunks(counts, budget):
-            widest = int(counts[first:stop].max(initial=0))
-            if widest < 2:
-                continue
-            starts = torch.as_tensor(starts_np[first:stop], device=self.device)
-            sizes = torch.as_tensor(counts[first:stop], device=self.device)
+        by_size = np.argsort(counts, kind="stable")
+        by_size = by_size[counts[by_size] >= 2]
+        for first, stop in pair_chunks(counts[by_size], budget):
+            events = by_size[first:stop]
+            widest = int(counts[events].max())
+            starts = torch.as_tensor(starts_np[events], device=self.device)
+            sizes = torch.as_tensor(counts[events], device=self.device)
             column = torch.arange(widest, device=self.device)
             valid = column[None, :] < sizes[:, None]
             index = torch.where(valid, starts[:, None] + column[None, :], 0)
             p, rr = points[index], r[index]
-            distance = torch.zeros((stop - first, widest, widest), dtype=self.dtype,
-                                   device=self.device)
+            shape = (len(events), widest, widest)
+            distance = torch.zeros(shape, dtype=torch.float32, device=self.device)
+            step = torch.empty(shape, dtype=torch.float32, device=self.device)
             for d in range(p.shape[2]):  # elementwise: no GEMM, no dependence on the padding
-                step = p[:, :, None, d] - p[:, None, :, d]
-                distance += step * step
+                torch.sub(p[:, :, None, d], p[:, None, :, d], out=step)
+                distance.addcmul_(step, step)
             allowed = (valid[:, :, None] & valid[:, None, :]
                        & (rr[:, None, :] > rr[:, :, None] + MIN_DR) & (distance < radius2))
-            distance = torch.where(allowed, distance, torch.full_like(distance, math.inf))
+            distance.masked_fill_(~allowed, math.inf)
             k = min(int(self.hparams["k_max"]), widest)
             nearest, which = torch.topk(distance, k, dim=2, largest=False)
             chosen = torch.zeros_like(allowed).scatter_(2, which, torch.isfinite(nearest))
@@ -317,7 +323,9 @@ class TrackPipeline:
             found.append(torch.stack([base + source, base + target], dim=1))
         if not found:
             return torch.zeros((0, 2), dtype=torch.int64, device=self.device)
-        return torch.cat(found)
+        edges = torch.cat(found)
+        order = torch.argsort(edges[:, 0] * max(len(r), 1) + edges[:, 1])
+        return edges[order]
 
     def filter(self, hits: Any, embedding: Any, edges: Any) -> Any:
         """The edges whose filter score is over ``filter_cut``."""

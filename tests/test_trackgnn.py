@@ -74,6 +74,21 @@ def test_sample_hits_read_back_through_nanoevents_with_counts_aligned(tmp_path):
     assert labels.shape == (len(rows),)
 
 
+def test_hits_come_from_their_own_random_stream_and_leave_the_other_branches_alone(monkeypatch):
+    from coffea_sonic.data import synthetic
+
+    with_hits = generate_events("ttbar", 50, seed=3)
+    monkeypatch.setattr(synthetic, "hit_collection", lambda *args: ak.Array([[]] * 50))
+    without = generate_events("ttbar", 50, seed=3)
+    for name in ("Jet", "PFCands", "JetPFCands"):
+        for field in with_hits[name].fields:
+            assert ak.all(with_hits[name][field] == without[name][field], axis=None), (name, field)
+    for name in ("genWeight", "MET_pt", "GenMET_pt"):
+        np.testing.assert_array_equal(with_hits[name], without[name])
+    other = generate_events("ttbar", 50, seed=3, first_event=51)["Hit"]
+    assert ak.num(with_hits["Hit"]).tolist() != ak.num(other).tolist()  # per file, not repeated
+
+
 def test_direct_labels_of_an_event_do_not_depend_on_the_events_beside_it():
     rows, counts = _with_small_events(30)
     together = trackgnn.run_direct(rows, counts)

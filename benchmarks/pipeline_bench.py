@@ -12,8 +12,9 @@ synchronously, as an analysis worker does:
 Each mode runs with every ``--clients`` count; all clients of a run start together, a client's
 rate is its events over the time to its last answer, a run's rate the sum. The served models run
 on ``LocalTritonServer(models=["trackgnn", "trackgnn_ensemble"], device=...)`` (torch on CUDA with
-``--device gpu``, as the direct runs). Before timing, served labels are compared with the direct
-labels of the same chunk (identical on CPU). GPU busy is sampled with ``nvidia-smi``.
+``--device gpu``, as the direct runs; both on the one GPU ``--gpu``, default 0). Before timing,
+served labels are compared with the direct labels of the same chunk (identical on CPU). GPU busy
+is sampled with ``nvidia-smi``.
 
 Writes ``pipeline-<device>.json`` and ``pipeline-<device>.md`` (a table) into ``--out``::
 
@@ -69,7 +70,8 @@ def _runner(task: dict, cache: dict) -> Any:
         if task["mode"] == "direct":
             from coffea_sonic.zoo import trackgnn
 
-            pipeline = trackgnn.pipeline("cuda" if task["device"] == "gpu" else "cpu")
+            pipeline = trackgnn.pipeline(f"cuda:{task['gpu']}" if task["device"] == "gpu"
+                                         else "cpu")
             cache[key] = lambda rows, counts: pipeline.run(rows, counts)
         else:
             from coffea_sonic import TritonModel
@@ -121,13 +123,13 @@ class _Running:
         pass
 
 
-def _verify(server: Any, device: str, events: int) -> dict:
+def _verify(server: Any, device: str, events: int, gpu: int = 0) -> dict:
     """Served labels of one chunk against the direct labels (fraction of hits equal)."""
     from coffea_sonic import TritonModel
     from coffea_sonic.zoo import trackgnn
 
     rows, counts = _chunks(events, 99)[0]
-    direct = trackgnn.pipeline("cuda" if device == "gpu" else "cpu").run(rows, counts)
+    direct = trackgnn.pipeline(f"cuda:{gpu}" if device == "gpu" else "cpu").run(rows, counts)
     result = {}
     for mode, name in SERVED.items():
         served = TritonModel(server.url(name))({"hits": rows}, counts=counts)["labels"]
@@ -172,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--events", type=int, default=200, help="events per call (chunk)")
     parser.add_argument("--duration", type=float, default=6.0, help="seconds per run")
+    parser.add_argument("--gpu", type=int, default=0,
+                        help="--device gpu: the one GPU the server and the direct runs use")
     parser.add_argument("--instances", type=int, default=None,
                         help="model instances per GPU (default: LocalTritonServer's)")
     parser.add_argument("--server", default=None, metavar="HOST:PORT",
@@ -193,22 +197,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.server and any(mode in SERVED for mode in args.modes):
             server = _Running(args.server)
-            report["served_equals_direct"] = _verify(server, args.device, args.events)
+            report["served_equals_direct"] = _verify(server, args.device, args.events, args.gpu)
         elif any(mode in SERVED for mode in args.modes):
             from coffea_sonic.server import LocalTritonServer
 
             began = time.time()
-            server = LocalTritonServer(models=list(SERVED.values()), device=args.device,
-                                       instances=args.instances, startup_timeout_s=240).start()
+            server = LocalTritonServer(
+                models=list(SERVED.values()), device=args.device, instances=args.instances,
+                gpus=[args.gpu] if args.device == "gpu" else None, startup_timeout_s=240).start()
             logger.info("server ready in %.1f s", time.time() - began)
-            report["served_equals_direct"] = _verify(server, args.device, args.events)
+            report["served_equals_direct"] = _verify(server, args.device, args.events, args.gpu)
             logger.info("served labels equal to direct (fraction of hits): %s",
                         report["served_equals_direct"])
         direct: dict[int, float] = {}
         for mode in args.modes:
             for clients in args.clients:
                 task = {"mode": mode, "device": args.device, "events": args.events,
-                        "duration": args.duration}
+                        "duration": args.duration, "gpu": args.gpu}
                 if mode in SERVED:
                     task["url"] = server.url(SERVED[mode])
                 record: dict = {"mode": mode, "clients": clients}

@@ -102,6 +102,13 @@ def test_direct_labels_of_an_event_do_not_depend_on_the_events_beside_it():
         assert found.tolist() == list(range(len(found)))
 
 
+def test_connected_components_without_scipy_give_the_same_labels(monkeypatch):
+    rows, counts = _with_small_events(20)
+    with_scipy = trackgnn.run_direct(rows, counts)
+    monkeypatch.setitem(sys.modules, "scipy.sparse", None)  # import fails: the numpy fallback
+    np.testing.assert_array_equal(trackgnn.run_direct(rows, counts), with_scipy)
+
+
 def test_shipped_pipeline_finds_tracks_above_the_floors_in_fresh_events():
     rows, counts, track_id = _fresh(400)
     metrics = trackgnn.track_metrics(trackgnn.run_direct(rows, counts), track_id, counts)

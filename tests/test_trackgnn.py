@@ -19,7 +19,7 @@ from coffea.nanoevents import NanoAODSchema, NanoEventsFactory
 
 from coffea_sonic import SonicMixin, TritonModel
 from coffea_sonic.data import generate_events, write_sample
-from coffea_sonic.data.hits import generate_hits, hit_rows
+from coffea_sonic.data.hits import generate_hits, hit_rows, hit_xyz
 from coffea_sonic.errors import InputValidationError
 from coffea_sonic.routing import clear_routers
 from coffea_sonic.zoo import trackgnn
@@ -70,6 +70,9 @@ def test_sample_hits_read_back_through_nanoevents_with_counts_aligned(tmp_path):
     rows, counts = hit_rows(events.Hit)
     assert rows.shape == (int(counts.sum()), 3) and counts.tolist() == ak.num(events.Hit).tolist()
     assert (counts == 0).any() and counts.max() > 50  # empty events and busy ones
+    xyz = hit_xyz(events.Hit)
+    assert ak.num(xyz).tolist() == counts.tolist()
+    np.testing.assert_array_equal(ak.to_numpy(ak.flatten(xyz)), rows)
     labels = trackgnn.run_direct(rows, counts)
     assert labels.shape == (len(rows),)
 
@@ -155,7 +158,7 @@ def test_served_over_http_and_through_the_mixin_equal_direct(server):
 
     processor = Tracking()
     processor.sonic_configure(max_request_bytes=8000)
-    out = processor.process(ak.unflatten(ak.Array(rows), counts))
+    out = processor.process(ak.unflatten(ak.Array(rows), counts))  # as hit_xyz(events.Hit)
     assert ak.num(out["labels"]).tolist() == counts.tolist()
     np.testing.assert_array_equal(ak.to_numpy(ak.flatten(out["labels"])), direct)
 

@@ -20,7 +20,7 @@ _EXPORTS: dict[str, str] = {
     "DATASETS": ".synthetic", "dataset_tools_fileset": ".synthetic", "draw_jets": ".synthetic",
     "draw_labelled_jets": ".synthetic", "generate_events": ".synthetic",
     "write_sample": ".synthetic",
-    "generate_hits": ".hits", "hit_collection": ".hits", "hit_rows": ".hits",
+    "generate_hits": ".hits", "hit_collection": ".hits", "hit_rows": ".hits", "hit_xyz": ".hits",
 }
 
 __all__ = sorted(_EXPORTS)

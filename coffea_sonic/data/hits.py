@@ -31,7 +31,8 @@ import numpy as np
 
 from ..errors import ConfigurationError
 
-__all__ = ["HIT_BRANCH_DTYPES", "LAYER_RADII", "generate_hits", "hit_collection", "hit_rows"]
+__all__ = ["HIT_BRANCH_DTYPES", "LAYER_RADII", "generate_hits", "hit_collection", "hit_rows",
+           "hit_xyz"]
 
 #: Radii (cm) of the barrel layers, innermost first.
 LAYER_RADII: tuple[float, ...] = (3.0, 6.0, 10.0, 15.0, 21.0, 28.0, 36.0, 45.0, 55.0, 66.0)
@@ -163,3 +164,18 @@ def hit_rows(hits: Any) -> tuple[np.ndarray, np.ndarray]:
     rows = np.stack([ak.to_numpy(ak.flatten(hits[name])).astype(np.float32)
                      for name in ("x", "y", "z")], axis=1)
     return rows.reshape(len(rows), 3), counts
+
+
+def hit_xyz(hits: Any):
+    """The ``trackgnn`` input as a jagged array ``[events][hits][3]`` float32 (x, y, z) of a
+    ``Hit`` collection: what ``self.infer("trackgnn", {"hits": xyz}, like=xyz, ragged=True)``
+    sends from a processor.
+
+    >>> xyz = hit_xyz(hit_collection(3, seed=2))
+    >>> str(xyz.type).split(" * ", 1)[1]
+    'var * 3 * float32'
+    """
+    import awkward as ak
+
+    rows, counts = hit_rows(hits)
+    return ak.unflatten(ak.Array(rows), counts)

@@ -142,6 +142,19 @@ def test_served_fused_and_ensemble_equal_direct_over_many_requests(server, each_
         assert empty.shape == (0,)
 
 
+def test_a_plain_triton_client_sends_one_event_without_counts(server):
+    import tritonclient.grpc as grpcclient
+
+    rows, counts, _ = _fresh(1, seed=5)
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    for name in ("trackgnn", "trackgnn_ensemble"):
+        tensor = grpcclient.InferInput("hits", [1, len(rows), 3], "FP32")
+        tensor.set_data_from_numpy(np.ascontiguousarray(rows[None]))
+        labels = client.infer(name, [tensor]).as_numpy("labels")
+        np.testing.assert_array_equal(labels, trackgnn.run_direct(rows)[None], err_msg=name)
+    client.close()
+
+
 def test_served_over_http_and_through_the_mixin_equal_direct(server):
     clear_routers()
     rows, counts = _with_small_events(15)

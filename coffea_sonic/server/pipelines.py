@@ -85,6 +85,8 @@ def stage_config(stage: str, device: Device = "cpu", instances: int = 1,
                                              + [(config.output.add(), t) for t in outputs]):
         declared.name, declared.dims[:] = name, [-1, *dims]
         declared.data_type = model_config_pb2.DataType.Value(f"TYPE_{datatype}")
+        if name.endswith("__counts"):  # a request without counts is one event
+            declared.optional = True
     group = config.instance_group.add(count=instances)
     group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
     return config

@@ -1,8 +1,9 @@
 """The numeric code of the ``trackgnn`` pipeline: one module, run in-process and by the server.
 
-Self-contained on purpose (numpy and torch, scipy when present; no coffea_sonic import): the
-repository writer copies this file next to the python-backend ``model.py`` of the fused model
-and of every stage model, so the served pipeline runs exactly the code a direct run does.
+Self-contained on purpose (numpy and plain torch, scipy when present; no torch-geometric, no
+coffea_sonic import): the repository writer copies this file next to the python-backend
+``model.py`` of the fused model and of every stage model, so the served pipeline runs exactly the
+code a direct run does.
 
 Exa.TrkX-like stages, on the rows of many events at once (``hits [R, 3]`` x, y, z in cm, and
 ``counts [G]``: the rows of each event, in order):
@@ -13,8 +14,7 @@ Exa.TrkX-like stages, on the rows of many events at once (``hits [R, 3]`` x, y, 
    r within ``radius`` in the embedding (never across events; events padded in groups of
    similar size, float32 distances summed elementwise);
 3. ``filter``: an edge MLP on both hits' features and embeddings and the edge's geometry
-   (:data:`EDGE_FEATURES`); edges scoring over
-   ``filter_cut`` are kept;
+   (:data:`EDGE_FEATURES`); edges scoring over ``filter_cut`` are kept;
 4. ``gnn``: an interaction network (node and edge MLPs, :data:`GNN_STEPS` rounds of message
    passing, sums over incoming and outgoing edges) scores the kept edges; those over
    ``gnn_cut`` that are the best outgoing edge of their source are kept (one link outwards per
@@ -53,7 +53,7 @@ R_SCALE, Z_SCALE = 70.0, 150.0
 FEATURES = ("x", "y", "z", "r", "cos_phi", "sin_phi", "z_over_r")
 #: Geometric features of an edge (from both hits' x, y, z): r and z steps, the phi step, the z at
 #: r = 0 of the line through both hits, the curvature of the circle through the origin and both
-#: hits (a track from the origin has |curvature| < 1 / (2 R) for its helix radius R).
+#: hits (1 / R for a track from the origin with helix radius R; R > 83 cm in the sample).
 EDGE_FEATURES = ("dr", "dz", "dphi", "z0", "curvature", "d_z_over_r")
 #: An edge goes outwards: its target at least this much further out in r (cm).
 MIN_DR = 0.5

@@ -137,6 +137,41 @@ def _verify(server: Any, device: str, events: int, gpu: int = 0) -> dict:
     return result
 
 
+def _stage_ms(device: str, events: int, gpu: int = 0, repeats: int = 5) -> dict:
+    """Median ms per stage of one direct call on a chunk (where the pipeline's time goes)."""
+    import torch
+
+    from coffea_sonic.zoo import trackgnn
+
+    pipeline = trackgnn.pipeline(f"cuda:{gpu}" if device == "gpu" else "cpu")
+    rows, counts = _chunks(events, 98)[0]
+    sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        marks = [time.perf_counter()]
+
+        def mark() -> None:
+            sync()
+            marks.append(time.perf_counter())
+
+        with torch.inference_mode():
+            hits = pipeline._hits(rows)
+            embedding = pipeline.embed(hits)
+            mark()
+            edges = pipeline.graph(hits, embedding, counts)
+            mark()
+            edges = pipeline.filter(hits, embedding, edges)
+            mark()
+            edges = pipeline.gnn(hits, edges)
+            mark()
+            pipeline.components(edges, len(rows), counts)
+            mark()
+        for stage, (a, b) in zip(("embed", "graph", "filter", "gnn", "cc"),
+                                 zip(marks[:-1], marks[1:])):
+            times.setdefault(stage, []).append(1e3 * (b - a))
+    return {stage: round(float(np.median(values)), 2) for stage, values in times.items()}
+
+
 def _machine() -> dict:
     info: dict = {"host": platform.node(), "cores": os.cpu_count(),
                   "python": platform.python_version()}
@@ -209,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
             report["served_equals_direct"] = _verify(server, args.device, args.events, args.gpu)
             logger.info("served labels equal to direct (fraction of hits): %s",
                         report["served_equals_direct"])
+        report["direct_stage_ms"] = _stage_ms(args.device, args.events, args.gpu)
+        logger.info("direct, ms per stage of one call: %s", report["direct_stage_ms"])
         direct: dict[int, float] = {}
         for mode in args.modes:
             for clients in args.clients:
@@ -242,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         stem = out / f"pipeline-{args.device}"
         stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
         table = _table(records, args.device, args.events)
+        if report.get("direct_stage_ms"):
+            table += ("\ndirect, ms per stage of one call: " + ", ".join(
+                f"{stage} {ms}" for stage, ms in report["direct_stage_ms"].items()) + "\n")
         stem.with_suffix(".md").write_text(table)
         print(table, flush=True)
     return 1 if any("error" in record for record in records) else 0

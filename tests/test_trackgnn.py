@@ -197,3 +197,4 @@ def test_pipeline_benchmark_smoke_run_writes_json_and_table(server, tmp_path):
     assert sorted(modes) == [("direct", 1), ("ensemble", 1), ("fused", 1)]
     assert all(r["events_per_s"] > 0 for r in modes.values())
     assert "| fused | 1 |" in (tmp_path / "pipeline-cpu.md").read_text()
+    assert sorted(report["direct_stage_ms"]) == ["cc", "embed", "filter", "gnn", "graph"]

@@ -51,7 +51,8 @@ import numpy as np
 from ..errors import InputValidationError, MissingDependencyError, ModelNotFoundError
 
 __all__ = ["MATCH_FRACTION", "MIN_TRACK_HITS", "NAME", "ENSEMBLE_NAME", "SERVED_NAMES", "STAGE_MODELS",
-           "TrackMetrics", "pipeline", "run_direct", "track_metrics", "weights_path"]
+           "TrackMatches", "TrackMetrics", "pipeline", "run_direct", "track_matches",
+           "track_metrics", "weights_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,13 +157,53 @@ class TrackMetrics:
         return self.matched / self.reco_tracks if self.reco_tracks else float("nan")
 
 
-def track_metrics(labels: Any, track_id: Any, counts: Any) -> TrackMetrics:
-    """Efficiency and purity of per-event ``labels`` against true ``track_id`` (both ``[rows]``,
-    -1 for none), the events' rows given by ``counts``.
+@dataclass(frozen=True)
+class TrackMatches:
+    """Per-track outcome of :func:`track_matches`: every true track and every reconstructed
+    track (label), whatever its size; the metrics count those of at least
+    :data:`MIN_TRACK_HITS` hits.
 
-    >>> m = track_metrics(np.array([0] * 6 + [-1] * 4), np.array([3] * 10), np.array([10]))
-    >>> m.found, m.matched, m.efficiency, m.purity   # 6 of 10 hits: under 75 % of the true track
-    (0, 0, 0.0, 0.0)
+    ``true_event`` / ``reco_event``: the event of each track; ``true_size`` / ``reco_size``: its
+    hits; ``true_found`` / ``reco_matched``: matched (module docstring); ``true_of_hit`` /
+    ``reco_of_hit``: per hit, the index of its true / reconstructed track in these arrays (-1:
+    noise / on no track).
+    """
+
+    true_event: np.ndarray
+    true_size: np.ndarray
+    true_found: np.ndarray
+    true_of_hit: np.ndarray
+    reco_event: np.ndarray
+    reco_size: np.ndarray
+    reco_matched: np.ndarray
+    reco_of_hit: np.ndarray
+
+    def metrics(self) -> TrackMetrics:
+        """The totals over tracks of at least :data:`MIN_TRACK_HITS` hits."""
+        true_counted = self.true_size >= MIN_TRACK_HITS
+        reco_counted = self.reco_size >= MIN_TRACK_HITS
+        return TrackMetrics(true_tracks=int(true_counted.sum()),
+                            reco_tracks=int(reco_counted.sum()),
+                            found=int((self.true_found & true_counted).sum()),
+                            matched=int((self.reco_matched & reco_counted).sum()))
+
+
+def _tracks(key: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Track keys (sorted), their event, size, and each hit's index among them (-1: none)."""
+    ids, of_hit, size = np.unique(key, return_inverse=True, return_counts=True)
+    if len(ids) and ids[0] < 0:  # hits on no track share key -1
+        ids, size, of_hit = ids[1:], size[1:], of_hit.reshape(-1) - 1
+    return ids, ids // stride, size, of_hit.reshape(-1)
+
+
+def track_matches(labels: Any, track_id: Any, counts: Any) -> TrackMatches:
+    """Which true tracks are found and which reconstructed tracks are matched, per track, for
+    per-event ``labels`` against true ``track_id`` (both ``[rows]``, -1 for none), the events'
+    rows given by ``counts``.
+
+    >>> matches = track_matches(np.array([0, 0, 0, -1]), np.array([0, 0, 0, 1]), np.array([4]))
+    >>> matches.true_size.tolist(), matches.true_found.tolist(), matches.reco_of_hit.tolist()
+    ([3, 1], [True, False], [0, 0, 0, -1])
     """
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
     track_id = np.asarray(track_id, dtype=np.int64).reshape(-1)
@@ -175,8 +216,8 @@ def track_metrics(labels: Any, track_id: Any, counts: Any) -> TrackMetrics:
     stride = int(max(labels.max(initial=0), track_id.max(initial=0))) + 2
     true_key = np.where(track_id >= 0, event * stride + track_id, -1)
     reco_key = np.where(labels >= 0, event * stride + labels, -1)
-    true_ids, true_size = np.unique(true_key[true_key >= 0], return_counts=True)
-    reco_ids, reco_size = np.unique(reco_key[reco_key >= 0], return_counts=True)
+    true_ids, true_event, true_size, true_of_hit = _tracks(true_key, stride)
+    reco_ids, reco_event, reco_size, reco_of_hit = _tracks(reco_key, stride)
     both = (true_key >= 0) & (reco_key >= 0)
     pairs, shared = np.unique(np.stack([true_key[both], reco_key[both]], axis=1), axis=0,
                               return_counts=True)
@@ -184,8 +225,18 @@ def track_metrics(labels: Any, track_id: Any, counts: Any) -> TrackMetrics:
     pair_true = true_size[np.searchsorted(true_ids, pairs[:, 0])]
     pair_reco = reco_size[np.searchsorted(reco_ids, pairs[:, 1])]
     match = (shared >= MATCH_FRACTION * pair_true) & (shared >= MATCH_FRACTION * pair_reco)
-    found = np.isin(true_ids, pairs[match, 0]) & (true_size >= MIN_TRACK_HITS)
-    matched = np.isin(reco_ids, pairs[match, 1]) & (reco_size >= MIN_TRACK_HITS)
-    return TrackMetrics(true_tracks=int((true_size >= MIN_TRACK_HITS).sum()),
-                        reco_tracks=int((reco_size >= MIN_TRACK_HITS).sum()),
-                        found=int(found.sum()), matched=int(matched.sum()))
+    return TrackMatches(true_event=true_event, true_size=true_size,
+                        true_found=np.isin(true_ids, pairs[match, 0]), true_of_hit=true_of_hit,
+                        reco_event=reco_event, reco_size=reco_size,
+                        reco_matched=np.isin(reco_ids, pairs[match, 1]), reco_of_hit=reco_of_hit)
+
+
+def track_metrics(labels: Any, track_id: Any, counts: Any) -> TrackMetrics:
+    """Efficiency and purity of per-event ``labels`` against true ``track_id`` (both ``[rows]``,
+    -1 for none), the events' rows given by ``counts``.
+
+    >>> m = track_metrics(np.array([0] * 6 + [-1] * 4), np.array([3] * 10), np.array([10]))
+    >>> m.found, m.matched, m.efficiency, m.purity   # 6 of 10 hits: under 75 % of the true track
+    (0, 0, 0.0, 0.0)
+    """
+    return track_matches(labels, track_id, counts).metrics()

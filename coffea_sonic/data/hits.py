@@ -50,7 +50,8 @@ NOISE_FRACTION = 0.05
 EMPTY_EVENT_FRACTION = 0.05
 #: Range of the per-event mean of the Poisson number of extra tracks.
 TRACKS_MEAN_RANGE = (2.0, 30.0)
-#: Track kinematics: pT = PT_MIN + Exponential(PT_SCALE) GeV, |eta| < ETA_MAX, z0 ~ N(0, Z0_SIGMA) cm.
+#: Track kinematics: pT = PT_MIN + Exponential(PT_SCALE) GeV, |eta| < ETA_MAX,
+#: z0 ~ N(0, Z0_SIGMA) cm.
 PT_MIN, PT_SCALE, ETA_MAX, Z0_SIGMA = 0.5, 1.5, 1.4, 5.0
 #: Key of the hits' own random stream (kept apart from the rest of the sample).
 HIT_STREAM = 0x417

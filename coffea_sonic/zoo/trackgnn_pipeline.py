@@ -350,7 +350,7 @@ class TrackPipeline:
         return canonical_labels(component, np.asarray(counts, dtype=np.int64),
                                 int(self.hparams["min_hits"]))
 
-    # -- whole runs, numpy in and out ---------------------------------------------------------------
+    # -- whole runs, numpy in and out -------------------------------------------------------------
     def run(self, hits: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         """Labels ``[R]`` int64 of ``hits [R, 3]`` float32 (``counts``: rows per event; None: one
         event). Every stage on the device, one copy to the host (the kept edges)."""

@@ -86,7 +86,8 @@ def _train_embedding(torch: Any, nets: Any, events: dict[str, np.ndarray], epoch
 
 
 def _pipeline(nets: Any, hparams: dict[str, float]) -> tp.TrackPipeline:
-    weights = {f"net.{key}": value.detach().numpy().copy() for key, value in nets.state_dict().items()}
+    weights = {f"net.{key}": value.detach().numpy().copy()
+               for key, value in nets.state_dict().items()}
     weights.update({f"hparam.{key}": np.array(value) for key, value in hparams.items()})
     return tp.TrackPipeline(weights, "cpu")
 

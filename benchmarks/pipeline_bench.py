@@ -18,11 +18,14 @@ is sampled with ``nvidia-smi``.
 
 Writes ``pipeline-<device>.json`` and ``pipeline-<device>.md`` (a table) into ``--out``::
 
-    python benchmarks/pipeline_bench.py --device gpu --clients 1 8 --out $OUT      # GPU machine
+    # GPU machine (carry .device), one command:
+    source benchmarks/gpu/triton-gpu-env.sh .device >/dev/null && \
+        $PY benchmarks/pipeline_bench.py --device gpu --clients 1 8 --out $OUT
+    # here:
     python benchmarks/pipeline_bench.py --device cpu --clients 1 --events 20 --duration 1 --out /tmp/pb
 
-On the GPU machine, source ``benchmarks/gpu/triton-gpu-env.sh`` first (tritonserver and the
-model Python); coffea, awkward and dask are not needed.
+On the GPU machine ``triton-gpu-env.sh`` sets up tritonserver and the model Python (numpy 1.26 +
+the machine's torch) and ``$PY``; coffea, awkward and dask are not needed.
 """
 
 from __future__ import annotations

@@ -36,11 +36,11 @@ import numpy as np
 from coffea import processor
 
 from ..data.hits import FIELD_T, hit_rows, hit_xyz
-from ..errors import InputValidationError
+from ..errors import InputValidationError, MissingDependencyError
 from ..processor import SonicMixin
 from ..zoo import trackgnn
 
-__all__ = ["TrackingProcessor", "fitted_pt", "plot_tracking", "print_tracking_summary",
+__all__ = ["TrackingProcessor", "compare_with_direct", "fitted_pt", "plot_tracking", "print_tracking_summary",
            "summarise_tracking"]
 
 logger = logging.getLogger(__name__)
@@ -204,6 +204,43 @@ def print_tracking_summary(summary: Mapping[str, Any]) -> None:
         print(f"{name:18s}{int(stats['rows']):>10,d} events' hits sent unpadded in "
               f"{int(stats['requests'])} requests, {stats['bytes_sent'] / 1e6:.1f} MB, "
               f"{stats['wait_s']:.1f} s waiting, {int(stats.get('fallback_rows', 0))} by fallback")
+
+
+def compare_with_direct(tracking: TrackingProcessor, events: ak.Array,
+                        device: str = "cpu") -> dict[str, Any]:
+    """The served labels of ``events`` (through ``tracking``) against an in-process
+    :func:`~coffea_sonic.zoo.trackgnn.run_direct` of the same hits on ``device``: events, hits,
+    whether the labels are identical, the share of hits with the same label, both runs'
+    efficiency and purity, and a one-line ``verdict``.
+
+    >>> compare_with_direct  # doctest: +ELLIPSIS
+    <function compare_with_direct at ...>
+    """
+    served = ak.to_numpy(ak.flatten(tracking.track_labels(events))).astype(np.int64)
+    rows, counts = hit_rows(events.Hit)
+    where = f"the first {len(counts)} events ({len(rows):,d} hits)"
+    try:
+        direct = trackgnn.run_direct(rows, counts, device)
+    except MissingDependencyError as error:
+        logger.warning("no in-process run to compare with: %s", error)
+        return {"events": len(counts), "hits": len(rows), "identical": None,
+                "verdict": f"not checked ({error})"}
+    track_id = ak.to_numpy(ak.flatten(events.Hit.track_id))
+    served_metrics = trackgnn.track_metrics(served, track_id, counts)
+    direct_metrics = trackgnn.track_metrics(direct, track_id, counts)
+    identical = bool(np.array_equal(served, direct))
+    agreeing = float(np.mean(served == direct)) if len(rows) else 1.0
+    if identical:
+        verdict = (f"identical labels on {where}; efficiency {served_metrics.efficiency:.4f}, "
+                   f"purity {served_metrics.purity:.4f} both ways")
+    else:
+        verdict = (f"{100 * agreeing:.2f} % of the hits of {where} have the same label; "
+                   f"efficiency {served_metrics.efficiency:.4f} served, "
+                   f"{direct_metrics.efficiency:.4f} direct ({device}); a GPU server runs "
+                   "float32, a CPU run float64")
+    return {"events": len(counts), "hits": len(rows), "identical": identical,
+            "agreeing_hits": agreeing, "served": served_metrics.__dict__,
+            "direct": direct_metrics.__dict__, "verdict": verdict}
 
 
 def _ratio(passed: np.ndarray, total: np.ndarray) -> np.ndarray:

@@ -111,7 +111,8 @@ class TrackingProcessor(SonicMixin, processor.ProcessorABC):
         return self.infer(self.model, {"hits": xyz}, like=xyz, ragged=True)["labels"]
 
     def process(self, events: ak.Array) -> dict[str, Any]:
-        dataset = events.metadata.get("dataset", "unknown")
+        # NanoEvents carry their dataset; a plain awkward array of events has no metadata
+        dataset = (getattr(events, "metadata", None) or {}).get("dataset", "unknown")
         labels = self.track_labels(events)
         rows, counts = hit_rows(events.Hit)
         track_id = ak.to_numpy(ak.flatten(events.Hit.track_id))

@@ -9,9 +9,17 @@
 5. prints a summary (events, objects inferred, events/s, share of time waiting on inference,
    server-side queue and compute time) and writes ``scores.png`` and ``summary.json``.
 
+``--analysis tracking`` runs :class:`~coffea_sonic.examples.tracking.TrackingProcessor` instead:
+every event's tracker hits go unpadded to the served ``trackgnn`` pipeline (``--pipeline
+ensemble``: the Triton ensemble of its stages); it prints events, hits, tracks found, efficiency
+and purity, checks the served labels against an in-process run of the first events, and writes
+``tracking.png`` and ``summary.json``.
+
 >>> args = build_parser().parse_args(["--events", "1000"])
->>> args.events, args.workers, args.executor
-(1000, 2, 'dask')
+>>> args.events, args.workers, args.executor, args.analysis
+(1000, 2, 'dask', 'jets')
+>>> resolve_defaults(build_parser().parse_args(["--analysis", "tracking"])).chunksize
+500
 """
 
 from __future__ import annotations
@@ -32,12 +40,25 @@ DEFAULT_OUTPUT = "sonic-demo"
 DEFAULT_EVENTS = 20_000
 DEFAULT_CHUNKSIZE = 10_000
 DEMO_MODELS = ("jet_tagger", "particlenet", "deepmet")
+#: Defaults per ``--analysis`` (the tracking pipeline costs ~10 ms of CPU per event).
+ANALYSIS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "jets": {"events": DEFAULT_EVENTS, "chunksize": DEFAULT_CHUNKSIZE, "output": DEFAULT_OUTPUT},
+    "tracking": {"events": 1_000, "chunksize": 500, "output": "sonic-demo-tracking"},
+}
+#: Events of the first file the tracking demo also runs in-process, to compare labels.
+CHECK_EVENTS = 50
 
 _DESCRIPTION = """\
 Run the example jet-tagging analysis with inference as a service, end to end: synthetic
 NanoAOD-like sample -> embedded real Triton server -> Dask workers running a coffea processor
 that sends every chunk's jets to the server -> histograms, plot and summary.
-With no arguments everything runs on this machine (about a minute on 2 cores)."""
+With no arguments everything runs on this machine (about a minute on 2 cores).
+
+--analysis tracking runs the tracking example instead: every event's tracker hits (the sample's
+Hit collection) go unpadded, in ragged requests, to the served trackgnn pipeline (embedding ->
+neighbour graph -> edge filter -> GNN -> connected components), which answers a track label per
+hit; it prints events, hits, tracks found, track efficiency and purity, and checks the served
+labels against an in-process run of the first events (also about a minute on 2 cores)."""
 
 _EPILOG = """\
 examples:
@@ -48,17 +69,24 @@ examples:
   coffea-sonic demo --cluster slurm --workers 8       # workers as SLURM jobs
   coffea-sonic demo --files /data/nano/*.root         # your own CMS NanoAOD (Events tree)
   coffea-sonic demo --fileset fileset.json            # {"dataset": ["file.root", ...]}
+  coffea-sonic demo --analysis tracking               # track finding as a service
+  coffea-sonic demo --analysis tracking --pipeline ensemble --events 5000
 
-outputs (in --output): scores.png, summary.json, and sample/ when the sample is generated."""
+outputs (in --output): scores.png (tracking.png with --analysis tracking), summary.json, and
+sample/ when the sample is generated."""
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="coffea-sonic demo", description=_DESCRIPTION,
                                                epilog=_EPILOG,
                                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--analysis", choices=tuple(ANALYSIS_DEFAULTS), default="jets",
+                        help="jets: jet tagging, deepmet; tracking: track finding with the "
+                             "trackgnn pipeline on the sample's hits (default: %(default)s)")
     data = parser.add_argument_group("data")
-    data.add_argument("--events", type=int, default=DEFAULT_EVENTS,
-                      help="synthetic events per dataset (default: %(default)s)")
+    data.add_argument("--events", type=int,
+                      help=f"synthetic events per dataset (default: {DEFAULT_EVENTS}; "
+                           f"{ANALYSIS_DEFAULTS['tracking']['events']} with --analysis tracking)")
     data.add_argument("--sample-files", type=int, default=2,
                       help="synthetic files per dataset (default: %(default)s)")
     data.add_argument("--files", nargs="+", metavar="PATH",
@@ -75,6 +103,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                          help="requests in flight per model and worker (default: %(default)s)")
     serving.add_argument("--no-constituents", action="store_true",
                          help="skip the PF-candidate models (particlenet, deepmet)")
+    serving.add_argument("--pipeline", choices=("fused", "ensemble"), default="fused",
+                         help="--analysis tracking: the fused trackgnn model or the Triton "
+                              "ensemble of its stages, trackgnn_ensemble (default: %(default)s)")
     compute = parser.add_argument_group("compute")
     compute.add_argument("--executor", choices=("dask", "futures", "iterative"), default="dask",
                          help="coffea executor (default: %(default)s)")
@@ -84,10 +115,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                          help="local | slurm | htcondor | scheduler address (default: %(default)s)")
     compute.add_argument("--scheduler", metavar="ADDRESS",
                          help="connect to an existing Dask scheduler (same as --cluster ADDRESS)")
-    compute.add_argument("--chunksize", type=int, default=DEFAULT_CHUNKSIZE,
-                         help="events per chunk (default: %(default)s)")
-    parser.add_argument("--output", default=DEFAULT_OUTPUT,
-                        help="output directory (default: ./%(default)s)")
+    compute.add_argument("--chunksize", type=int,
+                         help=f"events per chunk (default: {DEFAULT_CHUNKSIZE}; "
+                              f"{ANALYSIS_DEFAULTS['tracking']['chunksize']} with --analysis "
+                              "tracking)")
+    parser.add_argument("--output",
+                        help=f"output directory (default: ./{DEFAULT_OUTPUT}; "
+                             f"./{ANALYSIS_DEFAULTS['tracking']['output']} with --analysis "
+                             "tracking)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -102,6 +137,14 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- pieces -----------------------------------------------------------------------------------
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the options left unset with the defaults of ``args.analysis``."""
+    for name, value in ANALYSIS_DEFAULTS[args.analysis].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    return args
+
+
 def prepare_fileset(args: argparse.Namespace, output: Path) -> dict[str, list[str]]:
     """The fileset to run on: the user's files, or a (reused) synthetic sample."""
     if args.fileset:
@@ -198,7 +241,12 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     if share is not None:
         print(f"waiting on inference: {100 * share:.1f} % of worker wall time "
               "(the rest overlapped with CPU work or was CPU work)")
-    for name, stats in summary["server"].items():
+    print_server_statistics(summary["server"])
+
+
+def print_server_statistics(server: Mapping[str, Mapping[str, float]]) -> None:
+    """One line per served model: rows, executions, queue and compute time per request."""
+    for name, stats in server.items():
         count = stats.get("inference_count", 0)
         executions = stats.get("execution_count", 0) or 1
         per_request = 1e3 / max(stats.get("request_count", executions), 1)
@@ -207,12 +255,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
               f"compute {stats.get('compute_infer_s', 0) * per_request:.2f} ms per request")
 
 
-def run(args: argparse.Namespace) -> int:
-    from coffea import processor
-    from coffea.nanoevents import NanoAODSchema
-
-    from .examples.jet_tagging import JetTaggingProcessor, plot_scores
-
+def _quiet_dask_logs() -> None:
     if not logging.getLogger().isEnabledFor(logging.INFO):
         # distributed logs every worker start/stop at INFO (its import sets that level, so
         # import it first); keep the demo's output readable.
@@ -220,48 +263,115 @@ def run(args: argparse.Namespace) -> int:
 
         for name in ("distributed", "dask_jobqueue"):
             logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _start_server(args: argparse.Namespace, stack: ExitStack, models: list[str]) -> str:
+    """``triton+grpc://host:port`` of ``--server``, or of the embedded server started with
+    ``models`` (stopped when ``stack`` closes)."""
+    if args.server:
+        return args.server.rstrip("/")
+    from .server import LocalTritonServer
+
+    started = time.monotonic()
+    server = stack.enter_context(LocalTritonServer(models=models, device=args.device))
+    print(f"embedded Triton server ready in {time.monotonic() - started:.1f} s at "
+          f"{server.grpc_address} ({server.device})", flush=True)
+    return f"triton+grpc://{server.grpc_address}"
+
+
+def _schema(args: argparse.Namespace) -> type:
+    from coffea.nanoevents import NanoAODSchema
+
+    if args.files or args.fileset:
+        return NanoAODSchema
+    # The synthetic sample has no leptons, so NanoAODSchema would warn about every lepton
+    # cross-reference, in every worker, for every chunk.
+    return type("SyntheticNanoAODSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
+
+
+def _run_processor(args: argparse.Namespace, stack: ExitStack, fileset: Mapping[str, list[str]],
+                   analysis: Any) -> tuple[Any, float, int, dict[str, Any]]:
+    """Run ``analysis`` over ``fileset`` with coffea's Runner: its output, the wall time, the
+    workers, and the served models' statistics over the run."""
+    from coffea import processor
+
+    urls = {name: analysis.sonic_model_urls()[name][0] for name in analysis.sonic_models}
+    executor, workers = _executor(args, stack)
+    runner = processor.Runner(executor=executor, schema=_schema(args), chunksize=args.chunksize,
+                              savemetrics=False)
+    before = _server_statistics(urls)
+    started = time.monotonic()
+    result = runner({name: {"files": {path: args.treename for path in files}}
+                     for name, files in fileset.items()},
+                    treename=args.treename, processor_instance=analysis)
+    wall_s = time.monotonic() - started
+    after = _server_statistics(urls)
+    delta = {name: after[name] - before[name] for name in before if name in after}
+    return result, wall_s, workers, delta
+
+
+def _machine() -> dict[str, Any]:
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def run(args: argparse.Namespace) -> int:
+    resolve_defaults(args)
+    _quiet_dask_logs()
     output = Path(args.output).resolve()
     output.mkdir(parents=True, exist_ok=True)
     fileset = prepare_fileset(args, output)
-    with ExitStack() as stack:
-        if args.server:
-            base = args.server.rstrip("/")
-        else:
-            from .server import LocalTritonServer
+    if args.analysis == "tracking":
+        return run_tracking(args, output, fileset)
+    from .examples.jet_tagging import JetTaggingProcessor, plot_scores
 
-            models = ["jet_tagger"] if args.no_constituents else list(DEMO_MODELS)
-            started = time.monotonic()
-            server = stack.enter_context(LocalTritonServer(models=models, device=args.device))
-            print(f"embedded Triton server ready in {time.monotonic() - started:.1f} s at "
-                  f"{server.grpc_address} ({server.device})", flush=True)
-            base = f"triton+grpc://{server.grpc_address}"
+    with ExitStack() as stack:
+        base = _start_server(args, stack,
+                             ["jet_tagger"] if args.no_constituents else list(DEMO_MODELS))
         analysis = JetTaggingProcessor(base, use_constituents=False if args.no_constituents else "auto",
                                        physics=not args.no_constituents,
                                        max_in_flight=args.max_in_flight)
-        urls = {name: analysis.sonic_model_urls()[name][0] for name in analysis.sonic_models}
-        executor, workers = _executor(args, stack)
-        schema = NanoAODSchema
-        if not (args.files or args.fileset):
-            # The synthetic sample has no leptons, so NanoAODSchema would warn about every
-            # lepton cross-reference, in every worker, for every chunk.
-            schema = type("SyntheticNanoAODSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
-        runner = processor.Runner(executor=executor, schema=schema, chunksize=args.chunksize,
-                                  savemetrics=False)
-        before = _server_statistics(urls)
-        started = time.monotonic()
-        result = runner({name: {"files": {path: args.treename for path in files}}
-                         for name, files in fileset.items()},
-                        treename=args.treename, processor_instance=analysis)
-        wall_s = time.monotonic() - started
-        after = _server_statistics(urls)
-    delta = {name: after[name] - before[name] for name in before if name in after}
+        result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
     summary = summarise(result, wall_s, workers, delta)
-    summary.update({"plot": str(output / "scores.png"),
-                    "machine": {"host": platform.node(), "cpus": os.cpu_count(),
-                                "python": platform.python_version()},
+    summary.update({"plot": str(output / "scores.png"), "machine": _machine(),
                     "executor": args.executor, "fileset": fileset})
     plot_scores(result, str(output / "scores.png"))
     (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print_summary(summary)
     print(f"\nplot:    {output / 'scores.png'}\nsummary: {output / 'summary.json'}")
+    return 0
+
+
+def _first_events(args: argparse.Namespace, fileset: Mapping[str, list[str]], count: int) -> Any:
+    """The first ``count`` events of the fileset's first file, eagerly."""
+    from coffea.nanoevents import NanoEventsFactory
+
+    path = next(iter(fileset.values()))[0]
+    return NanoEventsFactory.from_root({path: args.treename}, schemaclass=_schema(args),
+                                       mode="eager", entry_stop=count).events()
+
+
+def run_tracking(args: argparse.Namespace, output: Path, fileset: Mapping[str, list[str]]) -> int:
+    """``--analysis tracking``: TrackingProcessor over ``fileset`` with the served pipeline, the
+    served labels of the first events against an in-process run, report, plot, summary.json."""
+    from .examples.tracking import (TrackingProcessor, compare_with_direct, plot_tracking,
+                                    print_tracking_summary, summarise_tracking)
+
+    ensemble = args.pipeline == "ensemble"
+    with ExitStack() as stack:
+        base = _start_server(args, stack, ["trackgnn", "trackgnn_ensemble"] if ensemble
+                             else ["trackgnn"])
+        analysis = TrackingProcessor(base, ensemble=ensemble, max_in_flight=args.max_in_flight)
+        result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
+        check = compare_with_direct(analysis, _first_events(args, fileset, CHECK_EVENTS))
+    plot = output / "tracking.png"
+    summary = summarise_tracking(result, wall_s, workers)
+    summary.update({"server": {name: stats.to_dict() for name, stats in delta.items()},
+                    "served_vs_direct": check, "plot": str(plot), "machine": _machine(),
+                    "executor": args.executor, "pipeline": analysis.model, "fileset": fileset})
+    plot_tracking(result, str(plot))
+    (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print_tracking_summary(summary)
+    print_server_statistics(summary["server"])
+    print(f"served vs direct  {check['verdict']}")
+    print(f"\nplot:    {plot}\nsummary: {output / 'summary.json'}")
     return 0

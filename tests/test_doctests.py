@@ -63,6 +63,9 @@ SERVER = Need("the tritonserver binary (the 'server' extra)", lambda: _has("pytr
 NEEDS: dict[str, Need] = {
     "coffea_sonic.zoo.torch_models": TORCH,
     "coffea_sonic.zoo.train.train_jet_tagger": TORCH,
+    "coffea_sonic.zoo.trackgnn.pipeline": TORCH,
+    "coffea_sonic.zoo.trackgnn.run_direct": TORCH,
+    "coffea_sonic.zoo.trackgnn_train": TORCH,
     "coffea_sonic.engines.GpuEngine": CUDA_GPU,
     "coffea_sonic.server.launcher": SERVER,
 }

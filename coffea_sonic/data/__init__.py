@@ -1,5 +1,8 @@
 """Data for coffea-sonic: NanoAOD branch declarations, synthetic samples, real CMS test files.
 
+The names below are imported lazily, so that ``coffea_sonic.data.hits`` (numpy only) imports on a
+machine without awkward (the GPU benchmark machine).
+
 >>> from coffea_sonic import data
 >>> data.DATASETS
 ('ttbar', 'qcd_light')
@@ -7,12 +10,29 @@
 
 from __future__ import annotations
 
-from .nanoaod import TREE_NAME
-from .real import REAL_SAMPLE_NAMES, fetch_coffea_test_samples
-from .synthetic import (DATASETS, dataset_tools_fileset, draw_jets, draw_labelled_jets,
-                        generate_events, write_sample)
+import importlib
+from typing import Any
 
-__all__ = [
-    "DATASETS", "REAL_SAMPLE_NAMES", "TREE_NAME", "dataset_tools_fileset", "draw_jets",
-    "draw_labelled_jets", "fetch_coffea_test_samples", "generate_events", "write_sample",
-]
+# public name -> module (relative to this package) that defines it
+_EXPORTS: dict[str, str] = {
+    "TREE_NAME": ".nanoaod",
+    "REAL_SAMPLE_NAMES": ".real", "fetch_coffea_test_samples": ".real",
+    "DATASETS": ".synthetic", "dataset_tools_fileset": ".synthetic", "draw_jets": ".synthetic",
+    "draw_labelled_jets": ".synthetic", "generate_events": ".synthetic",
+    "write_sample": ".synthetic",
+    "generate_hits": ".hits", "hit_collection": ".hits", "hit_rows": ".hits", "hit_xyz": ".hits",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -18,6 +18,7 @@ NanoAOD v12 files (``Jet_nConstituents`` and ``Jet_hadronFlavour`` are ``UChar_t
 from __future__ import annotations
 
 from ..zoo.spec import JET_TAGGER_FEATURES
+from .hits import HIT_BRANCH_DTYPES
 
 #: Event-level branches (one value per event) and their dtypes.
 EVENT_BRANCH_DTYPES: dict[str, str] = {
@@ -66,6 +67,7 @@ COLLECTIONS: dict[str, dict[str, str]] = {
     "Jet": JET_BRANCH_DTYPES,
     "PFCands": PFCANDS_BRANCH_DTYPES,
     "JetPFCands": JETPFCANDS_BRANCH_DTYPES,
+    "Hit": HIT_BRANCH_DTYPES,
 }
 
 #: Jet fields that only simulation has; readers must tolerate their absence in data.

@@ -40,6 +40,7 @@ import numpy as np
 from ..errors import ConfigurationError
 from ..zoo.spec import JET_TAGGER_FEATURES
 from . import nanoaod
+from .hits import hit_collection
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +289,8 @@ def generate_events(process: str, n_events: int, seed: int = 0,
     """One file's worth of events of ``process``, as the branches :func:`write_sample` writes.
 
     Returns event-level numpy columns (``run``, ``luminosityBlock``, ``event``, ``genWeight``,
-    ``GenMET_pt/phi``, ``MET_pt/phi``) and jagged awkward records ``Jet``, ``PFCands``, ``JetPFCands`` (uproot writes these as
+    ``GenMET_pt/phi``, ``MET_pt/phi``) and jagged awkward records ``Jet``, ``PFCands``,
+    ``JetPFCands`` and ``Hit`` (tracker hits, :mod:`coffea_sonic.data.hits`) (uproot writes these as
     ``n<Collection>`` counters and ``<Collection>_<field>`` branches). Jets are sorted by
     descending pt in each event, as in NanoAOD.
 
@@ -349,6 +351,8 @@ def generate_events(process: str, n_events: int, seed: int = 0,
                                 n_candidates),
         "JetPFCands": ak.unflatten(ak.zip(_typed(links, nanoaod.JETPFCANDS_BRANCH_DTYPES)),
                                    n_links),
+        # tracker hits from their own random stream: the branches above are unchanged by them
+        "Hit": hit_collection(n_events, seed, (DATASETS.index(process), first_event)),
     }
 
 

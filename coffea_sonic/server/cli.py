@@ -38,8 +38,10 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
             "(ONNX and TorchScript through python-backend adapters; your files are not touched).\n"
             "Check one first with: coffea-sonic models validate ./my_models"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--models", nargs="+", choices=zoo.names(), metavar="NAME",
-                       help=f"zoo models to serve (default: all of {', '.join(zoo.names())})")
+    serve.add_argument("--models", nargs="+", choices=zoo.names() + zoo.pipeline_names(),
+                       metavar="NAME",
+                       help=f"zoo models to serve (default: all of {', '.join(zoo.names())}; "
+                            f"pipelines when named: {', '.join(zoo.pipeline_names())})")
     serve.add_argument("--repository", metavar="DIR",
                        help="serve this Triton model repository (e.g. from `models add`) instead")
     serve.add_argument("--skip-unservable", action="store_true",
@@ -85,8 +87,9 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("directory", help="where to write the repository")
     export.add_argument("--backend", choices=("python", "onnxruntime"), default="python")
     export.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    export.add_argument("--models", nargs="+", choices=zoo.names(), metavar="NAME",
-                        help="zoo models to export (default: all)")
+    export.add_argument("--models", nargs="+", choices=zoo.names() + zoo.pipeline_names(),
+                        metavar="NAME", help="zoo models to export (default: all single models; "
+                        f"pipelines when named: {', '.join(zoo.pipeline_names())})")
     export.add_argument("--instances", type=int, default=1, help="instance_group count")
     export.add_argument("--tensorrt", action="store_true",
                         help="onnxruntime on GPU: enable the TensorRT execution accelerator")
@@ -271,14 +274,18 @@ def run_models_list(args: argparse.Namespace) -> int:
             for tensor in tensors:
                 print(f"    {kind} {tensor.name:12s} {tensor.dtype} {list(tensor.dims)}")
         print(f"    max_batch_size {model_spec.max_batch_size}")
+    for name, description in zoo.pipelines().items():
+        print(f"{name}: {description}")
+        print("    in  hits         float32 [-1, 3]  (ragged, with hits__counts int64 [-1])")
+        print("    out labels       int64 [-1]       (one per hit)")
     return 0
 
 
 def run_models_export(args: argparse.Namespace) -> int:
-    from .repository import write_repository
+    from .pipelines import write_models
 
-    path = write_repository(args.directory, args.models, backend=args.backend, device=args.device,
-                            instances=args.instances, tensorrt=args.tensorrt)
+    path = write_models(args.directory, args.models, backend=args.backend, device=args.device,
+                        instances=args.instances, tensorrt=args.tensorrt)
     print(f"wrote Triton model repository {path} ({args.backend} backend, {args.device})")
     return 0
 

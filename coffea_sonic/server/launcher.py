@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
 from ..errors import ConfigurationError, MissingDependencyError, ServerStartError
-from .repository import write_repository
+from .pipelines import write_models
 from .served import install_adapters, prepare_repository
 
 logger = logging.getLogger(__name__)
@@ -400,7 +400,7 @@ class LocalTritonServer:
             self.skipped = [tuple(refusal) for refusal in prepared.skipped]
             repository = prepared.path
         else:
-            repository = write_repository(
+            repository = write_models(
                 workdir / "models", self.models, backend="python", device=self.device,
                 instances=instances, link=True, **self.repository_options)
         self.served_repository = repository

@@ -7,6 +7,10 @@
 * ``deepmet``: DeepMET-like per-candidate weights -> MET (px, py), trained here.
 * ``emtrk_cnn``: the ProtoDUNE EmTrkMichelId CNN (generated on first use and cached, ~48 MB).
 
+Pipelines (several networks and non-network steps per call, python backend only;
+:func:`pipeline_names`): ``trackgnn`` (:mod:`coffea_sonic.zoo.trackgnn`), served fused as
+``trackgnn`` and as the Triton ensemble ``trackgnn_ensemble``.
+
 >>> from coffea_sonic import zoo
 >>> zoo.names()
 ['deepmet', 'emtrk_cnn', 'jet_tagger', 'particlenet', 'particlenet_lite']
@@ -32,6 +36,7 @@ __all__ = [
     "declared_info",
     "JET_CLASSES", "JET_TAGGER_FEATURES", "PARTICLENET_FEATURES", "PARTICLENET_MAX_CONSTITUENTS",
     "ModelSpec", "TensorSpec", "cache_dir", "example_inputs", "export_onnx", "names", "onnx_path",
+    "pipeline_names", "pipelines",
     "spec", "torch_module",
 ]
 
@@ -48,6 +53,24 @@ def names() -> list[str]:
     True
     """
     return sorted(MODEL_SPECS)
+
+
+def pipeline_names() -> list[str]:
+    """Served names of the zoo's pipelines (not in :func:`names`: no single ONNX file).
+
+    >>> pipeline_names()
+    ['trackgnn', 'trackgnn_ensemble']
+    """
+    return list(pipelines())
+
+
+def pipelines() -> dict[str, str]:
+    """Served pipeline name -> description."""
+    from . import trackgnn
+
+    return {trackgnn.NAME: trackgnn.DESCRIPTION,
+            trackgnn.ENSEMBLE_NAME: "the same pipeline as a Triton ensemble of one python-backend "
+                                    "model per stage (" + ", ".join(trackgnn.STAGE_MODELS) + ")"}
 
 
 def spec(name: str) -> ModelSpec:

@@ -1,0 +1,402 @@
+"""The numeric code of the ``trackgnn`` pipeline: one module, run in-process and by the server.
+
+Self-contained on purpose (numpy and plain torch, scipy when present; no torch-geometric, no
+coffea_sonic import): the repository writer copies this file next to the python-backend
+``model.py`` of the fused model and of every stage model, so the served pipeline runs exactly the
+code a direct run does.
+
+Exa.TrkX-like stages, on the rows of many events at once (``hits [R, 3]`` x, y, z in cm, and
+``counts [G]``: the rows of each event, in order):
+
+1. ``embed``: an MLP maps each hit's features to a point in an :data:`EMBEDDING_DIM`-d space
+   (float32 out);
+2. ``graph``: per event, directed edges from each hit to at most ``k_max`` hits further out in
+   r within ``radius`` in the embedding (never across events; events padded in groups of
+   similar size, float32 distances summed elementwise);
+3. ``filter``: an edge MLP on both hits' features and embeddings and the edge's geometry
+   (:data:`EDGE_FEATURES`); edges scoring over ``filter_cut`` are kept;
+4. ``gnn``: an interaction network (node and edge MLPs, :data:`GNN_STEPS` rounds of message
+   passing, sums over incoming and outgoing edges) scores the kept edges; those over
+   ``gnn_cut`` that are the best outgoing edge of their source are kept (one link outwards per
+   hit: a wrong edge beside a right one cannot merge two tracks);
+5. ``cc``: connected components of the kept edges; per event, components of at least
+   ``min_hits`` hits are tracks labelled 0, 1, ... in the order of their first hit, other hits
+   are -1.
+
+On CPU the networks run in float64, so that a hit's numbers never depend on which other events
+share its batch (GEMM blocking), and every run of the same events gives the same labels however
+they are grouped; on CUDA they run in float32. Edges are kept in (source, target) order, so
+aggregation order is fixed too.
+
+>>> import numpy as np
+>>> canonical_labels(np.array([1, 0, 1, 2, 2, 2]), np.array([3, 3]), min_hits=2).tolist()
+[0, -1, 0, 0, 0, 0]
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+#: Dimensions of the learned embedding.
+EMBEDDING_DIM = 8
+#: Rounds of message passing of the GNN.
+GNN_STEPS = 3
+#: Hidden width of the MLPs (embedding, filter) and of the GNN's node/edge states.
+HIDDEN = 64
+GNN_HIDDEN = 32
+#: Scales (cm) that bring x, y, r and z to O(1).
+R_SCALE, Z_SCALE = 70.0, 150.0
+#: Per-hit features the networks see (from x, y, z).
+FEATURES = ("x", "y", "z", "r", "cos_phi", "sin_phi", "z_over_r")
+#: Geometric features of an edge (from both hits' x, y, z): r and z steps, the phi step, the z at
+#: r = 0 of the line through both hits, the curvature of the circle through the origin and both
+#: hits (1 / R for a track from the origin with helix radius R; R > 83 cm in the sample).
+EDGE_FEATURES = ("dr", "dz", "dphi", "z0", "curvature", "d_z_over_r")
+#: An edge goes outwards: its target at least this much further out in r (cm).
+MIN_DR = 0.5
+#: Largest padded pair matrix (events x hits x hits) the graph stage builds at once, on CPU and
+#: on a GPU (fewer, larger launches).
+PAIR_BUDGET = 1 << 22
+GPU_PAIR_BUDGET = 1 << 26
+#: Hyper-parameters stored with the weights (``hparam.<name>``), with their defaults.
+DEFAULT_HPARAMS: dict[str, float] = {"radius": 1.0, "k_max": 8, "filter_cut": 0.1,
+                                     "gnn_cut": 0.5, "min_hits": 3}
+#: The stages in order, and the tensors each reads and writes (name, Triton datatype, per-row
+#: dims): the ensemble's stage models are declared from these.
+STAGES: tuple[str, ...] = ("embed", "graph", "filter", "gnn", "cc")
+_HITS = ("hits", "FP32", (3,))
+_COUNTS = ("hits__counts", "INT64", ())
+_EMBEDDING = ("embedding", "FP32", (EMBEDDING_DIM,))
+STAGE_TENSORS: dict[str, tuple[tuple, tuple]] = {
+    "embed": ((_HITS,), (_EMBEDDING,)),
+    "graph": ((_HITS, _EMBEDDING, _COUNTS), (("graph_edges", "INT64", (2,)),)),
+    "filter": ((_HITS, _EMBEDDING, ("graph_edges", "INT64", (2,))),
+               (("filter_edges", "INT64", (2,)),)),
+    "gnn": ((_HITS, ("filter_edges", "INT64", (2,))), (("gnn_edges", "INT64", (2,)),)),
+    "cc": ((_HITS, ("gnn_edges", "INT64", (2,)), _COUNTS), (("labels", "INT64", ()),)),
+}
+
+
+def canonical_labels(component: np.ndarray, counts: np.ndarray, min_hits: int) -> np.ndarray:
+    """Per-event track labels from global component ids: components of at least ``min_hits``
+    hits numbered 0, 1, ... in each event by their first hit, every other hit -1.
+
+    The labels depend only on each event's own partition, never on the other events of the
+    call (components never span events).
+    """
+    component = np.asarray(component, dtype=np.int64)
+    rows = len(component)
+    labels = np.full(rows, -1, dtype=np.int64)
+    if not rows:
+        return labels
+    _, first, inverse, size = np.unique(component, return_index=True, return_inverse=True,
+                                        return_counts=True)
+    tracks = np.flatnonzero(size >= min_hits)  # indices into the unique components
+    order = tracks[np.argsort(first[tracks], kind="stable")]
+    event_of_row = np.repeat(np.arange(len(counts)), counts)
+    event = event_of_row[first[order]]
+    rank = np.arange(len(order)) - np.searchsorted(event, event, side="left")
+    label_of = np.full(len(first), -1, dtype=np.int64)
+    label_of[order] = rank
+    labels[:] = label_of[inverse.reshape(-1)]
+    return labels
+
+
+def connected_components(edges: np.ndarray, rows: int) -> np.ndarray:
+    """Component id of each of ``rows`` nodes given undirected ``edges [E, 2]`` (scipy when
+    present, else min-label propagation with pointer jumping in numpy).
+
+    >>> connected_components(np.array([[0, 2], [3, 4]]), 5).tolist()
+    [0, 1, 0, 2, 2]
+    """
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    try:
+        from scipy.sparse import coo_matrix
+        from scipy.sparse.csgraph import connected_components as scipy_components
+    except Exception:  # noqa: BLE001 - absent, or built for another numpy (a server's numpy < 2)
+        label = np.arange(rows, dtype=np.int64)
+        source, target = edges[:, 0], edges[:, 1]
+        while True:
+            low = np.minimum(label[source], label[target])
+            before = label.copy()
+            np.minimum.at(label, source, low)
+            np.minimum.at(label, target, low)
+            label = label[label]
+            if np.array_equal(label, before):
+                break
+        return np.unique(label, return_inverse=True)[1].reshape(-1)
+    graph = coo_matrix((np.ones(len(edges), dtype=np.int8), (edges[:, 0], edges[:, 1])),
+                       shape=(rows, rows))
+    return scipy_components(graph, directed=False)[1].astype(np.int64)
+
+
+def _mlp(torch: Any, sizes: tuple[int, ...]) -> Any:
+    layers: list = []
+    for index, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(torch.nn.Linear(n_in, n_out))
+        if index < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def build_networks() -> Any:
+    """The trainable networks (a ``torch.nn.ModuleDict``), untrained."""
+    import torch
+
+    n_features = len(FEATURES)
+    return torch.nn.ModuleDict({
+        "embed": _mlp(torch, (n_features, HIDDEN, HIDDEN, EMBEDDING_DIM)),
+        "filter": _mlp(torch, (2 * n_features + 2 * EMBEDDING_DIM + len(EDGE_FEATURES), HIDDEN,
+                               HIDDEN, 1)),
+        "gnn_node": _mlp(torch, (n_features, GNN_HIDDEN, GNN_HIDDEN)),
+        "gnn_edge": _mlp(torch, (2 * GNN_HIDDEN + len(EDGE_FEATURES), GNN_HIDDEN, GNN_HIDDEN)),
+        "gnn_edge_update": _mlp(torch, (3 * GNN_HIDDEN, GNN_HIDDEN, GNN_HIDDEN)),
+        "gnn_node_update": _mlp(torch, (3 * GNN_HIDDEN, GNN_HIDDEN, GNN_HIDDEN)),
+        "gnn_classify": _mlp(torch, (3 * GNN_HIDDEN, GNN_HIDDEN, 1)),
+    })
+
+
+def features(hits: Any) -> Any:
+    """Per-hit features ``[R, len(FEATURES)]`` (torch, the dtype of ``hits``)."""
+    import torch
+
+    x, y, z = hits[:, 0], hits[:, 1], hits[:, 2]
+    r = torch.sqrt(x * x + y * y)
+    safe_r = torch.clamp(r, min=1e-3)
+    return torch.stack([x / R_SCALE, y / R_SCALE, z / Z_SCALE, r / R_SCALE, x / safe_r,
+                        y / safe_r, z / (safe_r + 1.0) / 4.0], dim=1)
+
+
+def edge_features(hits: Any, edges: Any) -> Any:
+    """Per-edge geometric features ``[E, len(EDGE_FEATURES)]`` (torch, the dtype of ``hits``)."""
+    import torch
+
+    a, b = hits[edges[:, 0]], hits[edges[:, 1]]
+    r_a = torch.sqrt(a[:, 0] ** 2 + a[:, 1] ** 2)
+    r_b = torch.sqrt(b[:, 0] ** 2 + b[:, 1] ** 2)
+    dr = r_b - r_a
+    dz = b[:, 2] - a[:, 2]
+    cross = a[:, 0] * b[:, 1] - a[:, 1] * b[:, 0]
+    dot = a[:, 0] * b[:, 0] + a[:, 1] * b[:, 1]
+    dphi = torch.atan2(cross, dot)
+    chord = torch.sqrt((b[:, 0] - a[:, 0]) ** 2 + (b[:, 1] - a[:, 1]) ** 2)
+    curvature = 2.0 * cross / torch.clamp(r_a * r_b * chord, min=1e-6)
+    safe_dr = torch.where(dr.abs() < 1e-3, torch.full_like(dr, 1e-3), dr)
+    z0 = a[:, 2] - r_a * dz / safe_dr
+    over = b[:, 2] / (r_b + 1.0) - a[:, 2] / (r_a + 1.0)
+    return torch.stack([dr / 20.0, dz / 20.0, dphi * 10.0, torch.clamp(z0 / 10.0, -10.0, 10.0),
+                        curvature * 100.0, over * 4.0], dim=1)
+
+
+def gnn_scores(nets: Any, feats: Any, edges: Any, geometry: Any) -> Any:
+    """Edge logits of the interaction network on ``edges [E, 2]`` with their
+    :func:`edge_features` ``geometry`` (torch)."""
+    import torch
+
+    source, target = edges[:, 0], edges[:, 1]
+    node = nets["gnn_node"](feats)
+    edge = nets["gnn_edge"](torch.cat([node[source], node[target], geometry], dim=1))
+    for _ in range(GNN_STEPS):
+        incoming = torch.zeros_like(node).index_add_(0, target, edge)
+        outgoing = torch.zeros_like(node).index_add_(0, source, edge)
+        node = node + nets["gnn_node_update"](torch.cat([node, incoming, outgoing], dim=1))
+        edge = edge + nets["gnn_edge_update"](torch.cat([node[source], node[target], edge], dim=1))
+    return nets["gnn_classify"](torch.cat([node[source], node[target], edge], dim=1)).squeeze(1)
+
+
+def filter_logits(nets: Any, feats: Any, embedding: Any, edges: Any, geometry: Any) -> Any:
+    """Edge logits of the filter MLP on ``edges [E, 2]`` with their :func:`edge_features`
+    ``geometry`` (torch)."""
+    import torch
+
+    source, target = edges[:, 0], edges[:, 1]
+    return nets["filter"](torch.cat([feats[source], feats[target], embedding[source],
+                                     embedding[target], geometry], dim=1)).squeeze(1)
+
+
+def best_outgoing(edges: Any, scores: Any, cut: float, rows: int) -> Any:
+    """The edges scoring over ``cut`` that are the best-scoring outgoing edge of their source:
+    each hit links to at most one hit further out, so a wrong edge beside a right one cannot
+    merge two tracks into one component (order kept).
+
+    (Also requiring the best incoming edge of the target breaks tracks: a track's edges that
+    skip a layer are right too, and often win.)"""
+    import torch
+
+    fill = torch.full((rows,), -math.inf, dtype=scores.dtype, device=scores.device)
+    best = fill.scatter_reduce(0, edges[:, 0], scores, reduce="amax")
+    return edges[(scores > cut) & (scores == best[edges[:, 0]])]
+
+
+def pair_chunks(counts: np.ndarray, budget: int = PAIR_BUDGET) -> list[tuple[int, int]]:
+    """Consecutive groups of events whose padded pair matrices hold at most ``budget`` entries
+    (an event over it alone).
+
+    >>> pair_chunks(np.array([3, 3, 10, 0]), budget=30)
+    [(0, 2), (2, 3), (3, 4)]
+    """
+    chunks: list[tuple[int, int]] = []
+    start, widest = 0, 0
+    for index, count in enumerate(np.asarray(counts).tolist()):
+        wider = max(widest, int(count))
+        if index > start and (index + 1 - start) * wider * wider > budget:
+            chunks.append((start, index))
+            start, wider = index, int(count)
+        widest = wider
+    if len(counts):
+        chunks.append((start, len(counts)))
+    return chunks
+
+
+class TrackPipeline:
+    """The trained pipeline on one device (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
+
+    ``weights``: ``{name: array}`` (the ``.npz`` the zoo ships): ``net.<module>...`` tensors and
+    ``hparam.<name>`` scalars (:data:`DEFAULT_HPARAMS`).
+    """
+
+    def __init__(self, weights: Mapping[str, np.ndarray], device: str = "cpu") -> None:
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.dtype = torch.float64 if self.device.type == "cpu" else torch.float32
+        self.hparams = {name: float(weights.get(f"hparam.{name}", default))
+                        for name, default in DEFAULT_HPARAMS.items()}
+        nets = build_networks()
+        state = {key[len("net."):]: torch.from_numpy(np.array(value))
+                 for key, value in weights.items() if key.startswith("net.")}
+        if state:
+            nets.load_state_dict(state)
+        self.nets = nets.to(device=self.device, dtype=self.dtype).eval()
+
+    # -- stages on torch tensors (on self.device) --------------------------------------------------
+    def _hits(self, hits: np.ndarray) -> Any:
+        array = np.ascontiguousarray(np.asarray(hits, dtype=np.float32).reshape(-1, 3))
+        return self.torch.from_numpy(array).to(self.device).to(self.dtype)
+
+    def embed(self, hits: Any) -> Any:
+        """``embedding [R, EMBEDDING_DIM]`` float32 of ``hits`` (torch, on the device)."""
+        return self.nets["embed"](features(hits)).to(self.torch.float32)
+
+    def graph(self, hits: Any, embedding: Any, counts: np.ndarray) -> Any:
+        """Directed edges ``[E, 2]`` (global rows) inside each event, in (source, target) order.
+
+        Events are padded in groups of similar size (sorted by hits); distances are float32
+        elementwise sums (no GEMM), so an event's edges never depend on the others."""
+        torch = self.torch
+        counts = np.asarray(counts, dtype=np.int64)
+        starts_np = np.cumsum(counts) - counts
+        r = torch.sqrt(hits[:, 0] ** 2 + hits[:, 1] ** 2)
+        points = embedding.to(torch.float32)
+        radius2 = self.hparams["radius"] ** 2
+        found = []
+        budget = PAIR_BUDGET if self.device.type == "cpu" else GPU_PAIR_BUDGET
+        by_size = np.argsort(counts, kind="stable")
+        by_size = by_size[counts[by_size] >= 2]
+        for first, stop in pair_chunks(counts[by_size], budget):
+            events = by_size[first:stop]
+            widest = int(counts[events].max())
+            starts = torch.as_tensor(starts_np[events], device=self.device)
+            sizes = torch.as_tensor(counts[events], device=self.device)
+            column = torch.arange(widest, device=self.device)
+            valid = column[None, :] < sizes[:, None]
+            index = torch.where(valid, starts[:, None] + column[None, :], 0)
+            p, rr = points[index], r[index]
+            shape = (len(events), widest, widest)
+            distance = torch.zeros(shape, dtype=torch.float32, device=self.device)
+            step = torch.empty(shape, dtype=torch.float32, device=self.device)
+            for d in range(p.shape[2]):  # elementwise: no GEMM, no dependence on the padding
+                torch.sub(p[:, :, None, d], p[:, None, :, d], out=step)
+                distance.addcmul_(step, step)
+            allowed = (valid[:, :, None] & valid[:, None, :]
+                       & (rr[:, None, :] > rr[:, :, None] + MIN_DR) & (distance < radius2))
+            distance.masked_fill_(~allowed, math.inf)
+            k = min(int(self.hparams["k_max"]), widest)
+            nearest, which = torch.topk(distance, k, dim=2, largest=False)
+            chosen = torch.zeros_like(allowed).scatter_(2, which, torch.isfinite(nearest))
+            event, source, target = torch.nonzero(chosen, as_tuple=True)
+            base = starts[event]
+            found.append(torch.stack([base + source, base + target], dim=1))
+        if not found:
+            return torch.zeros((0, 2), dtype=torch.int64, device=self.device)
+        edges = torch.cat(found)
+        order = torch.argsort(edges[:, 0] * max(len(r), 1) + edges[:, 1])
+        return edges[order]
+
+    def filter(self, hits: Any, embedding: Any, edges: Any) -> Any:
+        """The edges whose filter score is over ``filter_cut``."""
+        if not len(edges):
+            return edges
+        logits = filter_logits(self.nets, features(hits), embedding.to(self.dtype), edges,
+                               edge_features(hits, edges))
+        return edges[self.torch.sigmoid(logits) > self.hparams["filter_cut"]]
+
+    def gnn(self, hits: Any, edges: Any) -> Any:
+        """The edges whose GNN score is over ``gnn_cut``, the best of each source
+        (:func:`best_outgoing`)."""
+        if not len(edges):
+            return edges
+        logits = gnn_scores(self.nets, features(hits), edges, edge_features(hits, edges))
+        return best_outgoing(edges, self.torch.sigmoid(logits), self.hparams["gnn_cut"], len(hits))
+
+    def components(self, edges: Any, rows: int, counts: np.ndarray) -> np.ndarray:
+        """Track labels ``[rows]`` int64 (numpy) from the kept edges."""
+        kept = edges.cpu().numpy() if hasattr(edges, "cpu") else np.asarray(edges)
+        component = connected_components(kept, rows)
+        return canonical_labels(component, np.asarray(counts, dtype=np.int64),
+                                int(self.hparams["min_hits"]))
+
+    # -- whole runs, numpy in and out -------------------------------------------------------------
+    def run(self, hits: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+        """Labels ``[R]`` int64 of ``hits [R, 3]`` float32 (``counts``: rows per event; None: one
+        event). Every stage on the device, one copy to the host (the kept edges)."""
+        hits = np.asarray(hits, dtype=np.float32).reshape(-1, 3)
+        counts = (np.array([len(hits)], dtype=np.int64) if counts is None
+                  else np.asarray(counts, dtype=np.int64).reshape(-1))
+        with self.torch.inference_mode():
+            rows = self._hits(hits)
+            embedding = self.embed(rows)
+            edges = self.graph(rows, embedding, counts)
+            edges = self.filter(rows, embedding, edges)
+            edges = self.gnn(rows, edges)
+            return self.components(edges, len(hits), counts)
+
+    def run_stage(self, stage: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One stage on numpy ``inputs`` (per-row arrays, no batch axis; names of
+        :data:`STAGE_TENSORS`), numpy outputs: what the ensemble's stage models run."""
+        torch = self.torch
+        if stage not in STAGE_TENSORS:
+            raise ValueError(f"no trackgnn stage {stage!r}; stages: {list(STAGES)}")
+        hits_np = np.asarray(inputs["hits"], dtype=np.float32).reshape(-1, 3)
+        counts = np.asarray(inputs.get("hits__counts", [len(hits_np)]), dtype=np.int64).reshape(-1)
+        with torch.inference_mode():
+            hits = self._hits(hits_np)
+
+            def tensor(name: str, shape: tuple[int, ...]) -> Any:
+                array = np.ascontiguousarray(np.asarray(inputs[name]).reshape(shape))
+                return torch.from_numpy(array).to(self.device)
+
+            if stage == "embed":
+                out = {"embedding": self.embed(hits)}
+            elif stage == "graph":
+                out = {"graph_edges": self.graph(hits, tensor("embedding", (-1, EMBEDDING_DIM)),
+                                                 counts)}
+            elif stage == "filter":
+                out = {"filter_edges": self.filter(hits, tensor("embedding", (-1, EMBEDDING_DIM)),
+                                                   tensor("graph_edges", (-1, 2)))}
+            elif stage == "gnn":
+                out = {"gnn_edges": self.gnn(hits, tensor("filter_edges", (-1, 2)))}
+            else:
+                return {"labels": self.components(tensor("gnn_edges", (-1, 2)), len(hits_np),
+                                                  counts)}
+            return {name: value.cpu().numpy() for name, value in out.items()}
+
+
+def load_weights(path: str) -> dict[str, np.ndarray]:
+    """The arrays of a weights ``.npz`` file."""
+    with np.load(path) as archive:
+        return {name: archive[name] for name in archive.files}

@@ -84,16 +84,19 @@ class FairnessConfig:
     users: int = 8
     heavy_factor: int = 10
     light_lanes: int = 2
-    rows: int = 2048
-    interval_s: float = 0.04
+    #: rows per request and a light user's mean interval between requests (51 k rows/s)
+    rows: int = 8192
+    interval_s: float = 0.16
     #: solo and contended phases alternate this many times
-    rounds: int = 3
-    solo_s: float = 6.0
+    rounds: int = 4
+    solo_s: float = 8.0
     contended_s: float = 10.0
     saturate_s: float = 20.0
     settle_s: float = 1.0
     policy: str = "fair"
     instances: int = 2
+    #: niceness of the heavy user's process (a bulk job, niced as a batch system runs one)
+    heavy_nice: int = 19
     #: executions at once (Triton's rate limiter; 0: one per instance)
     concurrent_executions: int = 0
     #: requests that may wait at the overflow level (the last one) before more are rejected
@@ -118,13 +121,15 @@ class FairnessConfig:
                                      f">= 1 row per request: {self}")
         if self.policy not in POLICIES:
             raise ConfigurationError(f"policy must be one of {POLICIES}, not {self.policy!r}")
+        if not 0 <= self.heavy_nice <= 19:
+            raise ConfigurationError(f"heavy_nice must be 0-19, not {self.heavy_nice!r}")
         if min(self.solo_s, self.contended_s, self.saturate_s) <= self.settle_s:
             raise ConfigurationError(f"every phase must last longer than settle_s: {self}")
 
 
 PRESETS: dict[str, FairnessConfig] = {
     "full": FairnessConfig(),
-    "quick": FairnessConfig(rounds=2, solo_s=5.0, contended_s=7.0, saturate_s=12.0,
+    "quick": FairnessConfig(rounds=4, solo_s=6.0, contended_s=6.0, saturate_s=12.0,
                             preset="quick"),
 }
 
@@ -179,6 +184,12 @@ def _kind(phase_name: str) -> str:
     return phase_name.split("-")[0]
 
 
+def _round(phase_name: str) -> int | None:
+    """The round of a ``solo-i``/``contended-i`` phase (None for ``saturate``)."""
+    _, _, number = phase_name.partition("-")
+    return int(number) if number else None
+
+
 def _collect(results: Any, users: int, what: str, timeout_s: float,
              processes: Sequence[Any]) -> dict[int, list]:
     collected: dict[int, list] = {}
@@ -208,10 +219,10 @@ def _figures(config: FairnessConfig, phases: list[Phase],
                 for name, per_user in records.items()}
     records = {name: {user: per_user[user]["records"] for user in per_user}
                for name, per_user in records.items()}
-    def latencies(kind: str, users: Sequence[int]) -> list[float]:
+    def latencies(kind: str, users: Sequence[int], round_: int | None = None) -> list[float]:
         out = []
         for phase in phases:
-            if _kind(phase.name) == kind:
+            if _kind(phase.name) == kind and round_ in (None, _round(phase.name)):
                 low, high = window(phase)
                 out += [done - sent for user in users
                         for sent, done, _, good, _ in records[phase.name][user]
@@ -237,6 +248,10 @@ def _figures(config: FairnessConfig, phases: list[Phase],
         "light_p50_ms_solo": percentile(solo, 50) * 1e3,
         "light_p50_ms_contended": percentile(loaded, 50) * 1e3,
         "heavy_p50_ms_contended": percentile(heavy_loaded, 50) * 1e3,
+        # the ratio of each round alone (solo-i against contended-i): its spread within a run
+        "light_p95_ratio_by_round": [
+            percentile(latencies("contended", range(1, config.users), i), 95)
+            / percentile(latencies("solo", [1], i), 95) for i in range(1, config.rounds + 1)],
         "requests": {"solo": len(solo), "contended_light": len(loaded),
                      "contended_heavy": len(heavy_loaded)},
         "goodput_rows_per_s": goodput,
@@ -278,7 +293,8 @@ def run_fairness(config: FairnessConfig, *,
         specs = [UserSpec(index=user, url=server.url(MODEL), rows=config.rows, policy=config.policy,
                           levels=config.levels,
                           load=float(config.heavy_factor) if user == 0 else 1.0,
-                          lanes=config.heavy_lanes if user == 0 else config.light_lanes)
+                          lanes=config.heavy_lanes if user == 0 else config.light_lanes,
+                          nice=config.heavy_nice if user == 0 else 0)
                  for user in range(config.users)]
         processes = [context.Process(target=user_main, args=(spec, commands[spec.index], results),
                                      name=f"fairness-user-{spec.index}", daemon=True)
@@ -332,8 +348,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     for name, goal in figures["goals"].items():
         lines.append(f"  {name}: {figures[name]:.3f} (goal {goal['goal']}: "
                      f"{'met' if goal['met'] else 'MISSED'})")
+    rounds = ", ".join(f"{ratio:.2f}" for ratio in figures["light_p95_ratio_by_round"])
     lines.append(f"  light p95 {figures['light_p95_ms_solo']:.1f} ms alone, "
-                 f"{figures['light_p95_ms_contended']:.1f} ms beside the heavy user; heavy user's "
+                 f"{figures['light_p95_ms_contended']:.1f} ms beside the heavy user (ratio by "
+                 f"round: {rounds}); heavy user's "
                  f"share of goodput while all saturate {figures['heavy_share_of_goodput']:.1%} "
                  f"(1/{results['config']['users']} is fair)")
     return lines

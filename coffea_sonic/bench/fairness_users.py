@@ -22,6 +22,10 @@ process) for ``duration_s`` seconds:
 A request counts only when its answer has every row and equals the answer the user got during
 warm-up for the same rows (the model is deterministic).
 
+A user with ``nice`` > 0 lowers its own CPU priority before it starts (``os.nice``), as a batch
+system runs a bulk job: its client then takes the cores only when the interactive users' clients
+and the server leave them idle.
+
 >>> spec = UserSpec(index=0, url="triton+grpc://127.0.0.1:1/jet_tagger", lanes=5, rows=64,
 ...                 levels=3)
 >>> [lane_priority(spec, lane, "fair") for lane in range(5)], lane_priority(spec, 0, "fifo")
@@ -31,6 +35,7 @@ warm-up for the same rows (the model is deterministic).
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -63,6 +68,10 @@ class UserSpec:
     load: float = 1.0
     warmup_requests: int = 3
     timeout_s: float = 60.0
+    #: niceness the user's process adds to itself before it starts (``os.nice``): 0 for an
+    #: interactive analysis, up to 19 (the lowest CPU priority) for a bulk job, as a batch system
+    #: runs one
+    nice: int = 0
 
 
 @dataclass(frozen=True)
@@ -215,6 +224,8 @@ def user_main(spec: UserSpec, commands: Any, results: Any) -> None:
     a failure is put as ``(index, "error", message)``."""
     logging.basicConfig(level=logging.WARNING)
     try:
+        if spec.nice:
+            os.nice(spec.nice)
         user = _User(spec)
         user.warm_up()
         results.put((spec.index, "ready", []))

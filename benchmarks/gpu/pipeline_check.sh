@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The seeds' models on a GPU machine (issue 13, item 5), one command:
+#
+#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
+#   GPU machine: bash benchmarks/gpu/pipeline_check.sh            (bring .device along)
+#
+# 1. benchmarks/pipeline_bench.py --device gpu --clients 1 8: the trackgnn pipeline in-process
+#    (direct), served as one fused python-backend model, and served as a Triton ensemble of stages;
+# 2. coffea-sonic bench --models particlenet deepmet --modes cpu local-gpu remote: in-process CPU vs
+#    in-process GPU vs served, 1 and 8 client processes.
+# Writes pipeline-gpu.json/.md and models/results.* into $OUT (default bench-output/pipeline).
+set -uo pipefail
+DEV=${DEV:-.device}
+OUT=${OUT:-bench-output/pipeline}
+mkdir -p "$OUT"
+# shellcheck disable=SC1091
+source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
+if ls "$DEV"/extra/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$DEV"/extra/*.whl || exit 1
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
+echo "cores: $(nproc)"
+echo "== trackgnn pipeline"
+timeout "${PIPELINE_TIMEOUT:-260}" python3 benchmarks/pipeline_bench.py --device gpu --clients 1 8 \
+  --out "$OUT" 2>&1 | grep -v "RuntimeWarning\|warnings.warn" | tail -25
+left=$(( ${TOTAL_BUDGET:-560} - SECONDS - 10 ))
+echo "== particlenet, deepmet (at most $left s)"
+timeout "$left" python3 -m coffea_sonic.cli bench --preset gpu --device gpu \
+  --models particlenet deepmet --modes cpu local-gpu remote --batch-sizes 512 --no-default-batch \
+  --chunk-rows 4096 --clients 1 8 --in-flight 4 --repetitions 3 --e2e-events 0 \
+  -o "$OUT/models" 2>&1 | grep -v "RuntimeWarning\|warnings.warn" | tail -25
+if [ ! -f "$OUT/models/results.json" ] && [ -f "$OUT/models/results.partial.json" ]; then
+  mv "$OUT/models/results.partial.json" "$OUT/models/results.json"
+fi
+ls -la "$OUT" "$OUT/models" 2>/dev/null

@@ -332,8 +332,8 @@ def run(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         base = _start_server(args, stack,
                              ["jet_tagger"] if args.no_constituents else list(DEMO_MODELS))
-        analysis = JetTaggingProcessor(base, use_constituents=False if args.no_constituents else "auto",
-                                       physics=not args.no_constituents,
+        analysis = JetTaggingProcessor(base, physics=not args.no_constituents,
+                                       use_constituents=False if args.no_constituents else "auto",
                                        max_in_flight=args.max_in_flight)
         result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
     summary = summarise(result, wall_s, workers, delta)

@@ -40,8 +40,8 @@ from ..errors import InputValidationError, MissingDependencyError
 from ..processor import SonicMixin
 from ..zoo import trackgnn
 
-__all__ = ["TrackingProcessor", "compare_with_direct", "fitted_pt", "plot_tracking", "print_tracking_summary",
-           "summarise_tracking"]
+__all__ = ["TrackingProcessor", "compare_with_direct", "fitted_pt", "plot_tracking",
+           "print_tracking_summary", "summarise_tracking"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,8 @@ def _histograms(dataset: str, rows: np.ndarray, counts: np.ndarray,
             "true_tracks": true_tracks, "reco_tracks": reco_tracks}
 
 
-def summarise_tracking(output: Mapping[str, Any], wall_s: float, workers: int = 1) -> dict[str, Any]:
+def summarise_tracking(output: Mapping[str, Any], wall_s: float,
+                       workers: int = 1) -> dict[str, Any]:
     """The numbers the tracking demo prints: totals over datasets, efficiency (true tracks found
     / true tracks) and purity (reconstructed tracks matched / reconstructed tracks)."""
     totals = {name: sum(int(entry[name]) for entry in output["cutflow"].values())

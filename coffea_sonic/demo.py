@@ -245,7 +245,12 @@ def print_summary(summary: Mapping[str, Any]) -> None:
 
 
 def print_server_statistics(server: Mapping[str, Mapping[str, float]]) -> None:
-    """One line per served model: rows, executions, queue and compute time per request."""
+    """One line per served model: rows, executions, queue and compute time per request.
+
+    >>> print_server_statistics({"trackgnn": {"inference_count": 4, "execution_count": 4,
+    ...                                       "request_count": 4, "compute_infer_s": 2.0}})
+    server trackgnn    4 rows in 4 executions (avg batch 1); queue 0.00 ms, compute 500.00 ms per request
+    """
     for name, stats in server.items():
         count = stats.get("inference_count", 0)
         executions = stats.get("execution_count", 0) or 1
@@ -321,14 +326,14 @@ def run(args: argparse.Namespace) -> int:
     output.mkdir(parents=True, exist_ok=True)
     fileset = prepare_fileset(args, output)
     if args.analysis == "tracking":
-        return run_tracking(args, output, fileset)
+        return _run_tracking(args, output, fileset)
     from .examples.jet_tagging import JetTaggingProcessor, plot_scores
 
     with ExitStack() as stack:
         base = _start_server(args, stack,
                              ["jet_tagger"] if args.no_constituents else list(DEMO_MODELS))
-        analysis = JetTaggingProcessor(base, use_constituents=False if args.no_constituents else "auto",
-                                       physics=not args.no_constituents,
+        analysis = JetTaggingProcessor(base, physics=not args.no_constituents,
+                                       use_constituents=False if args.no_constituents else "auto",
                                        max_in_flight=args.max_in_flight)
         result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
     summary = summarise(result, wall_s, workers, delta)
@@ -350,7 +355,7 @@ def _first_events(args: argparse.Namespace, fileset: Mapping[str, list[str]], co
                                        mode="eager", entry_stop=count).events()
 
 
-def run_tracking(args: argparse.Namespace, output: Path, fileset: Mapping[str, list[str]]) -> int:
+def _run_tracking(args: argparse.Namespace, output: Path, fileset: Mapping[str, list[str]]) -> int:
     """``--analysis tracking``: TrackingProcessor over ``fileset`` with the served pipeline, the
     served labels of the first events against an in-process run, report, plot, summary.json."""
     from .examples.tracking import (TrackingProcessor, compare_with_direct, plot_tracking,

@@ -51,14 +51,46 @@ def test_demo_plot_separates_ttbar_from_light_jets(tmp_path):
     assert mean["ttbar"] > 3 * mean["qcd_light"]
 
 
-def test_quickstart_notebook_runs_against_the_embedded_server(tmp_path, monkeypatch):
+def _run_notebook(name: str, events: int, tmp_path: Path, monkeypatch) -> str:
+    """Execute notebooks/``name`` on the embedded server with ``events`` per dataset, in
+    ``tmp_path``; return its printed text."""
     monkeypatch.setenv("SONIC_NOTEBOOK_DIR", str(tmp_path))
-    monkeypatch.setenv("SONIC_EVENTS", "2000")
+    monkeypatch.setenv("SONIC_EVENTS", str(events))
     monkeypatch.delenv("SONIC_SERVER", raising=False)
-    notebook = nbformat.read(ROOT / "notebooks" / "01_quickstart.ipynb", as_version=4)
+    notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
-    outputs = "".join(str(output.get("text", "")) for cell in notebook.cells
-                      for output in cell.get("outputs", []))
+    return "".join(str(output.get("text", "")) for cell in notebook.cells
+                   for output in cell.get("outputs", []))
+
+
+def test_quickstart_notebook_runs_against_the_embedded_server(tmp_path, monkeypatch):
+    outputs = _run_notebook("01_quickstart.ipynb", 2000, tmp_path, monkeypatch)
     assert "coffea-sonic demo summary" in outputs
     assert (tmp_path / "scores.png").exists()
+
+
+def test_tracking_demo_prints_efficiency_and_purity_and_served_equals_direct(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "coffea_sonic.cli", "demo", "--analysis", "tracking", "--events",
+         "100", "--sample-files", "1", "--chunksize", "50", "--workers", "1", "--output",
+         str(tmp_path), "--device", "cpu", "--no-progress"],
+        capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    printed = dict(line.split(None, 1) for line in completed.stdout.splitlines()
+                   if line.startswith(("efficiency ", "purity ")))
+    assert float(printed["efficiency"].split()[0]) > 0.9, completed.stdout
+    assert float(printed["purity"].split()[0]) > 0.9, completed.stdout
+    assert "served vs direct  identical labels on the first 50 events" in completed.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["events"] == 200 and summary["hits"] > 10_000
+    assert summary["client"]["trackgnn"]["rows"] == 200  # every event, 0 hits or many
+    assert summary["served_vs_direct"]["identical"] is True
+    assert (tmp_path / "tracking.png").stat().st_size > 10_000
+
+
+def test_tracking_notebook_runs_against_the_embedded_server(tmp_path, monkeypatch):
+    outputs = _run_notebook("04_tracking.ipynb", 100, tmp_path, monkeypatch)
+    assert "coffea-sonic tracking demo summary" in outputs
+    assert "served vs direct: identical labels" in outputs
+    assert (tmp_path / "tracking.png").exists()

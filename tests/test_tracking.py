@@ -93,8 +93,9 @@ def test_labels_stay_aligned_when_events_have_no_hits(server, ensemble):
     assert output["cutflow"]["unknown"]["events"] == len(counts)
     assert output["cutflow"]["unknown"]["hits"] == len(rows)
     nothing = tracking.process(events[ak.num(events.Hit) == 0])
-    assert nothing["cutflow"]["unknown"] == {"events": int((counts == 0).sum()), "hits": 0, "true_tracks": 0,
-                                             "reco_tracks": 0, "found": 0, "matched": 0}
+    assert nothing["cutflow"]["unknown"] == {"events": int((counts == 0).sum()), "hits": 0,
+                                             "true_tracks": 0, "reco_tracks": 0, "found": 0,
+                                             "matched": 0}
 
 
 def test_events_without_hits_collection_are_refused_with_what_to_use():

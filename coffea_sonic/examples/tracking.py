@@ -40,8 +40,8 @@ from ..errors import InputValidationError, MissingDependencyError
 from ..processor import SonicMixin
 from ..zoo import trackgnn
 
-__all__ = ["TrackingProcessor", "compare_with_direct", "fitted_pt", "plot_tracking", "print_tracking_summary",
-           "summarise_tracking"]
+__all__ = ["TrackingProcessor", "compare_with_direct", "fitted_pt", "plot_tracking",
+           "print_tracking_summary", "summarise_tracking"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,8 @@ def _histograms(dataset: str, rows: np.ndarray, counts: np.ndarray,
             "true_tracks": true_tracks, "reco_tracks": reco_tracks}
 
 
-def summarise_tracking(output: Mapping[str, Any], wall_s: float, workers: int = 1) -> dict[str, Any]:
+def summarise_tracking(output: Mapping[str, Any], wall_s: float,
+                       workers: int = 1) -> dict[str, Any]:
     """The numbers the tracking demo prints: totals over datasets, efficiency (true tracks found
     / true tracks) and purity (reconstructed tracks matched / reconstructed tracks)."""
     totals = {name: sum(int(entry[name]) for entry in output["cutflow"].values())
@@ -188,7 +189,20 @@ def summarise_tracking(output: Mapping[str, Any], wall_s: float, workers: int = 
 
 
 def print_tracking_summary(summary: Mapping[str, Any]) -> None:
-    """Print :func:`summarise_tracking`'s numbers (the demo's report)."""
+    """Print :func:`summarise_tracking`'s numbers (the demo's report).
+
+    >>> print_tracking_summary(summarise_tracking({"cutflow": {"d": {"events": 2, "hits": 30,
+    ...     "true_tracks": 4, "reco_tracks": 5, "found": 3, "matched": 4}}}, wall_s=1.0))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    <BLANKLINE>
+    === coffea-sonic tracking demo summary ===
+    events                     2   (2 events/s, 1.0 s wall, 1 workers)
+    hits                      30
+    true tracks                4   (>= 5 hits)
+    tracks found               5   reconstructed (>= 5 hits), 4 matched to a true track
+    efficiency            0.7500   (3 of 4 true tracks found)
+    purity                0.8000   (4 of 5 reconstructed tracks matched)
+    """
     rate = summary["events_per_s"] or 0.0
     print("\n=== coffea-sonic tracking demo summary ===")
     print(f"events            {summary['events']:>10,d}   ({rate:,.0f} events/s, "

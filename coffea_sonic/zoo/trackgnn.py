@@ -167,6 +167,10 @@ class TrackMatches:
     hits; ``true_found`` / ``reco_matched``: matched (module docstring); ``true_of_hit`` /
     ``reco_of_hit``: per hit, the index of its true / reconstructed track in these arrays (-1:
     noise / on no track).
+
+    >>> matches = track_matches(np.array([0] * 5 + [1] * 2), np.array([0] * 5 + [1] * 2), [7])
+    >>> matches.true_size.tolist(), matches.reco_matched.tolist(), matches.metrics().true_tracks
+    ([5, 2], [True, True], 1)
     """
 
     true_event: np.ndarray

@@ -79,6 +79,8 @@ class Call:
     outputs: dict[str, np.ndarray] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the thread that waits for the call's answer (``TritonModel.__call__``), or None
+    caller: int | None = None
 
 
 class InferenceHandle:

@@ -404,10 +404,15 @@ class TritonModel:
         inputs are the events' rows, unpadded; per-object outputs come back with one row per
         input row, per-event outputs with one row per event.
         """
-        return self.infer_async(inputs, counts=counts).result()
+        return self._infer(inputs, counts, caller_waits=True).result()
 
     def infer_async(self, inputs: Mapping[str, Any], *, counts: Any = None) -> InferenceHandle:
         """Validate and send now; the handle's ``result()`` gives what ``__call__`` would."""
+        return self._infer(inputs, counts, caller_waits=False)
+
+    def _infer(self, inputs: Mapping[str, Any], counts: Any, caller_waits: bool) -> InferenceHandle:
+        """``infer_async``; ``caller_waits``: the calling thread only waits for the answer, so a
+        one-request call may be sent and answered in it (no hand-off to other threads)."""
         info = self.info
         runtime = self._get_runtime()
         ragged = None
@@ -418,7 +423,7 @@ class TritonModel:
             ragged = ragged_module.RaggedCall.build(info, inputs, counts, self.nonfinite)
             arrays, rows = ragged.arrays, ragged.events
         call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=runtime, info=info,
-                    ragged=ragged)
+                    ragged=ragged, caller=threading.get_ident() if caller_waits else None)
         self._add_stats(calls=1)
         if rows == 0:
             call.outputs = empty_outputs(info) if ragged is None else ragged.empty_outputs()
@@ -462,7 +467,9 @@ class TritonModel:
                 rows=piece.rows + piece.pad if call.info.batching and ragged is None else None,
                 timeout_s=self.timeout_s, request_id=f"{call.call_id}.{piece.index}",
                 out=({name: array[piece.start:piece.stop] for name, array in call.out.items()}
-                     if call.out is not None else None), priority=self.priority or 0)
+                     if call.out is not None else None), priority=self.priority or 0,
+                # started by the thread of a __call__ that only waits for this one request
+                caller_waits=len(call.pieces) == 1 and call.caller == threading.get_ident())
             if piece.last_address and piece.last_address != endpoint.address:
                 self._add_stats(failovers=1)
             piece.attempts += 1

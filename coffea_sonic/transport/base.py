@@ -46,7 +46,11 @@ class InferRequest:
     shape and a dtype that casts safely writes its first ``len(out[name])`` rows there (the one
     copy of the output bytes) and lists the name in :attr:`InferAnswer.delivered`.
     ``priority``: the request's priority level for the dynamic batcher (1 is served first; 0: the
-    model's default level), sent as the request parameter ``priority``.
+    model's default level), sent as the request parameter ``priority``. ``caller_waits``: the
+    thread that submits the request would only wait for its answer, so a transport may send it
+    and read the answer in that thread and return a done future (the gRPC transport does: no
+    hand-off to gRPC's threads and back, which costs wake-ups, each a wait for a core on a busy
+    machine).
     """
 
     model: str
@@ -58,6 +62,7 @@ class InferRequest:
     request_id: str = ""
     out: Mapping[str, np.ndarray] | None = None
     priority: int = 0
+    caller_waits: bool = False
 
     @property
     def nbytes(self) -> int:

@@ -83,11 +83,19 @@ class GrpcTransport(Transport):
     # -- inference ----------------------------------------------------------------------------------
 
     def submit(self, request: InferRequest) -> TransportFuture:
+        """Send ``request``; with ``request.caller_waits`` the call is made and answered in this
+        thread (a blocking gRPC call) and the future comes back done. Otherwise gRPC answers in
+        its own thread, which it starts anew whenever the channel had no call in flight."""
         future = TransportFuture()
         try:
             self.connection
             payload = encode_framed(request.model, request.version, request.inputs,
                                     request_id=request.request_id, priority=request.priority)
+            if request.caller_waits:
+                response = self._framed_infer(payload, timeout=request.timeout_s,
+                                              metadata=self.metadata)
+                self._read(response, future, request)
+                return future
             call = self._framed_infer.future(payload, timeout=request.timeout_s,
                                              metadata=self.metadata)
         except Exception as error:  # noqa: BLE001 - reported through the future
@@ -107,8 +115,11 @@ class GrpcTransport(Transport):
         if error is not None:
             future.fail(from_grpc(error, self.address))
             return
+        self._read(call.result(), future, request)
+
+    def _read(self, response: Any, future: TransportFuture, request: InferRequest) -> None:
+        """Resolve ``future`` with the answer in ``response`` (or the reason it is unreadable)."""
         try:
-            response = call.result()
             arrays = decode_response(response)
             received = sum(len(raw) for raw in response.raw_output_contents)
             future.resolve(answer_from(request, arrays, version=response.model_version,

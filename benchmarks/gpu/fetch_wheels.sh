@@ -5,7 +5,7 @@
 # tritonclient.http -> gevent).
 #   bash benchmarks/gpu/fetch_wheels.sh [.device] [--no-wrapper]
 # --no-wrapper leaves out gevent & co (only the coffea-wrapper mode needs them), which keeps the
-# carry of one command under 64 MiB together with prepare.sh's ~45 MB and the working tree.
+# copy to the GPU machine under its 64 MiB together with prepare.sh's ~45 MB and the working tree.
 # Versions are the project venv's.
 set -euo pipefail
 DEV=.device; WRAPPER=1
@@ -34,11 +34,11 @@ if [ "$WRAPPER" = 1 ]; then
     gevent==26.9.0 greenlet==3.3.2 geventhttpclient==2.6.1 brotli==1.2.1 2>&1 | grep -v "WARNING: Location" || true
 fi
 ls "$DEST"
-# what one device call would carry: .device plus the working tree (tracked + untracked files)
+# what is copied to the GPU machine: .device plus the working tree (tracked + untracked files)
 tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- | tail -1 | cut -f1)
 total=$(( $(du -sb "$(dirname "$DEST")" | cut -f1) + tree ))
-echo "carry: $total bytes of 67108864 (64 MiB)"
+echo "copied to the GPU machine: $total bytes of 67108864 (64 MiB)"
 if [ "$total" -gt 67108864 ]; then
-  echo "over the 64 MiB that one command to the GPU machine carries: drop $DEST (the bench then leaves out the coffea-wrapper" \
+  echo "over the 64 MiB that one copy to the GPU machine takes: drop $DEST (the bench then leaves out the coffea-wrapper" \
        "mode) or move large untracked files out of the tree" >&2
 fi

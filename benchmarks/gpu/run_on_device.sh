@@ -2,7 +2,7 @@
 # The GPU-machine benchmark of benchmarks/RESULTS.md, self-contained for one command on the GPU machine.
 #
 #   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh
-#   device run:  timeout 570 bash benchmarks/gpu/run_on_device.sh      (carry: .device)
+#   GPU machine: timeout 570 bash benchmarks/gpu/run_on_device.sh      (with .device copied there)
 #
 # It sets up tritonserver + the model Python (numpy 1.26 + the machine's torch) with
 # triton-gpu-env.sh, installs the carried client wheels, then
@@ -10,7 +10,7 @@
 #      instance, served == onnxruntime) and GpuEngine vs CpuEngine (rows/s, max |diff|);
 #   2. `coffea-sonic bench --preset gpu --device gpu`: jet_tagger and emtrk_cnn in modes cpu,
 #      local-gpu, remote, remote-sync, coffea-wrapper, with client-process sweeps,
-# writing JSON / markdown / PNG into $OUT (at most 8 files come back: results.json, results.md,
+# writing JSON / markdown / PNG into $OUT (results.json, results.md,
 # three PNGs, bench.log, serve_check.json).
 #
 # On the CPU box, LOCAL=1 runs only the python part with this venv (BENCH_DEVICE=cpu), e.g.

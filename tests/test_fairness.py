@@ -104,16 +104,20 @@ def test_quick_fairness_scenario_meets_the_goals(tmp_path):
     # user's extra concurrency at times, and its client sends those requests again)
     assert figures["failed_requests"] == {"solo": 0, "contended": 0, "saturate": 0}
     assert len(figures["goodput_rows_per_s"]) == 8 and min(figures["goodput_rows_per_s"]) > 0
+    rounds = ", ".join(f"{ratio:.2f}" for ratio in figures["light_p95_ratio_by_round"])
     print(f"fairness --quick: {wall_s:.0f} s; jain {figures['jain']:.3f}, light p95 "
           f"{figures['light_p95_ms_solo']:.1f} -> {figures['light_p95_ms_contended']:.1f} ms "
-          f"(ratio {figures['light_p95_ratio']:.2f}); heavy share "
+          f"(ratio {figures['light_p95_ratio']:.2f}; by round {rounds}); heavy share "
           f"{figures['heavy_share_of_goodput']:.1%}")
     assert figures["goals"]["jain"]["met"] and figures["jain"] >= GOALS["jain"][1], figures
     # the heavy user, with ten times the requests in flight, gets no more than twice a fair share
     assert figures["heavy_share_of_goodput"] <= 2 / 8, figures
     assert completed.returncode == (0 if figures["met"] else 1), completed.stderr[-2000:]
     if not figures["goals"]["light_p95_ratio"]["met"]:
+        # measured with benchmarks/fairness_trace.py on the 2-core box: 1.2-1.7 over the runs of
+        # 2026-11-26, each run's rounds spread by up to 0.7 with the other jobs' load
         pytest.xfail(f"light users' p95 latency beside the heavy user is "
-                     f"{figures['light_p95_ratio']:.2f}x their latency alone (goal <= 1.5): on "
-                     "2 shared cores the 8 clients and the server wait for CPU and for an "
-                     "execution in progress (coffea_sonic/bench/fairness.py)")
+                     f"{figures['light_p95_ratio']:.2f}x their latency alone (goal <= 1.5; by "
+                     f"round {rounds}): on 2 cores shared with other jobs the heavy user's "
+                     "executions share the cores with the light ones and light requests wait "
+                     "for both instances (coffea_sonic/bench/fairness.py)")

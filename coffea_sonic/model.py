@@ -402,7 +402,8 @@ class TritonModel:
 
         ``counts`` (rows per event) makes it a ragged call (:mod:`coffea_sonic.ragged`): the
         inputs are the events' rows, unpadded; per-object outputs come back with one row per
-        input row, per-event outputs with one row per event.
+        input row, per-event outputs with one row per event. A call that fits in one request
+        goes over gRPC as a blocking call in this thread (no hand-off to gRPC's threads and back).
         """
         return self._infer(inputs, counts, caller_waits=True).result()
 

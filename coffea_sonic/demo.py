@@ -355,12 +355,34 @@ def _first_events(args: argparse.Namespace, fileset: Mapping[str, list[str]], co
                                        mode="eager", entry_stop=count).events()
 
 
+def _require_hits(args: argparse.Namespace, fileset: Mapping[str, list[str]]) -> None:
+    """Refuse files without tracker hits before any server or worker starts (the processor
+    would refuse every chunk on the workers)."""
+    import uproot
+
+    from .errors import InputValidationError
+
+    for files in fileset.values():
+        for path in files:
+            with uproot.open(path) as handle:
+                tree = handle[args.treename]
+                if "nHit" not in tree.keys():
+                    raise InputValidationError(
+                        f"--analysis tracking needs tracker hits (branches nHit, Hit_x, Hit_y, "
+                        f"Hit_z, Hit_track_id) and {path} has none in its {args.treename!r} tree "
+                        "(real NanoAOD has no tracker hits); run it on the synthetic sample "
+                        "(leave out --files/--fileset) or on files written by `coffea-sonic "
+                        "sample`")
+            return  # the first file of the first dataset says what kind of files these are
+
+
 def _run_tracking(args: argparse.Namespace, output: Path, fileset: Mapping[str, list[str]]) -> int:
     """``--analysis tracking``: TrackingProcessor over ``fileset`` with the served pipeline, the
     served labels of the first events against an in-process run, report, plot, summary.json."""
     from .examples.tracking import (TrackingProcessor, compare_with_direct, plot_tracking,
                                     print_tracking_summary, summarise_tracking)
 
+    _require_hits(args, fileset)
     ensemble = args.pipeline == "ensemble"
     with ExitStack() as stack:
         base = _start_server(args, stack, ["trackgnn", "trackgnn_ensemble"] if ensemble

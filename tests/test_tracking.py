@@ -102,3 +102,22 @@ def test_events_without_hits_collection_are_refused_with_what_to_use():
     tracking = TrackingProcessor("triton+grpc://127.0.0.1:1")
     with pytest.raises(InputValidationError, match="coffea-sonic sample"):
         tracking.track_labels(ak.zip({"Jet": ak.Array([[{"pt": 1.0}]])}, depth_limit=1))
+
+
+def test_tracking_demo_refuses_files_without_hits_before_starting_anything(tmp_path, monkeypatch):
+    import uproot
+
+    from coffea_sonic import demo
+
+    path = tmp_path / "jets_only.root"
+    with uproot.recreate(path) as handle:
+        handle["Events"] = {"nJet": np.array([1, 2], dtype=np.int32)}
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("the server must not start for files without hits")
+
+    monkeypatch.setattr(demo, "_start_server", no_server)
+    args = demo.build_parser().parse_args(["--analysis", "tracking", "--files", str(path),
+                                           "--output", str(tmp_path / "out")])
+    with pytest.raises(InputValidationError, match="jets_only.root.*coffea-sonic sample"):
+        demo.run(args)

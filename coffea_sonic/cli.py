@@ -14,6 +14,8 @@ import importlib
 import logging
 import sys
 
+from .errors import SonicError
+
 # Modules that provide ``add_subparsers(subparsers)``; a missing one is skipped so the CLI keeps
 # working while a feature is absent from an installation.
 _SUBCOMMAND_MODULES = (
@@ -60,7 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SonicError as error:
+        # our errors say what went wrong and what to do: the message, not a traceback (-v: both)
+        if args.verbose:
+            logging.getLogger("coffea_sonic.cli").exception("%s failed", args.command)
+        print(f"coffea-sonic {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

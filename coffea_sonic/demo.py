@@ -364,7 +364,14 @@ def _require_hits(args: argparse.Namespace, fileset: Mapping[str, list[str]]) ->
 
     for files in fileset.values():
         for path in files:
-            with uproot.open(path) as handle:
+            try:
+                handle = uproot.open(path)
+            except OSError as error:
+                raise InputValidationError(f"cannot open {path}: {error}") from None
+            with handle:
+                if args.treename not in handle:
+                    raise InputValidationError(
+                        f"{path} has no {args.treename!r} tree; name it with --treename")
                 tree = handle[args.treename]
                 if "nHit" not in tree.keys():
                     raise InputValidationError(

@@ -23,6 +23,7 @@ from coffea_sonic.data.hits import generate_hits, hit_rows, hit_xyz
 from coffea_sonic.errors import InputValidationError
 from coffea_sonic.routing import clear_routers
 from coffea_sonic.zoo import trackgnn
+from coffea_sonic.zoo import trackgnn_pipeline as pipeline_code
 
 pytestmark = pytest.mark.filterwarnings("ignore:Missing cross-reference")
 
@@ -105,11 +106,40 @@ def test_direct_labels_of_an_event_do_not_depend_on_the_events_beside_it():
         assert found.tolist() == list(range(len(found)))
 
 
+def _random_forests(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Counts of 12 events and edges linking rows to a later row of their own event (or not)."""
+    counts = rng.integers(0, 30, size=12)
+    edges = []
+    for start, count in zip(np.cumsum(counts) - counts, counts):
+        edges += [(start + i, start + rng.integers(i + 1, count)) for i in range(count - 1)
+                  if rng.random() < 0.7]
+    return counts, np.array(edges, dtype=np.int64).reshape(-1, 2)
+
+
 def test_connected_components_without_scipy_give_the_same_labels(monkeypatch):
-    rows, counts = _with_small_events(20)
-    with_scipy = trackgnn.run_direct(rows, counts)
+    rng = np.random.default_rng(11)
+    graphs = [_random_forests(rng) for _ in range(10)]
+    with_scipy = [pipeline_code.connected_components(edges, int(counts.sum()))
+                  for counts, edges in graphs]
     monkeypatch.setitem(sys.modules, "scipy.sparse", None)  # import fails: the numpy fallback
-    np.testing.assert_array_equal(trackgnn.run_direct(rows, counts), with_scipy)
+    for (counts, edges), expected in zip(graphs, with_scipy):
+        np.testing.assert_array_equal(
+            pipeline_code.connected_components(edges, int(counts.sum())), expected)
+
+
+def test_track_labels_on_the_device_equal_the_numpy_components_of_the_same_edges():
+    import torch
+
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        counts, edges = _random_forests(rng)
+        rows = int(counts.sum())
+        expected = pipeline_code.canonical_labels(
+            pipeline_code.connected_components(edges, rows), counts, 3)
+        got = pipeline_code.forest_labels(torch.from_numpy(edges), rows, counts, 3)
+        np.testing.assert_array_equal(got.numpy(), expected)
+    # two edges out of one hit is not a forest: the caller falls back to the general components
+    assert pipeline_code.forest_labels(torch.tensor([[0, 1], [0, 2]]), 3, np.array([3]), 1) is None
 
 
 def test_shipped_pipeline_finds_tracks_above_the_floors_in_fresh_events():

@@ -246,6 +246,52 @@ def forest_roots(edges: np.ndarray, rows: int, max_steps: int = 64) -> np.ndarra
     return None  # a cycle never settles
 
 
+def forest_labels(edges: Any, rows: int, counts: np.ndarray, min_hits: int) -> Any:
+    """:func:`canonical_labels` of the components of a forest of ``edges`` (torch, on their
+    device; see :func:`forest_roots`), or None when the edges are not such a forest.
+
+    Everything stays on the device: pointer jumping for the roots, then each component's size
+    and first row by scatter, ranks inside each event by ``searchsorted``. A server whose numpy is
+    older sorts much slower than the GPU, and ``np.unique`` over every hit was the largest
+    host-side step of a call.
+
+    >>> import torch
+    >>> edges = torch.tensor([[0, 1], [1, 2], [4, 5], [5, 6], [7, 8]])
+    >>> forest_labels(edges, 9, np.array([4, 5]), min_hits=2).tolist()
+    [0, 0, 0, -1, 0, 0, 0, 1, 1]
+    >>> canonical_labels(forest_roots(edges.numpy(), 9), np.array([4, 5]), 2).tolist()
+    [0, 0, 0, -1, 0, 0, 0, 1, 1]
+    """
+    import torch
+
+    device = edges.device
+    row = torch.arange(rows, device=device)
+    if len(edges) and int(torch.bincount(edges[:, 0], minlength=rows).max()) > 1:
+        return None
+    parent = row.clone()
+    parent[edges[:, 0]] = edges[:, 1]
+    for _ in range(64):
+        jumped = parent[parent]
+        if torch.equal(jumped, parent):
+            break
+        parent = jumped
+    else:
+        return None  # a cycle never settles
+    size = torch.bincount(parent, minlength=rows)
+    first = torch.full((rows,), rows, dtype=torch.int64, device=device)
+    first = first.scatter_reduce(0, parent, row, reduce="amin")
+    first_of_row = first[parent]
+    # one row per track: its first row (ascending, so events in order)
+    starts = torch.nonzero((first_of_row == row) & (size[parent] >= min_hits)).reshape(-1)
+    event_of_row = torch.repeat_interleave(torch.arange(len(counts), device=device),
+                                           torch.as_tensor(counts, device=device))
+    event = event_of_row[starts].contiguous()
+    rank = torch.arange(len(starts), device=device) - torch.searchsorted(event, event)
+    label_of_first = torch.full((rows,), -1, dtype=torch.int64, device=device)
+    label_of_first[starts] = rank
+    return label_of_first[first_of_row]
+
+
 def best_outgoing(edges: Any, scores: Any, cut: float, rows: int) -> Any:
     """The edges scoring over ``cut`` that are the best-scoring outgoing edge of their source:
     each hit links to at most one hit further out, so a wrong edge beside a right one cannot
@@ -374,8 +420,13 @@ class TrackPipeline:
 
     def components(self, edges: Any, rows: int, counts: np.ndarray) -> np.ndarray:
         """Track labels ``[rows]`` int64 (numpy) from the kept edges."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if hasattr(edges, "cpu"):  # kept edges are a forest (best_outgoing): on the device
+            labels = forest_labels(edges.to(self.torch.int64), rows, counts,
+                                   int(self.hparams["min_hits"]))
+            if labels is not None:
+                return labels.cpu().numpy()
         kept = edges.cpu().numpy() if hasattr(edges, "cpu") else np.asarray(edges)
-        # kept edges are a forest (best_outgoing); labels depend only on the partition
         component = forest_roots(kept, rows)
         if component is None:
             component = connected_components(kept, rows)

@@ -140,8 +140,11 @@ def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4
                              **_run_once(InProcessJetTagging("cuda"), fileset, warmup, workers,
                                          chunksize, None, sampler.only(range(available)))})
                 progress(f"e2e: {_row_line(rows[-1])}")
+            if available and not sets:
+                progress(f"e2e: no served run: this machine has {available} GPU(s), none of the "
+                         f"counts asked for ({', '.join(map(str, gpus))})")
             # without a GPU: one served run on a CPU server (what this machine can show)
-            for gpu_list in sets or [[]]:
+            for gpu_list in sets if available else [[]]:
                 rows.append(_served_run(LocalTritonServer, gpu_list, fileset, warmup, workers,
                                         chunksize, sampler, server_options or {}, progress))
                 progress(f"e2e: {_row_line(rows[-1])}")

@@ -54,6 +54,16 @@ def _torch():
     return torch, torch_models
 
 
+def _training_start(threads: int, seed: int) -> tuple[Any, Any, float]:
+    """torch and the zoo's torch models, seeded, on ``threads`` threads (0: torch's default);
+    the start time of the training."""
+    torch, torch_models = _torch()
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    return torch, torch_models, time.perf_counter()
+
+
 def _events(process: str, n_events: int, seed: int) -> ak.Array:
     """Synthetic events of ``process`` as one awkward record array (no ROOT file written)."""
     from ..data.synthetic import generate_events
@@ -91,11 +101,7 @@ def train_particlenet(n_events: int = PARTICLENET_TRAIN_EVENTS, seed: int = 0,
     >>> 0.0 <= auc <= 1.0
     True
     """
-    torch, torch_models = _torch()
-    if threads:
-        torch.set_num_threads(threads)
-    started = time.perf_counter()
-    torch.manual_seed(seed)
+    torch, torch_models, started = _training_start(threads, seed)
     inputs, flavour = particlenet_dataset(n_events, seed)
     labels = torch.from_numpy(np.vectorize(FLAVOUR_TO_CLASS.__getitem__, otypes=[np.int64])(flavour))
     tensors = [torch.from_numpy(inputs[name]) for name in ("pf_points", "pf_features", "pf_mask")]
@@ -218,11 +224,7 @@ def train_deepmet(n_events: int = DEEPMET_TRAIN_EVENTS, seed: int = 0,
     >>> ours > 0 and pf > 0
     True
     """
-    torch, torch_models = _torch()
-    if threads:
-        torch.set_num_threads(threads)
-    started = time.perf_counter()
-    torch.manual_seed(seed)
+    torch, torch_models, started = _training_start(threads, seed)
     inputs, gen_met, _ = deepmet_dataset(n_events, seed)
     pf_cont, pf_class = torch.from_numpy(inputs["pf_cont"]), torch.from_numpy(inputs["pf_class"])
     target = torch.from_numpy(gen_met.astype(np.float32))

@@ -84,6 +84,19 @@ class ModelSpec:
         return tuple(t.name for t in self.outputs)
 
 
+#: The CMS ParticleNet layout, shared by particlenet_lite (untrained) and particlenet (trained).
+_PARTICLENET_TENSORS: dict = dict(
+    inputs=(
+        TensorSpec("pf_points", "float32", (2, PARTICLENET_MAX_CONSTITUENTS)),
+        TensorSpec("pf_features", "float32",
+                   (len(PARTICLENET_FEATURES), PARTICLENET_MAX_CONSTITUENTS)),
+        TensorSpec("pf_mask", "float32", (1, PARTICLENET_MAX_CONSTITUENTS)),
+    ),
+    outputs=(TensorSpec("probs", "float32", (len(JET_CLASSES),)),),
+    max_batch_size=4096,
+    preferred_batch_sizes=(512, 2048),
+)
+
 MODEL_SPECS: dict[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -100,30 +113,14 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             name="particlenet_lite",
             description="ParticleNet-like EdgeConv tagger over up to "
             f"{PARTICLENET_MAX_CONSTITUENTS} PF constituents per jet (CMS input layout)",
-            inputs=(
-                TensorSpec("pf_points", "float32", (2, PARTICLENET_MAX_CONSTITUENTS)),
-                TensorSpec("pf_features", "float32",
-                           (len(PARTICLENET_FEATURES), PARTICLENET_MAX_CONSTITUENTS)),
-                TensorSpec("pf_mask", "float32", (1, PARTICLENET_MAX_CONSTITUENTS)),
-            ),
-            outputs=(TensorSpec("probs", "float32", (len(JET_CLASSES),)),),
-            max_batch_size=4096,
-            preferred_batch_sizes=(512, 2048),
+            **_PARTICLENET_TENSORS,
         ),
         ModelSpec(
             name="particlenet",
             description="ParticleNet-like EdgeConv b/c/light tagger over up to "
             f"{PARTICLENET_MAX_CONSTITUENTS} PF constituents per jet (CMS input layout), "
             "trained here on the synthetic PFNano-like sample",
-            inputs=(
-                TensorSpec("pf_points", "float32", (2, PARTICLENET_MAX_CONSTITUENTS)),
-                TensorSpec("pf_features", "float32",
-                           (len(PARTICLENET_FEATURES), PARTICLENET_MAX_CONSTITUENTS)),
-                TensorSpec("pf_mask", "float32", (1, PARTICLENET_MAX_CONSTITUENTS)),
-            ),
-            outputs=(TensorSpec("probs", "float32", (len(JET_CLASSES),)),),
-            max_batch_size=4096,
-            preferred_batch_sizes=(512, 2048),
+            **_PARTICLENET_TENSORS,
         ),
         ModelSpec(
             name="deepmet",

@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -147,11 +148,31 @@ class InProcessJetTagging(JetTaggingProcessor):
         return clients[name]
 
 
-def _write_sample(directory: str, events: int, files: int, seed: int = 0) -> dict[str, list[str]]:
+def _write_part(args: tuple[str, int, int]) -> dict[str, list[str]]:
     from ..data.synthetic import write_sample
 
-    # events are split over the two datasets of the sample
-    return write_sample(directory, events=max(events // 2, 1), files=files, seed=seed)
+    directory, events, seed = args
+    return write_sample(directory, events=events, files=1, seed=seed)
+
+
+def write_sample_parallel(directory: str, events: int, files: int, seed: int = 0,
+                          processes: int | None = None) -> dict[str, list[str]]:
+    """Write ``events`` events of the synthetic sample (half per dataset) as ``files`` files per
+    dataset, one process per file; returns ``{dataset: [paths]}``."""
+    per_file = max(events // (2 * files), 1)
+    parts = [(os.path.join(directory, f"part{index}"), per_file, seed * 100_003 + index)
+             for index in range(files)]
+    processes = max(1, min(processes or os.cpu_count() or 1, files))
+    fileset: dict[str, list[str]] = {}
+    if processes == 1:
+        written = [_write_part(part) for part in parts]
+    else:
+        with ProcessPoolExecutor(processes) as pool:
+            written = list(pool.map(_write_part, parts))
+    for part in written:
+        for dataset, paths in part.items():
+            fileset.setdefault(dataset, []).extend(paths)
+    return fileset
 
 
 def _as_runner_fileset(fileset: Mapping[str, list[str]]) -> dict:
@@ -245,9 +266,9 @@ def run_end_to_end(config: BenchConfig, *, server_address: str | None,
     try:
         progress(f"e2e: writing the synthetic sample ({events} events)")
         files = max(1, min(4, max(workers_list)))
-        fileset = _write_sample(directory + "/sample", events, files=files)
-        warmup = _write_sample(directory + "/warmup", 2 * chunksize * max(workers_list),
-                               files=files, seed=1)
+        fileset = write_sample_parallel(directory + "/sample", events, files)
+        warmup = write_sample_parallel(directory + "/warmup", 2 * chunksize * max(workers_list),
+                                       files, seed=1)
         transport = statistics_transport(server_address) if server_address else None
 
         def measure_server() -> dict:

@@ -36,11 +36,10 @@ import os
 import shutil
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigurationError
-from .e2e import E2E_MODELS, InProcessJetTagging, _run_once
+from .e2e import E2E_MODELS, InProcessJetTagging, _run_once, write_sample_parallel
 from .scaling import ScalingModel
 
 logger = logging.getLogger(__name__)
@@ -51,33 +50,6 @@ __all__ = ["gpu_sets", "predicted_events_per_s", "run_machine_e2e", "write_sampl
 def gpu_sets(counts: Sequence[int], available: int) -> list[list[int]]:
     """The GPU index lists of the served runs: the first ``k`` GPUs for each ``k`` that exists."""
     return [list(range(count)) for count in sorted(set(counts)) if 1 <= count <= available]
-
-
-def _write_part(args: tuple[str, int, int]) -> dict[str, list[str]]:
-    from ..data.synthetic import write_sample
-
-    directory, events, seed = args
-    return write_sample(directory, events=events, files=1, seed=seed)
-
-
-def write_sample_parallel(directory: str, events: int, files: int, seed: int = 0,
-                          processes: int | None = None) -> dict[str, list[str]]:
-    """Write ``events`` events of the synthetic sample (half per dataset) as ``files`` files per
-    dataset, one process per file; returns ``{dataset: [paths]}``."""
-    per_file = max(events // (2 * files), 1)
-    parts = [(os.path.join(directory, f"part{index}"), per_file, seed * 100_003 + index)
-             for index in range(files)]
-    processes = max(1, min(processes or os.cpu_count() or 1, files))
-    fileset: dict[str, list[str]] = {}
-    if processes == 1:
-        written = [_write_part(part) for part in parts]
-    else:
-        with ProcessPoolExecutor(processes) as pool:
-            written = list(pool.map(_write_part, parts))
-    for part in written:
-        for dataset, paths in part.items():
-            fileset.setdefault(dataset, []).extend(paths)
-    return fileset
 
 
 def predicted_events_per_s(inputs: dict, workers: int, n_gpu: int) -> float:

@@ -69,7 +69,8 @@ from .core.endpoint import (ModelRef, ServerSettings, configured_headers, config
 from .core.secrets import Secret, normalize_headers
 from .core.tensors import ModelInfo
 from .core.tls import TlsOptions
-from .errors import ConfigurationError, InferenceError, ModelNotFoundError, ServerUnavailableError
+from .errors import (ConfigurationError, InferenceError, ModelNotFoundError, ServerUnavailableError,
+                     SonicError)
 from .routing import RetryPolicy, Router, call_later, get_router
 from .stats import InferenceStats, ServerStatistics
 from .transport.base import InferAnswer, InferRequest
@@ -88,6 +89,9 @@ logger = logging.getLogger(__name__)
 #: mean fewer, larger batches on the server: on an H100 (16 cores, emtrk_cnn, 2048-row chunks)
 #: 9 MiB pieces (equal-sized) with 2 in flight kept the GPU 85-95 % busy with 8 client processes
 #: (1.04-1.12x in-process), where 4 MiB x 4 reached 0.69x (benchmarks/gpu/results-defaults).
+#: CUDA shared memory (auto's choice for GPU models where the client has CUDA): the whole 2048-row
+#: chunk (18.9 MB) in one request beat 2 or 4 pieces in flight from one process (0.51-0.53x vs
+#: 0.39-0.49x in-process, H200) and reached 1.10-1.12x with 8 processes (GPU 97 %).
 TRANSPORT_DEFAULTS: dict[str, tuple[int, int]] = {
     "grpc": (4 * 2**20, 4),
     "http": (4 * 2**20, 4),
@@ -99,7 +103,7 @@ TRANSPORT_DEFAULTS: dict[str, tuple[int, int]] = {
 DEFAULT_MAX_REQUEST_BYTES = TRANSPORT_DEFAULTS["grpc"][0]
 
 _call_ids = itertools.count(1)
-_TRANSPORT_NAMES = ("auto", "grpc", "shm", "http")
+_TRANSPORT_NAMES = ("auto", "grpc", "shm", "cuda", "http")
 
 
 @dataclass(eq=False)
@@ -130,7 +134,9 @@ class TritonModel:
         elsewhere). ``connect_timeout_s``: how long to wait for a server to answer at all.
     transport:
         ``"auto"`` (shared memory to a server proven to be on this host, the URL's protocol
-        otherwise), ``"grpc"``, ``"shm"`` (demand shared memory), ``"http"`` (with
+        otherwise; for a model the server runs on a GPU, CUDA shared memory where this process
+        has torch with CUDA and the server maps its GPU memory), ``"grpc"``, ``"shm"`` (demand
+        system shared memory), ``"cuda"`` (demand CUDA shared memory), ``"http"`` (with
         ``triton+http://`` URLs), or a factory ``f(ServerSettings) -> Transport``. None: the
         ``transport`` setting (``COFFEA_SONIC_TRANSPORT``, Dask config, facility file), default
         ``"auto"``.
@@ -368,11 +374,20 @@ class TritonModel:
         """The transport this process' requests to the first healthy server use now
         (``"shm"``, ``"grpc"``, ``"http"``, ...; after a region error, the plain one)."""
         runtime = self._get_runtime()
+        try:
+            self.info  # whether the model runs on a GPU decides between system and CUDA memory
+        except SonicError:
+            pass  # the requests will report it
         kind = self._window(runtime)[1]
         endpoint = next((e for e in runtime.router.endpoints if e.healthy), None)
         if endpoint is not None and endpoint.data is not None:
-            return runtime.router.data_transport(endpoint).name
+            return runtime.router.data_transport(endpoint, self._on_gpu()).name
         return kind
+
+    def _on_gpu(self) -> bool:
+        """Whether the server runs this model on a GPU (from its config; False if unknown)."""
+        info = self._get_runtime().info
+        return bool(info is not None and info.gpu)
 
     def _window(self, runtime: _Runtime) -> tuple[Window, str]:
         """The runtime's in-flight window, sized by the transport of the first usable server."""
@@ -383,7 +398,7 @@ class TritonModel:
                     endpoint = next((e for e in runtime.router.endpoints if e.healthy), None)
                     if endpoint is not None:
                         try:
-                            kind = runtime.router.data_transport(endpoint).name
+                            kind = runtime.router.data_transport(endpoint, self._on_gpu()).name
                         except TransportError:
                             pass  # decided again per request; the request reports the error
                     limit = self.max_in_flight or TRANSPORT_DEFAULTS.get(kind, (0, 4))[1]
@@ -456,7 +471,7 @@ class TritonModel:
             self._no_server(piece)
             return
         try:
-            transport = runtime.router.data_transport(endpoint)
+            transport = runtime.router.data_transport(endpoint, call.info.gpu)
             if piece.tensors is None:
                 piece.tensors = _piece_tensors(piece)
                 piece.bytes_sent = sum(array.nbytes for array in piece.tensors.values())

@@ -108,6 +108,9 @@ def plan_final(include_16: bool = True) -> list[Server]:
     if include_16:
         served.append(Run("triton", "emtrk_cnn", 16))
     served.append(Run("triton", "jet_tagger", 8))
+    # beside the defaults: system shared memory for GPU models too (the default until
+    # 2026-11-26, when auto began to choose CUDA memory where the client has CUDA)
+    served += [_t("emtrk_cnn", 1, transport="shm"), _t("emtrk_cnn", 8, transport="shm")]
     return [baselines, Server("defaults", default=True, runs=served),
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
@@ -194,6 +197,16 @@ def plan_cuda() -> list[Server]:
     ]
 
 
+def plan_one() -> list[Server]:
+    """One client process, default server: the request size and window of the default client
+    (CUDA memory where the client has CUDA) against smaller pieces in flight."""
+    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
+            Server("defaults", default=True, runs=[
+                Run("triton", "emtrk_cnn", 1), _t("emtrk_cnn", 1, 10, 2), _t("emtrk_cnn", 1, 5, 4),
+                _t("emtrk_cnn", 1, 5, 2), Run("triton", "emtrk_cnn", 8), _t("emtrk_cnn", 8, 10, 2)]),
+            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+
+
 def plan_smoke() -> list[Server]:
     """A few seconds of every code path with jet_tagger only (any machine, ``--device cpu`` too)."""
     return [Server("in-process", runs=[Run("local", "jet_tagger")]),
@@ -216,7 +229,7 @@ def plan_gpus() -> list[Server]:
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 
-PLANS = {"final": plan_final, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
+PLANS = {"final": plan_final, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
          "smoke": plan_smoke}
 
 
@@ -319,6 +332,7 @@ def _run_task(task: dict, tasks, control, cache: dict) -> dict:
               "chunk_ms_p50": 1e3 * float(np.median(latencies)) if latencies else None,
               "chunks": len(latencies)}
     if client is not None:
+        result["transport"] = getattr(client, "transport_kind", None)
         after = _client_stats(client)
         delta = {name: after[name] - before.get(name, 0) for name in after}
         requests = max(delta["requests"], 1)
@@ -549,6 +563,10 @@ def measure(run: Run, config: Server, server, pool: Pool, gpu: Any, duration: fl
         return record
     record["rows_per_s"] = round(sum(r["rows_per_s"] for r in good)) if good else None
     record["per_process"] = [round(r["rows_per_s"]) for r in good]
+    transports = sorted({str(r.get("transport")) for r in good if r.get("transport")})
+    if transports:  # what TritonModel chose in the client processes
+        record["transport"] = "/".join(transports)
+        record["client"] += f" [{record['transport']}]"
     record["chunk_ms_p50"] = round(float(np.median([r["chunk_ms_p50"] for r in good
                                                      if r["chunk_ms_p50"]])), 3) if good else None
     record["gpu_busy"] = run_gpu_mean(gpu, start_at, start_at + seconds)

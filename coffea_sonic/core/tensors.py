@@ -90,6 +90,9 @@ class ModelInfo:
     #: outputs shaped like a ragged input (config ``batch_output`` of kind
     #: ``BATCH_SCATTER_WITH_INPUT_SHAPE``): one row per object, not per event
     ragged_outputs: tuple[str, ...] = ()
+    #: the server runs this model's instances on a GPU (config ``instance_group`` ``KIND_GPU``):
+    #: where the client has CUDA too, ``transport="auto"`` hands its tensors over in GPU memory
+    gpu: bool = False
 
     def __post_init__(self) -> None:
         if not self.checksum:

@@ -3,7 +3,9 @@
 Each slot of the shared :class:`~.pool.SlotPool` is one device allocation (its own
 ``cuMemAlloc``, so its CUDA IPC handle starts at offset 0) registered once with the server
 (``CudaSharedMemoryRegister`` with the IPC handle). A request copies its inputs (torch tensors on
-any device, or numpy arrays) into the slot and the server reads them there; the outputs are read
+any device, or numpy arrays) into the slot and the server reads them there (host arrays of 2 MiB
+and more go through pinned memory in parts, copied by several threads, each part's DMA overlapping
+the next part's copy: :func:`copy_host_to_device`); the outputs are read
 from the slot once, into the request's ``out`` destinations (numpy arrays or torch tensors) or
 into fresh host arrays. :meth:`CudaShmTransport.infer_tensors` keeps them on the GPU.
 
@@ -19,7 +21,9 @@ True
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -32,7 +36,18 @@ from .common import Layout, SlotTransport, checked_output, shm_parameters
 from .pool import DEFAULT_MAX_SLOTS, RegionKind, Slot
 from .regions import new_region_name
 
-__all__ = ["CudaRegion", "CudaRegions", "CudaShmTransport"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["CudaRegion", "CudaRegions", "CudaShmTransport", "copy_host_to_device",
+           "probe_cuda_shared_memory"]
+
+#: host arrays at least this large are copied to the GPU through pinned memory in parts
+STAGED_COPY_BYTES = 2 * 2**20
+#: threads (and parts) of one staged copy: one thread's memcpy reaches ~5 GB/s, the DMA from
+#: pinned memory several times that
+STAGED_COPY_THREADS = int(os.environ.get("COFFEA_SONIC_H2D_THREADS", "4"))
+_copy_pool: Any = None
+_copy_pool_pid = 0
 
 
 class CudaDriver:
@@ -238,12 +253,16 @@ class CudaShmTransport(SlotTransport):
         with torch.cuda.device(self.device):
             for name, value in request.inputs.items():
                 offset, nbytes = layout.inputs[name]
-                source = value if isinstance(value, torch.Tensor) else torch.from_numpy(
-                    np.ascontiguousarray(value))
-                slot.region.view(offset, source.dtype, source.shape).copy_(source,
-                                                                           non_blocking=True)
-                tensor = message.inputs.add(name=name, datatype=triton_dtype(numpy_dtype_of(source)),
-                                            shape=tuple(source.shape))
+                if isinstance(value, torch.Tensor):
+                    slot.region.view(offset, value.dtype, value.shape).copy_(value,
+                                                                             non_blocking=True)
+                    dtype = numpy_dtype_of(value)
+                else:
+                    value = np.ascontiguousarray(value)
+                    copy_host_to_device(value, slot.region.bytes[offset:offset + value.nbytes])
+                    dtype = value.dtype
+                tensor = message.inputs.add(name=name, datatype=triton_dtype(dtype),
+                                            shape=tuple(value.shape))
                 shm_parameters(tensor, slot.name, offset, nbytes)
             # the server reads the region from its own context: our copies must be finished
             torch.cuda.current_stream().synchronize()
@@ -301,6 +320,75 @@ class CudaShmTransport(SlotTransport):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "device": self.device}
+
+
+def _staging_pool() -> Any:
+    global _copy_pool, _copy_pool_pid
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _copy_pool is None or _copy_pool_pid != os.getpid():  # threads do not survive a fork
+        _copy_pool = ThreadPoolExecutor(STAGED_COPY_THREADS, thread_name_prefix="csonic-h2d")
+        _copy_pool_pid = os.getpid()
+    return _copy_pool
+
+
+def copy_host_to_device(source: np.ndarray, target: Any) -> None:
+    """Copy the C-contiguous ``source`` into the CUDA byte tensor ``target`` (same size) on the
+    current stream; returns when the copy is queued (synchronise the stream before use).
+
+    A pageable array crosses to the GPU at the driver's bounce-buffer speed, one thread's memcpy
+    after another. From :data:`STAGED_COPY_BYTES` on, the array is copied into pinned memory
+    (torch's caching host allocator: reused across calls) in :data:`STAGED_COPY_THREADS` parts by
+    as many threads, and each part's DMA starts as soon as that part is there.
+    """
+    import torch
+
+    flat = source.reshape(-1).view(np.uint8)
+    if flat.nbytes < STAGED_COPY_BYTES:
+        target.copy_(torch.from_numpy(flat), non_blocking=True)
+        return
+    pinned = torch.empty(flat.nbytes, dtype=torch.uint8, pin_memory=True)
+    staged = pinned.numpy()
+    parts = STAGED_COPY_THREADS
+    bounds = [flat.nbytes * part // parts for part in range(parts + 1)]
+    pool = _staging_pool()
+    copies = [pool.submit(np.copyto, staged[low:high], flat[low:high])
+              for low, high in zip(bounds[:-1], bounds[1:])]
+    for copy, low, high in zip(copies, bounds[:-1], bounds[1:]):
+        copy.result()
+        target[low:high].copy_(pinned[low:high], non_blocking=True)
+    # torch's caching host allocator records the copies' stream: ``pinned`` is handed out again
+    # only after they have run
+
+
+def probe_cuda_shared_memory(grpc: Any, *, device: int = 0,
+                             timeout_s: float = 5.0) -> tuple[bool, str]:
+    """``(usable, why)``: whether this process can hand the server of ``grpc`` (a
+    GrpcTransport, on this host) tensors in CUDA memory: torch sees a GPU here and the server maps
+    a 4 KiB CUDA IPC region of ours. Whether the server is the one process that serves our
+    requests is :func:`~.select.probe_shared_memory`'s question, asked before.
+    """
+    from tritonclient.grpc import service_pb2
+
+    from ..errors import TransportError
+
+    if not CudaShmTransport.available():
+        return False, "this process has no CUDA (torch with a visible GPU and the driver)"
+    region = CudaRegion(4096, device)
+    try:
+        try:
+            grpc.rpc("CudaSharedMemoryRegister", CudaRegions(device).register_request(region),
+                     timeout_s)
+        except TransportError as error:
+            return False, f"the server does not map our CUDA memory: {error.describe()}"
+        try:
+            grpc.rpc("CudaSharedMemoryUnregister",
+                     service_pb2.CudaSharedMemoryUnregisterRequest(name=region.name), timeout_s)
+        except TransportError as error:
+            logger.debug("unregistering CUDA probe region %s: %s", region.name, error)
+        return True, f"the server maps CUDA memory of GPU {device} of this process"
+    finally:
+        region.close()
 
 
 def _deliver(request: InferRequest, name: str, view: Any, dtype: np.dtype) -> Any:

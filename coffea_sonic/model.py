@@ -372,13 +372,13 @@ class TritonModel:
     @property
     def transport_kind(self) -> str:
         """The transport this process' requests to the first healthy server use now
-        (``"shm"``, ``"grpc"``, ``"http"``, ...; after a region error, the plain one)."""
+        (``"shm"``, ``"cuda"``, ``"grpc"``, ``"http"``, ...; after a region error, the plain one)."""
         runtime = self._get_runtime()
+        kind = self._window(runtime)[1]  # raises where the transport asked for cannot be had
         try:
             self.info  # whether the model runs on a GPU decides between system and CUDA memory
         except SonicError:
-            pass  # the requests will report it
-        kind = self._window(runtime)[1]
+            return kind  # e.g. the server is down: its requests will say so
         endpoint = next((e for e in runtime.router.endpoints if e.healthy), None)
         if endpoint is not None and endpoint.data is not None:
             return runtime.router.data_transport(endpoint, self._on_gpu()).name
@@ -389,21 +389,28 @@ class TritonModel:
         info = self._get_runtime().info
         return bool(info is not None and info.gpu)
 
+    def _kind(self, runtime: _Runtime) -> str:
+        """The transport kind of requests to the first usable server ("grpc" if none is)."""
+        endpoint = next((e for e in runtime.router.endpoints if e.healthy), None)
+        if endpoint is None:
+            return "grpc"
+        try:
+            return runtime.router.data_transport(endpoint, self._on_gpu()).name
+        except TransportError:
+            return "grpc"  # decided again per request; the request reports the error
+
     def _window(self, runtime: _Runtime) -> tuple[Window, str]:
-        """The runtime's in-flight window, sized by the transport of the first usable server."""
+        """The runtime's in-flight window, sized by the transport of the first usable server,
+        and that transport's kind (whose defaults also cap a request's bytes)."""
         if runtime.window is None:
             with self._runtime_lock:
                 if runtime.window is None:
-                    kind = "grpc"
-                    endpoint = next((e for e in runtime.router.endpoints if e.healthy), None)
-                    if endpoint is not None:
-                        try:
-                            kind = runtime.router.data_transport(endpoint, self._on_gpu()).name
-                        except TransportError:
-                            pass  # decided again per request; the request reports the error
+                    kind = self._kind(runtime)
                     limit = self.max_in_flight or TRANSPORT_DEFAULTS.get(kind, (0, 4))[1]
                     runtime.kind = kind
                     runtime.window = Window(limit, self._start_piece)
+        if runtime.kind == "shm" and self._on_gpu():
+            runtime.kind = self._kind(runtime)  # known only once the model's info is
         return runtime.window, runtime.kind
 
     def close(self) -> None:

@@ -15,8 +15,9 @@ A :class:`~coffea_sonic.model.TritonModel` is built for the target exactly as a 
 * **latency**: health round trips, and tiny inferences *through the TritonModel*, so over the
   transport the workers use;
 * **transport**: ``TritonModel.transport_kind`` (``"auto"``: shared memory only after the probe
-  proved that the server that maps our regions also receives our requests) and, when shared memory
-  is not used, why: not this host, a proxy or balancer in front, restricted, ``/dev/shm``.
+  proved that the server that maps our regions also receives our requests; CUDA shared memory for
+  a model the server runs on a GPU where this process has CUDA) and, when shared memory is not
+  used, why: not this host, a proxy or balancer in front, restricted, ``/dev/shm``.
 
 >>> shm_cause("status call 2 of 8 did not find the probe region: a proxy or load balancer ...")
 'proxy'
@@ -350,8 +351,11 @@ def _check_transport(model: TritonModel, router: Router, options: CheckOptions,
         report.shm_usable, report.shm_cause = True, "usable"
         report.shm_reason = probe_shared_memory(router.control(endpoint))[1]
         memory = "CUDA shared memory" if kind == "cuda" else "system shared memory"
+        not_cuda = (f"; the server runs it on a GPU, but CUDA memory is not used: "
+                    f"{endpoint.cuda_off}" if kind == "shm" and endpoint.cuda_off
+                    and model.info.gpu else "")
         report.add("transport", "ok", f"workers here send tensors through {memory} ({kind}): "
-                   f"{report.shm_reason}")
+                   f"{report.shm_reason}{not_cuda}")
         return
     report.shm_usable = False
     if kind == "http" or endpoint.settings.protocol == "http":

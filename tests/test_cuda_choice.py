@@ -15,6 +15,7 @@ import pytest
 from coffea_sonic import TritonModel, zoo
 from coffea_sonic.routing import clear_routers
 from coffea_sonic.server import LocalTritonServer
+from coffea_sonic.server.launcher import gpu_count
 from coffea_sonic.transport.messages import model_info_from_responses
 from coffea_sonic.transport.shm import CudaShmTransport
 from coffea_sonic.transport.shm.cuda import copy_host_to_device, probe_cuda_shared_memory
@@ -103,3 +104,23 @@ def test_default_tritonmodel_sends_gpu_models_through_cuda_memory():
             for key, want in expected.items():
                 np.testing.assert_allclose(got[key], want, rtol=0, atol=1e-5, err_msg=name)
             assert TritonModel(server.url(name), transport="shm").transport_kind == "shm"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CudaShmTransport.available() or gpu_count() < 2,
+                    reason="needs torch with CUDA and two GPUs")
+def test_cuda_memory_reaches_instances_on_every_gpu():
+    """The default GPU server puts instances on every GPU, the client's CUDA memory is on GPU 0:
+    instances on the other GPUs copy their inputs over (once, GPU to GPU) and answer right."""
+    clear_routers()
+    with LocalTritonServer(models=["particlenet", "emtrk_cnn"], device="gpu") as server:
+        for name, rows in (("particlenet", 512), ("emtrk_cnn", 256)):
+            inputs = zoo.example_inputs(name, rows, seed=5)
+            expected = TritonModel(server.url(name), transport="grpc")(inputs)
+            auto = TritonModel(server.url(name), max_in_flight=8, max_request_bytes=2**20)
+            assert auto.transport_kind == "cuda"
+            handles = [auto.infer_async(inputs) for _ in range(24)]  # enough for every instance
+            for handle in handles:
+                got = handle.result()
+                for key, want in expected.items():
+                    np.testing.assert_allclose(got[key], want, rtol=0, atol=1e-5, err_msg=name)

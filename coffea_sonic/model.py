@@ -385,9 +385,10 @@ class TritonModel:
         return kind
 
     def _on_gpu(self) -> bool:
-        """Whether the server runs this model on a GPU (from its config; False if unknown)."""
+        """Whether the server runs this model on its GPU 0 only (from its config; False if
+        unknown): where CUDA shared memory may carry its tensors."""
         info = self._get_runtime().info
-        return bool(info is not None and info.gpu)
+        return bool(info is not None and info.on_gpu_zero)
 
     def _kind(self, runtime: _Runtime) -> str:
         """The transport kind of requests to the first usable server ("grpc" if none is)."""
@@ -478,7 +479,7 @@ class TritonModel:
             self._no_server(piece)
             return
         try:
-            transport = runtime.router.data_transport(endpoint, call.info.gpu)
+            transport = runtime.router.data_transport(endpoint, call.info.on_gpu_zero)
             if piece.tensors is None:
                 piece.tensors = _piece_tensors(piece)
                 piece.bytes_sent = sum(array.nbytes for array in piece.tensors.values())

@@ -262,7 +262,8 @@ class Router:
     def data_transport(self, endpoint: Endpoint, gpu_model: bool = False) -> Transport:
         """The transport requests to ``endpoint`` use (chosen once, see the module docstring).
 
-        ``gpu_model``: the request's model runs on the server's GPU. With ``"auto"``, where system
+        ``gpu_model``: the request's model runs on the server's GPU 0 (only: see
+        :attr:`~coffea_sonic.core.tensors.ModelInfo.on_gpu_zero`). With ``"auto"``, where system
         shared memory works with the server, such requests go through CUDA shared memory if this
         process can allocate GPU memory the server maps (:meth:`_cuda`): the server then reads
         the inputs on its GPU, without its host copies (one client process on an H100: 0.58-0.65x

@@ -21,21 +21,24 @@ from coffea_sonic.transport.shm import CudaShmTransport
 from coffea_sonic.transport.shm.cuda import copy_host_to_device, probe_cuda_shared_memory
 
 
-def _responses(kind: str):
+def _responses(kind: str, gpus: tuple[int, ...] = ()):
     from tritonclient.grpc import model_config_pb2, service_pb2
 
     config = model_config_pb2.ModelConfig(name="m", backend="python", max_batch_size=8)
     config.input.add(name="x", data_type=model_config_pb2.TYPE_FP32, dims=[3])
     config.output.add(name="y", data_type=model_config_pb2.TYPE_FP32, dims=[1])
-    config.instance_group.add(kind=getattr(model_config_pb2.ModelInstanceGroup, kind), count=2)
+    config.instance_group.add(kind=getattr(model_config_pb2.ModelInstanceGroup, kind), count=2,
+                              gpus=list(gpus))
     metadata = service_pb2.ModelMetadataResponse(name="m", versions=["1"], platform="python")
     return metadata, service_pb2.ModelConfigResponse(config=config)
 
 
-@pytest.mark.parametrize("kind, on_gpu", [("KIND_GPU", True), ("KIND_CPU", False)])
-def test_model_info_says_whether_the_server_runs_the_model_on_a_gpu(kind, on_gpu):
-    info = model_info_from_responses(*_responses(kind))
-    assert info.gpu is on_gpu
+@pytest.mark.parametrize("kind, gpus, on_gpu, on_gpu_zero", [
+    ("KIND_GPU", (0,), True, True), ("KIND_GPU", (0, 1), True, False), ("KIND_GPU", (1,), True, False),
+    ("KIND_CPU", (), False, False)])
+def test_model_info_says_on_which_gpus_the_server_runs_the_model(kind, gpus, on_gpu, on_gpu_zero):
+    info = model_info_from_responses(*_responses(kind, gpus))
+    assert info.gpus == gpus and info.gpu is on_gpu and info.on_gpu_zero is on_gpu_zero
     # where a model runs is not part of its signature: CPU and GPU servers of it are compatible
     assert info.checksum == model_info_from_responses(*_responses("KIND_CPU")).checksum
 
@@ -94,7 +97,7 @@ def test_default_tritonmodel_sends_gpu_models_through_cuda_memory():
     gRPC sends 4 MiB pieces, CUDA memory the whole chunk, and cuDNN may choose other kernels
     for another batch size.)"""
     clear_routers()
-    with LocalTritonServer(models=["emtrk_cnn", "jet_tagger"], device="gpu") as server:
+    with LocalTritonServer(models=["emtrk_cnn", "jet_tagger"], device="gpu", gpus=[0]) as server:
         for name, rows in (("emtrk_cnn", 2048), ("jet_tagger", 65536)):
             inputs = zoo.example_inputs(name, rows, seed=3)
             auto = TritonModel(server.url(name))
@@ -109,17 +112,21 @@ def test_default_tritonmodel_sends_gpu_models_through_cuda_memory():
 @pytest.mark.gpu
 @pytest.mark.skipif(not CudaShmTransport.available() or gpu_count() < 2,
                     reason="needs torch with CUDA and two GPUs")
-def test_cuda_memory_reaches_instances_on_every_gpu():
-    """The default GPU server puts instances on every GPU, the client's CUDA memory is on GPU 0:
-    instances on the other GPUs copy their inputs over (once, GPU to GPU) and answer right."""
+def test_instances_on_several_gpus_get_system_memory_and_cuda_memory_still_works_when_asked():
+    """The default GPU server puts instances on every GPU. The client's CUDA memory would sit on
+    GPU 0 and the other GPUs' instances copy every input from there, so ``auto`` sends system
+    memory (each instance copies to its own GPU); ``transport="cuda"`` still answers right."""
     clear_routers()
     with LocalTritonServer(models=["particlenet", "emtrk_cnn"], device="gpu") as server:
         for name, rows in (("particlenet", 512), ("emtrk_cnn", 256)):
             inputs = zoo.example_inputs(name, rows, seed=5)
             expected = TritonModel(server.url(name), transport="grpc")(inputs)
-            auto = TritonModel(server.url(name), max_in_flight=8, max_request_bytes=2**20)
-            assert auto.transport_kind == "cuda"
-            handles = [auto.infer_async(inputs) for _ in range(24)]  # enough for every instance
+            auto = TritonModel(server.url(name))
+            assert auto.info.gpus == (0, 1) and auto.transport_kind == "shm"
+            cuda = TritonModel(server.url(name), transport="cuda", max_in_flight=8,
+                               max_request_bytes=2**20)
+            assert cuda.transport_kind == "cuda"
+            handles = [cuda.infer_async(inputs) for _ in range(24)]  # enough for every instance
             for handle in handles:
                 got = handle.result()
                 for key, want in expected.items():

@@ -90,15 +90,28 @@ class ModelInfo:
     #: outputs shaped like a ragged input (config ``batch_output`` of kind
     #: ``BATCH_SCATTER_WITH_INPUT_SHAPE``): one row per object, not per event
     ragged_outputs: tuple[str, ...] = ()
-    #: the server runs this model's instances on a GPU (config ``instance_group`` ``KIND_GPU``):
-    #: where the client has CUDA too, ``transport="auto"`` hands its tensors over in GPU memory
-    gpu: bool = False
+    #: the GPUs (the server's numbering) its ``KIND_GPU`` instance groups run on; empty: CPU
+    gpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.checksum:
             object.__setattr__(self, "checksum", signature_checksum(
                 self.platform, self.max_batch_size, self.inputs, self.outputs,
                 self.ragged_inputs, self.ragged_outputs))
+
+    @property
+    def gpu(self) -> bool:
+        """Whether the server runs this model on a GPU."""
+        return bool(self.gpus)
+
+    @property
+    def on_gpu_zero(self) -> bool:
+        """Whether every GPU instance runs on the server's GPU 0 (where a client on the same
+        host puts CUDA shared memory: ``transport="auto"`` then hands tensors over on the GPU).
+        With instances on several GPUs the others would copy every input over from GPU 0: on
+        2x H200, emtrk_cnn from 28 processes, 1.84x one GPU that way against 2.04x through
+        system memory (benchmarks/RESULTS.md)."""
+        return set(self.gpus) == {0}
 
     @property
     def batching(self) -> bool:

@@ -56,11 +56,14 @@ def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
     scatter = model_config_pb2.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE
     ragged_outputs = tuple(name for batch_output in declared.batch_output
                            if batch_output.kind == scatter for name in batch_output.target_name)
-    gpu = any(group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
-              for group in declared.instance_group)
+    # Triton's loaded config lists the GPUs of each KIND_GPU group (every visible one if the
+    # repository named none)
+    gpus = tuple(sorted({int(gpu) for group in declared.instance_group
+                         if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+                         for gpu in (group.gpus or [0])}))
     return ModelInfo(name=metadata.name, versions=tuple(metadata.versions), platform=platform,
                      max_batch_size=int(declared.max_batch_size), inputs=inputs, outputs=outputs,
-                     ragged_inputs=ragged_inputs, ragged_outputs=ragged_outputs, gpu=gpu)
+                     ragged_inputs=ragged_inputs, ragged_outputs=ragged_outputs, gpus=gpus)
 
 
 def models_in_index(index: Any) -> dict[str, tuple[str, ...]]:

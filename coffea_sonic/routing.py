@@ -11,7 +11,9 @@ chunk learns about a dead server the next chunk knows too).
 * **Transports**: control calls go over the URL's protocol (gRPC or HTTP); requests over the
   transport asked for. ``"auto"`` uses shared memory only with a server on this host that is
   proven to receive both our region registrations and our requests (not a load balancer in
-  front of several), and drops back to gRPC for that server on any region error.
+  front of several), and drops back to gRPC for that server on any region error. A model the
+  server runs on its GPU 0 alone goes through CUDA shared memory where this process has CUDA and
+  the server maps it (:meth:`Router.data_transport`).
 * **Balancing**: least outstanding requests among the healthy servers (ties rotate).
 * **Quarantine**: a server that fails at the transport level (unreachable, reset, too slow) is
   left alone for ``quarantine_s``, doubling per consecutive failure up to ``max_quarantine_s``.

@@ -140,7 +140,7 @@ class FairnessConfig:
     #: requests that may wait at the overflow level (the last one) before more are rejected
     overflow_queue: int = 2
     #: while the others are served, the heavy user sends at most this share of the rows/s they
-    #: get together (:class:`coffea_sonic.share.YieldGate`; 0: no cap)
+    #: get together (:class:`coffea_sonic.share.YieldGate`; 0: no cap; policy fair only)
     heavy_yield_share: float = 0.2
     preset: str = "full"
 
@@ -300,6 +300,10 @@ def _figures(config: FairnessConfig, phases: list[Phase],
             / percentile(latencies("solo", [1], i), 95) for i in range(1, config.rounds + 1)],
         "requests": {"solo": len(solo), "contended_light": len(loaded),
                      "contended_heavy": len(heavy_loaded)},
+        # what the heavy user sent beside the light ones, in light users' loads (it wants
+        # heavy_factor; its yield gate holds it back)
+        "heavy_load_contended": (len(heavy_loaded) / (len(loaded) / (config.users - 1))
+                                 if loaded else float("nan")),
         "goodput_rows_per_s": goodput,
         "heavy_share_of_goodput": goodput[0] / sum(goodput) if sum(goodput) else float("nan"),
         "failed_requests": failed,
@@ -341,7 +345,9 @@ def run_fairness(config: FairnessConfig, *,
                           load=float(config.heavy_factor) if user == 0 else 1.0,
                           lanes=config.heavy_lanes if user == 0 else config.light_lanes,
                           nice=config.heavy_nice if user == 0 else 0,
-                          yield_share=config.heavy_yield_share if user == 0 else 0.0)
+                          # the cap is part of the fair policy: fifo is the server without one
+                          yield_share=config.heavy_yield_share
+                          if user == 0 and config.policy == "fair" else 0.0)
                  for user in range(config.users)]
         processes = [context.Process(target=user_main, args=(spec, commands[spec.index], results),
                                      name=f"fairness-user-{spec.index}", daemon=True)
@@ -398,8 +404,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     rounds = ", ".join(f"{ratio:.2f}" for ratio in figures["light_p95_ratio_by_round"])
     lines.append(f"  light p95 {figures['light_p95_ms_solo']:.1f} ms alone, "
                  f"{figures['light_p95_ms_contended']:.1f} ms beside the heavy user (ratio by "
-                 f"round: {rounds}); heavy user's "
-                 f"share of goodput while all saturate {figures['heavy_share_of_goodput']:.1%} "
+                 f"round: {rounds}); the heavy user sent {figures['heavy_load_contended']:.1f}x "
+                 f"a light user's load beside them (wants {results['config']['heavy_factor']}x); "
+                 f"its share of goodput while all saturate {figures['heavy_share_of_goodput']:.1%} "
                  f"(1/{results['config']['users']} is fair)")
     return lines
 

@@ -24,7 +24,10 @@ warm-up for the same rows (the model is deterministic).
 
 A user with ``nice`` > 0 lowers its own CPU priority before it starts (``os.nice``), as a batch
 system runs a bulk job: its client then takes the cores only when the interactive users' clients
-and the server leave them idle.
+and the server leave them idle. A user with ``yield_share`` > 0 asks a
+:class:`~coffea_sonic.share.YieldGate` before each request: while the others are served it sends
+at most that share of the rows/s they get together; what it wanted beyond that in a phase is not
+sent (a paced user falls behind its schedule, a saturating one waits).
 
 >>> spec = UserSpec(index=0, url="triton+grpc://127.0.0.1:1/jet_tagger", lanes=5, rows=64,
 ...                 levels=3)

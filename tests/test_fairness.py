@@ -108,7 +108,8 @@ def test_quick_fairness_scenario_meets_the_goals(tmp_path):
     print(f"fairness --quick: {wall_s:.0f} s; jain {figures['jain']:.3f}, light p95 "
           f"{figures['light_p95_ms_solo']:.1f} -> {figures['light_p95_ms_contended']:.1f} ms "
           f"(ratio {figures['light_p95_ratio']:.2f}; by round {rounds}); heavy load beside them "
-          f"{figures['heavy_load_contended']:.1f}x, heavy share {figures['heavy_share_of_goodput']:.1%}")
+          f"{figures['heavy_load_contended']:.1f}x, heavy share "
+          f"{figures['heavy_share_of_goodput']:.1%}")
     assert figures["goals"]["jain"]["met"] and figures["jain"] >= GOALS["jain"][1], figures
     # the heavy user, with ten times the requests in flight, gets no more than twice a fair share
     assert figures["heavy_share_of_goodput"] <= 2 / 8, figures

@@ -107,17 +107,15 @@ def test_quick_fairness_scenario_meets_the_goals(tmp_path):
     rounds = ", ".join(f"{ratio:.2f}" for ratio in figures["light_p95_ratio_by_round"])
     print(f"fairness --quick: {wall_s:.0f} s; jain {figures['jain']:.3f}, light p95 "
           f"{figures['light_p95_ms_solo']:.1f} -> {figures['light_p95_ms_contended']:.1f} ms "
-          f"(ratio {figures['light_p95_ratio']:.2f}; by round {rounds}); heavy share "
+          f"(ratio {figures['light_p95_ratio']:.2f}; by round {rounds}); heavy load beside them "
+          f"{figures['heavy_load_contended']:.1f}x, heavy share "
           f"{figures['heavy_share_of_goodput']:.1%}")
     assert figures["goals"]["jain"]["met"] and figures["jain"] >= GOALS["jain"][1], figures
     # the heavy user, with ten times the requests in flight, gets no more than twice a fair share
     assert figures["heavy_share_of_goodput"] <= 2 / 8, figures
-    assert completed.returncode == (0 if figures["met"] else 1), completed.stderr[-2000:]
-    if not figures["goals"]["light_p95_ratio"]["met"]:
-        # measured on the 2-core box (benchmarks/fairness_trace.py, RESULTS.md): 1.2-2.2 over the
-        # runs of 2026-11-26, a run's rounds spread by up to 2.6 with the other jobs' load
-        pytest.xfail(f"light users' p95 latency beside the heavy user is "
-                     f"{figures['light_p95_ratio']:.2f}x their latency alone (goal <= 1.5; by "
-                     f"round {rounds}): on 2 cores shared with other jobs the heavy user's "
-                     "executions share the cores with the light ones and light requests wait "
-                     "for both instances (coffea_sonic/bench/fairness.py)")
+    # issue 12: light users' p95 latency beside the heavy user (which yields to them, capped at
+    # a share of their rows/s) at most 1.5 times their latency alone, and --quick < 3 min here
+    assert figures["goals"]["light_p95_ratio"]["met"], figures
+    assert figures["light_p95_ratio"] <= GOALS["light_p95_ratio"][1], figures
+    assert figures["met"] and completed.returncode == 0, completed.stderr[-2000:]
+    assert wall_s < 180, wall_s

@@ -1,9 +1,9 @@
 """The package's layers point one way and its modules import no cycle (checked on the source).
 
 core (errors, settings, statistics types, core/) <- transport/ <- client (TritonModel, routing,
-fallback, validation) <- coffea glue (mixin, columns) <- everything else (zoo, engines, server,
-data, examples, demo, bench, facility, cli). Every ``import`` of a coffea_sonic module counts,
-at module level or inside a function: a lazy import still couples the layers.
+fallback, validation, share) <- coffea glue (mixin, columns) <- everything else (zoo, engines,
+server, data, examples, demo, bench, facility, cli). Every ``import`` of a coffea_sonic module
+counts, at module level or inside a function: a lazy import still couples the layers.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
               "coffea_sonic.core", "coffea_sonic.zoo.spec")),
     ("transport", ("coffea_sonic.transport",)),
     ("client", ("coffea_sonic.model", "coffea_sonic.calls", "coffea_sonic.routing",
-                "coffea_sonic.fallback", "coffea_sonic.validation", "coffea_sonic.ragged")),
+                "coffea_sonic.fallback", "coffea_sonic.validation", "coffea_sonic.ragged",
+                "coffea_sonic.share")),
     ("glue", ("coffea_sonic.processor", "coffea_sonic.columns")),
     ("top", ("coffea_sonic.zoo", "coffea_sonic.engines", "coffea_sonic.server",
              "coffea_sonic.data", "coffea_sonic.examples", "coffea_sonic.demo",

@@ -24,7 +24,10 @@ warm-up for the same rows (the model is deterministic).
 
 A user with ``nice`` > 0 lowers its own CPU priority before it starts (``os.nice``), as a batch
 system runs a bulk job: its client then takes the cores only when the interactive users' clients
-and the server leave them idle.
+and the server leave them idle. A user with ``yield_share`` > 0 asks a
+:class:`~coffea_sonic.share.YieldGate` before each request: while the others are served it sends
+at most that share of the rows/s they get together; what it wanted beyond that in a phase is not
+sent (a paced user falls behind its schedule, a saturating one waits).
 
 >>> spec = UserSpec(index=0, url="triton+grpc://127.0.0.1:1/jet_tagger", lanes=5, rows=64,
 ...                 levels=3)
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import threading
 import time
@@ -43,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ..share import YieldGate
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +78,9 @@ class UserSpec:
     #: interactive analysis, up to 19 (the lowest CPU priority) for a bulk job, as a batch system
     #: runs one
     nice: int = 0
+    #: > 0: while other users are served, this user sends at most this share of the rows/s they
+    #: get together (:class:`coffea_sonic.share.YieldGate`), waiting before it sends
+    yield_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,11 @@ class _User:
                                   priority=lane_priority(spec, lane, spec.policy))
                       for lane in range(spec.lanes)]
         self.expected: np.ndarray | None = None
+        self.gate: YieldGate | None = None
+        if spec.yield_share > 0:
+            # its own client for the statistics, so that they never wait behind a lane's request
+            self.gate = YieldGate(TritonModel(spec.url, transport="grpc"), spec.yield_share,
+                                  burst_rows=spec.rows)
 
     def warm_up(self) -> None:
         for lane in self.lanes:
@@ -121,10 +135,13 @@ class _User:
                                          "rows differently during warm-up")
 
     def _send(self, lane: int) -> tuple[float, float, int, bool]:
+        """One request on ``lane``: ``(sent, answered, rows, good)``."""
         sent = time.monotonic()
         try:
             answer = self.lanes[lane](self.inputs)["probs"]
             good = answer.shape[0] == self.spec.rows and np.array_equal(answer, self.expected)
+            if self.gate is not None:
+                self.gate.answered(answer.shape[0])
         except Exception as error:  # noqa: BLE001 - a failed request is counted, not fatal
             logger.warning("user %d lane %d: request failed: %s", self.spec.index, lane, error)
             good = False
@@ -152,6 +169,8 @@ class _User:
 
         def closed_loop(lane: int) -> None:
             while time.monotonic() < end:
+                if self.gate is not None and not self.gate.acquire(self.spec.rows, deadline=end):
+                    break
                 record = self._send(lane)
                 with lock:
                     records.append((*record, lane))
@@ -178,22 +197,21 @@ class _User:
         end = phase.start_at + phase.duration_s
         jitter = random.Random(self.spec.index * 7919 + int(phase.start_at))
         interval = phase.interval_s / self.spec.load
+        # one inbox per lane, so that a request wakes only its lane's thread: one condition
+        # shared by the heavy user's 20 lanes woke all of them for every request and answer
+        # (thousands of wake-ups a second, each taking the GIL and a core from the others)
+        inboxes: list[queue.SimpleQueue[bool]] = [queue.SimpleQueue() for _ in self.lanes]
         free = threading.Condition()
         busy = [False] * len(self.lanes)
-        inbox: list[list[bool]] = [[] for _ in self.lanes]
 
         def lane_worker(lane: int) -> None:
-            while True:
-                with free:
-                    free.wait_for(lambda: bool(inbox[lane]))
-                    if not inbox[lane].pop():
-                        return
+            while inboxes[lane].get():
                 record = self._send(lane)
                 with lock:
                     records.append((*record, lane))
                 with free:
                     busy[lane] = False
-                    free.notify_all()
+                    free.notify()
 
         workers = [self._thread(lane_worker, lane) for lane in range(len(self.lanes))]
         next_at = phase.start_at + jitter.uniform(0, interval)
@@ -202,18 +220,20 @@ class _User:
                 delay = next_at - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
+                # asked before a lane is chosen, so that the request goes on the lowest free lane
+                # (its priority stays its depth); held back until the phase ends, what the user
+                # wanted beyond its share is not sent
+                if self.gate is not None and not self.gate.acquire(self.spec.rows, deadline=end):
+                    break
                 with free:
                     free.wait_for(lambda: not all(busy))
                     lane = busy.index(False)
                     busy[lane] = True
-                    inbox[lane].append(True)
-                    free.notify_all()
+                inboxes[lane].put(True)
                 next_at += interval * jitter.uniform(0.5, 1.5)
         finally:
-            with free:
-                for lane in range(len(self.lanes)):
-                    inbox[lane].insert(0, False)
-                free.notify_all()
+            for inbox in inboxes:
+                inbox.put(False)
             self._join(workers, phase)
 
 

@@ -1,0 +1,153 @@
+"""A bulk user that yields to the others on a shared server (issue 12).
+
+When several analyses share one server, a bulk job (many requests in flight, a high rate) slows
+the interactive ones down even when the server has capacity left: its executions share the cores
+(or the GPU) with theirs, and theirs wait for instances its requests hold. Triton's priority levels
+order *queued* requests only, and Triton has no per-user quota. :class:`YieldGate` is the client
+side of one: the bulk user's client asks it before each request, and while other users are being
+served it sends at most ``share`` times the rows per second they get together, as the server counts
+them (Triton's cumulative ``inference_count`` for the model, polled every ``poll_s``, minus the
+rows this client got answered). With nobody else served there is no cap, and when everybody
+saturates the server the others' rows/s are large, so the cap does not bind and the bulk user keeps
+its share (priorities by depth then share the server, :mod:`coffea_sonic.bench.fairness`).
+
+::
+
+    model = TritonModel(url, priority=3)
+    with YieldGate(TritonModel(url), share=0.3, burst_rows=8192) as gate:
+        for chunk in chunks:
+            gate.acquire(len(chunk))
+            outputs = model({"features": chunk})
+            gate.answered(len(chunk))
+
+The cap is a token bucket (``burst_rows`` at most) refilled at the current cap:
+
+>>> gate = YieldGate(None, share=0.5, burst_rows=100, start=False)
+>>> gate.cap_rows_per_s is None                       # nothing polled yet: no cap
+True
+>>> gate.update(total_rows=0, now=0.0)                # first snapshot
+>>> gate.answered(400)                                # this user got 400 rows answered
+>>> gate.update(total_rows=1400, now=1.0)             # the others got 1000 rows in 1 s
+>>> gate.cap_rows_per_s
+500.0
+>>> gate.update(total_rows=1400, now=2.0)             # nobody else served: no cap
+>>> gate.cap_rows_per_s is None
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["YieldGate"]
+
+
+class YieldGate:
+    """Caps one client's rows/s at ``share`` times the other users' rows/s on the same model.
+
+    ``statistics``: anything with ``server_statistics()`` returning an object with a cumulative
+    ``inference_count`` (a :class:`~coffea_sonic.model.TritonModel` of the shared model; use one
+    that sends no inference requests of its own). ``floor_rows_per_s``: the cap never goes below
+    this, so the bulk user is never stopped. ``start=False``: no polling thread (:meth:`update`
+    is then called by hand).
+    """
+
+    def __init__(self, statistics: Any, share: float, *, burst_rows: int, poll_s: float = 0.25,
+                 floor_rows_per_s: float = 0.0, start: bool = True) -> None:
+        if share <= 0 or burst_rows < 1 or poll_s <= 0:
+            raise ValueError(f"YieldGate needs share > 0, burst_rows >= 1 and poll_s > 0, not "
+                             f"{share!r}, {burst_rows!r}, {poll_s!r}")
+        self.statistics, self.share, self.poll_s = statistics, share, poll_s
+        self.burst_rows, self.floor = burst_rows, floor_rows_per_s
+        self._lock = threading.Lock()
+        self._cap: float | None = None
+        self._own_rows = 0
+        self._last: tuple[int, int, float] | None = None  # (total, own, when) of the last poll
+        self._tokens = float(burst_rows)
+        self._filled_at = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start:
+            self._thread = threading.Thread(target=self._poll, daemon=True, name="yield-gate")
+            self._thread.start()
+
+    @property
+    def cap_rows_per_s(self) -> float | None:
+        """The current cap (rows/s), None while nobody else is served."""
+        return self._cap
+
+    def answered(self, rows: int) -> None:
+        """Count ``rows`` this client got answered (so that they are not taken for others')."""
+        with self._lock:
+            self._own_rows += rows
+
+    def update(self, total_rows: int | None, now: float | None = None) -> None:
+        """Take a new snapshot of the server's rows (None: no statistics, so no cap)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._fill(now)
+            if total_rows is None:
+                self._cap, self._last = None, None
+                return
+            if self._last is not None and now > self._last[2]:
+                total, own, when = self._last
+                others = max(0, (total_rows - total) - (self._own_rows - own)) / (now - when)
+                self._cap = max(self.floor, self.share * others) if others > 0 else None
+            self._last = (total_rows, self._own_rows, now)
+
+    def acquire(self, rows: int, deadline: float | None = None) -> bool:
+        """Wait until ``rows`` may be sent under the cap; False if ``deadline`` (monotonic)
+        came first (nothing taken)."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                self._fill(now)
+                if self._cap is None:
+                    return True
+                if self._tokens >= min(rows, self.burst_rows):
+                    self._tokens -= rows
+                    return True
+                wait = (min(rows, self.burst_rows) - self._tokens) / max(self._cap, 1.0)
+            if deadline is not None and now + min(wait, self.poll_s) >= deadline:
+                time.sleep(max(0.0, deadline - now))
+                return False
+            time.sleep(min(wait, self.poll_s))
+
+    def _fill(self, now: float) -> None:
+        if self._cap is None:
+            self._tokens = float(self.burst_rows)
+        else:
+            self._tokens = min(float(self.burst_rows),
+                               self._tokens + self._cap * (now - self._filled_at))
+        self._filled_at = now
+
+    def _poll(self) -> None:
+        warned = False
+        while True:
+            try:
+                total: int | None = int(self.statistics.server_statistics().inference_count)
+            except Exception as error:  # noqa: BLE001 - no statistics: no cap, keep trying
+                if not warned:
+                    logger.warning("yield gate: no server statistics, no cap: %s", error)
+                    warned = True
+                total = None
+            self.update(total)
+            if self._stop.wait(self.poll_s):
+                return
+
+    def close(self) -> None:
+        """Stop polling (the cap stays as it was)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> "YieldGate":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -48,8 +48,9 @@ def _held_server(monkeypatch) -> LocalTritonServer:
     return server
 
 
-@pytest.mark.parametrize("transport", ["grpc", "shm", "http"])
-def test_a_higher_priority_request_overtakes_queued_ones(transport, monkeypatch):
+def _order_of_answers(transport: str, monkeypatch) -> list[str]:
+    """Two priority-2 requests held in the queue, then one of priority 1: the tags in the order
+    their answers reached the client."""
     server = _held_server(monkeypatch)
     try:
         url = (f"triton+http://{server.http_address}/{MODEL}" if transport == "http"
@@ -77,12 +78,28 @@ def test_a_higher_priority_request_overtakes_queued_ones(transport, monkeypatch)
         send("high", 1)
         for thread in low:
             thread.finish(timeout=120)
-        assert min(answered, key=answered.get) == "high", answered
         # Triton counts a request in its statistics just after answering it
         wait_for(lambda: statistics.server_statistics().success_count == 3, timeout=10,
                  what="three requests in the server's statistics")
+        return sorted(answered, key=answered.get)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "shm", "http"])
+def test_a_higher_priority_request_overtakes_queued_ones(transport, monkeypatch):
+    # One execution of ROWS rows takes well under a millisecond here, so the three answers reach
+    # the client threads within a fraction of one; and in about one run in ten (3 of 25 runs
+    # alone, 2026-11-26) a low-priority answer came first, by 0.1 ms, or once by 2-3 ms with
+    # 8192-row requests. So the order is asked for up to three times, on a fresh server each
+    # time: a transport that dropped the priority would come last every time (without it the
+    # held queue is first come, first served).
+    orders = []
+    for _ in range(3):
+        orders.append(_order_of_answers(transport, monkeypatch))
+        if orders[-1][0] == "high":
+            break
+    assert orders[-1][0] == "high", orders
 
 
 def test_quick_fairness_scenario_meets_the_goals(tmp_path):

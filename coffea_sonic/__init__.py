@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "TritonModel": "coffea_sonic.model",
     "SonicMixin": "coffea_sonic.processor",
     "RetryPolicy": "coffea_sonic.routing",
+    "YieldGate": "coffea_sonic.share",
     "Secret": "coffea_sonic.core",
     "TlsOptions": "coffea_sonic.core",
     "ServerSettings": "coffea_sonic.core",

@@ -42,6 +42,8 @@ import threading
 import time
 from typing import Any
 
+from .errors import ConfigurationError
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["YieldGate"]
@@ -60,8 +62,9 @@ class YieldGate:
     def __init__(self, statistics: Any, share: float, *, burst_rows: int, poll_s: float = 0.25,
                  floor_rows_per_s: float = 0.0, start: bool = True) -> None:
         if share <= 0 or burst_rows < 1 or poll_s <= 0:
-            raise ValueError(f"YieldGate needs share > 0, burst_rows >= 1 and poll_s > 0, not "
-                             f"{share!r}, {burst_rows!r}, {poll_s!r}")
+            raise ConfigurationError(
+                f"YieldGate needs share > 0, burst_rows >= 1 and poll_s > 0, not {share!r}, "
+                f"{burst_rows!r}, {poll_s!r}")
         self.statistics, self.share, self.poll_s = statistics, share, poll_s
         self.burst_rows, self.floor = burst_rows, floor_rows_per_s
         self._lock = threading.Lock()

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from coffea_sonic.errors import ConfigurationError
+
 from coffea_sonic.share import YieldGate
 
 
@@ -74,5 +76,5 @@ def test_acquire_gives_up_at_its_deadline():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="share > 0"):
+    with pytest.raises(ConfigurationError, match="share > 0"):
         YieldGate(None, share=0, burst_rows=1, start=False)

@@ -268,7 +268,7 @@ class Router:
         :attr:`~coffea_sonic.core.tensors.ModelInfo.on_gpu_zero`). With ``"auto"``, where system
         shared memory works with the server, such requests go through CUDA shared memory if this
         process can allocate GPU memory the server maps (:meth:`_cuda`): the server then reads
-        the inputs on its GPU, without its host copies (one client process on an H100: 0.58-0.65x
+        the inputs on its GPU, without its host copies (one client process on an H200: 0.54x
         in-process with CUDA memory against 0.38x with system memory, benchmarks/RESULTS.md).
         """
         data = endpoint.data

@@ -109,7 +109,7 @@ class ModelInfo:
         """Whether every GPU instance runs on the server's GPU 0 (where a client on the same
         host puts CUDA shared memory: ``transport="auto"`` then hands tensors over on the GPU).
         With instances on several GPUs the others would copy every input over from GPU 0: on
-        2x H200, emtrk_cnn from 28 processes, 1.84x one GPU that way against 2.04x through
+        2x H200, emtrk_cnn from 28 processes, 1.84x one GPU that way against 2.10x through
         system memory (benchmarks/RESULTS.md)."""
         return set(self.gpus) == {0}
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -44,8 +43,8 @@ __all__ = ["CudaRegion", "CudaRegions", "CudaShmTransport", "copy_host_to_device
 #: host arrays at least this large are copied to the GPU through pinned memory in parts
 STAGED_COPY_BYTES = 2 * 2**20
 #: threads (and parts) of one staged copy: one thread's memcpy reaches ~5 GB/s, the DMA from
-#: pinned memory several times that
-STAGED_COPY_THREADS = int(os.environ.get("COFFEA_SONIC_H2D_THREADS", "4"))
+#: pinned memory several times that (8 threads were no faster than 4 on an H200 machine)
+STAGED_COPY_THREADS = 4
 _copy_pool: Any = None
 _copy_pool_pid = 0
 
@@ -324,6 +323,7 @@ class CudaShmTransport(SlotTransport):
 
 def _staging_pool() -> Any:
     global _copy_pool, _copy_pool_pid
+    import os
     from concurrent.futures import ThreadPoolExecutor
 
     if _copy_pool is None or _copy_pool_pid != os.getpid():  # threads do not survive a fork

@@ -252,6 +252,8 @@ def user_main(spec: UserSpec, commands: Any, results: Any) -> None:
         while True:
             phase = commands.get()
             if phase is None:
+                if user.gate is not None:
+                    user.gate.close()  # stop its polling thread before the process ends
                 return
             before = user.rejected()
             records = user.run(phase)

@@ -148,6 +148,9 @@ def _add_models_add(actions: argparse._SubParsersAction) -> None:
     add.add_argument("--example-input", metavar="FILE.npz",
                      help="TorchScript: arrays to run the module on once, to trace its tensors")
     add.add_argument("--version", type=int, default=1, metavar="N", help="version folder (default 1)")
+    add.add_argument("--checksum", action="store_true",
+                     help="write a checksum repository agent block (MD5 of the version's files), "
+                          "verified before the model loads by the official container and by serve")
     add.add_argument("--force", action="store_true",
                      help="replace an existing version folder / rewrite a differing config")
     add.set_defaults(func=run_models_add)
@@ -300,7 +303,7 @@ def run_models_add(args: argparse.Namespace) -> int:
             max_queue_delay_us=args.max_queue_delay_us, instances=args.instances,
             device=args.device, inputs=[parse_tensor_spec(t) for t in args.input],
             outputs=[parse_tensor_spec(t) for t in args.output], version=args.version,
-            example_input=args.example_input, force=args.force)
+            example_input=args.example_input, force=args.force, checksum=args.checksum)
     except SonicError as error:
         print(f"coffea-sonic models add: {error}", file=sys.stderr)
         return 1

@@ -7,7 +7,9 @@ platform/backend, tensors (names, types, dims), dynamic batching, the version fo
 ``model.onnx`` / ``model.pt`` / ``model.py`` / ``model.plan`` ...), and the declared signature
 against that file (:mod:`~coffea_sonic.server.model_signatures`: ONNX graph; TorchScript names,
 and a run on zeros when torch is here). Last, whether the embedded server (``coffea-sonic serve``)
-can run it. Nothing stops at the first problem.
+can run it. Repository agents: the digests a checksum agent lists are computed and compared, and
+an agent the embedded server cannot honour is listed among its refusals. Nothing stops at the first
+problem.
 
 >>> import tempfile
 >>> from coffea_sonic.server.repository import write_repository
@@ -32,6 +34,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from . import model_signatures as signatures
+from .agents import agent_problems, verified_files
 from .standard import DEFAULT_FILENAMES, PLATFORM_BACKENDS, selected_versions, version_folders
 
 logger = logging.getLogger(__name__)
@@ -205,6 +208,10 @@ def check_model(folder: Path, names: set[str], notes: list[str]) -> list[Problem
                         str(error), "fix the text at the line:column given")]
     platform = config.platform or config.backend
     problems = _config_problems(model, config, platform, names)
+    problems += [Problem(model, None, p.what, p.expected, p.actual, p.fix)
+                 for p in agent_problems(folder, config, others=False)]
+    if verified_files(config):
+        notes.append(f"{model}: checksum agent lists {', '.join(verified_files(config))}")
     versions, missing = served_versions(folder, config)
     for version in missing:
         problems.append(Problem(model, version, "version folder", f"{model}/{version}/ "

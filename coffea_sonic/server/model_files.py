@@ -45,6 +45,7 @@ from tritonclient.grpc import model_config_pb2
 from ..core.tensors import TensorInfo, triton_dtype
 from ..errors import ConfigurationError
 from . import model_signatures as signatures
+from .agents import checksum_config, file_digest
 from .standard import DEFAULT_FILENAMES
 
 logger = logging.getLogger(__name__)
@@ -259,14 +260,16 @@ def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike,
               max_queue_delay_us: int | None = None, instances: int = 1, device: Device = "cpu",
               inputs: Sequence[TensorInfo] = (), outputs: Sequence[TensorInfo] = (),
               version: int = 1, example_input: str | os.PathLike | None = None,
-              force: bool = False) -> AddedModel:
+              force: bool = False, checksum: bool = False) -> AddedModel:
     """Write ``repository/name/config.pbtxt`` and ``repository/name/<version>/model.*`` for ``file``.
 
     ``inputs``/``outputs`` (``TensorInfo``, e.g. from :func:`parse_tensor_spec`) override what the
     ONNX graph says, or give a TorchScript module's tensors; ``example_input`` (``.npz`` of the
     forward arguments, or one ``.npy``) traces them instead. The written config is checked
     against the file (:mod:`~coffea_sonic.server.model_signatures`); on a mismatch nothing stays
-    written and ``ConfigurationError`` lists every problem.
+    written and ``ConfigurationError`` lists every problem. ``checksum=True`` adds the version's
+    files to a checksum repository agent block (:mod:`~coffea_sonic.server.agents`), which the
+    official container verifies before loading, and so does ``coffea-sonic serve``.
     """
     source, repository = Path(file), Path(repository)
     if not source.is_file():
@@ -325,6 +328,10 @@ def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike,
         _copy_onnx(source, model_path)
     else:
         shutil.copyfile(source, model_path)
+    if checksum:
+        digests = {f"{version}/{p.name}": file_digest(p) for p in sorted(version_dir.iterdir())}
+        checksum_config(digests, config)
+        notes.append(f"checksum agent: MD5 of {', '.join(digests)}")
     config_path.write_text(text_format.MessageToString(config))
     versions = sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
     if len(versions) > 1 and config.version_policy.WhichOneof("policy_choice") is None:

@@ -8,6 +8,10 @@ The embedded tritonserver (nvidia-pytriton's) has only the python backend. It se
   python-based backend adapter (``adapter_model.py.tmpl``, installed by :mod:`.served`), with their
   own config.
 
+Repository agents (``model_repository_agents``): the files a checksum agent lists are verified
+before anything starts, as Triton's agent does, and the served config leaves the block out
+(:mod:`.agents`); a mismatch or another agent is a refusal.
+
 Devices: ``device="cpu"`` serves KIND_GPU instance groups as KIND_CPU (the only config change
 besides those below). On a GPU server, TorchScript runs on ``cuda:<device id>`` of each KIND_GPU
 instance. ONNX on a GPU instance uses onnxruntime's CUDA execution provider when the server's
@@ -48,6 +52,8 @@ from typing import NamedTuple
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
+
+from .agents import agent_problems, strip_agents, verified_files
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +260,10 @@ def _plan_model(model_dir: Path, device: str) -> tuple[ServedModel | None, list[
         if config.name and config.name != name:
             return None, [Refusal(name, None, f"config.pbtxt names the model {config.name!r} but "
                                               f"its folder is {name!r}; Triton needs them equal")]
+        agents = agent_problems(model_dir, config)
+        if agents:
+            return None, [Refusal(name, None, problem.describe().removeprefix(f"model {name!r} "))
+                          for problem in agents]
     available = version_folders(model_dir)
     backend, platform = _backend_of(config, model_dir, available)
     label = f"platform {platform or backend or 'unknown'}"
@@ -305,6 +315,10 @@ def _plan_model(model_dir: Path, device: str) -> tuple[ServedModel | None, list[
             config.name, config.platform, config.backend = name, platform, backend
         filename = config.default_model_filename or DEFAULT_FILENAMES["onnxruntime_onnx"]
         notes += _onnx_signature(config, model_dir / str(served[-1]) / filename)
+    if strip_agents(config):
+        notes.append(f"model_repository_agents: {len(verified_files(original))} checksum(s) "
+                     "verified before start; the served config leaves the block out (the embedded "
+                     "server has no repository agents)")
     if device == "cpu" and _gpu_groups_to_cpu(config):
         notes.append("instance_group KIND_GPU served as KIND_CPU (no GPU used: device cpu)")
     if device == "gpu" and backend == "onnxruntime" and not _onnxruntime_has_cuda() and (

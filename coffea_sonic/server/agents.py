@@ -1,0 +1,169 @@
+"""Repository agents of a model config (``model_repository_agents``), honoured without the agents.
+
+Configs written for NVIDIA's official container can carry a block that its repository agents run
+before the model loads. The only one experiments publish is Triton's checksum agent
+(``libtritonrepoagent_checksum.so``)::
+
+    model_repository_agents { agents [ { name: "checksum"
+      parameters { key: "MD5:1/model.onnx" value: "d41d8cd98f00b204e9800998ecf8427e" } } ] }
+
+Each parameter's key is ``ALGORITHM:path`` (the path relative to the model folder, the algorithm
+case-insensitive) and its value the lowercase hex digest, compared exactly. That agent supports MD5
+only: any other algorithm (``SHA256:...``) makes it refuse the model, and so does a file it cannot
+open. The embedded tritonserver has no repository agents at all and refuses every model with such
+a block. So :func:`agent_problems` verifies the digests here, as the agent does, before anything
+starts, and the served mirror's config leaves the block out (:func:`strip_agents`); the user's
+config.pbtxt stays as it is. Agents other than ``checksum`` cannot be honoured here: the model is
+refused, naming the agent.
+
+>>> import tempfile, pathlib
+>>> folder = pathlib.Path(tempfile.mkdtemp()) / "tagger"
+>>> (folder / "1").mkdir(parents=True)
+>>> _ = (folder / "1" / "model.onnx").write_bytes(b"")
+>>> config = checksum_config({"1/model.onnx": file_digest(folder / "1" / "model.onnx")})
+>>> agent_problems(folder, config)
+[]
+>>> _ = (folder / "1" / "model.onnx").write_bytes(b"changed")
+>>> print(agent_problems(folder, config)[0].describe())
+model 'tagger' checksum agent: MD5 of 1/model.onnx: expected d41d8cd98f00b204e9800998ecf8427e, \
+found 8977dfac2f8e04cb96e66882235f5aba (the file is not the one the config was written for)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from tritonclient.grpc import model_config_pb2
+
+__all__ = ["AgentProblem", "CHECKSUM_AGENT", "agent_problems", "checksum_config", "file_digest",
+           "strip_agents", "verified_files"]
+
+#: The name Triton's checksum repository agent is configured under.
+CHECKSUM_AGENT = "checksum"
+#: Digest algorithms Triton's checksum agent computes (key prefix, lower case).
+ALGORITHMS: dict[str, str] = {"md5": "md5"}
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class AgentProblem:
+    """Why a model's repository agents refuse it (or cannot run here): what, expected, found."""
+
+    model: str
+    what: str
+    expected: str = ""
+    actual: str = ""
+    fix: str = ""
+
+    def describe(self) -> str:
+        """``model 'm' what: expected X, found Y (fix)``."""
+        text = f"model {self.model!r} {self.what}"
+        if self.expected or self.actual:
+            text += f": expected {self.expected}, found {self.actual}"
+        return text + (f" ({self.fix})" if self.fix else "")
+
+
+def file_digest(path: Path, algorithm: str = "md5") -> str:
+    """Lowercase hex digest of a file, read in 1 MiB pieces (what the checksum agent compares)."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as handle:
+        for piece in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def _checksum_problems(model: str, folder: Path,
+                       agent: model_config_pb2.ModelRepositoryAgents.Agent) -> list[AgentProblem]:
+    problems = []
+    for key, expected in sorted(agent.parameters.items()):
+        algorithm, separator, relative = key.partition(":")
+        if not separator:
+            problems.append(AgentProblem(model, f"checksum agent parameter {key!r}",
+                                         "ALGORITHM:path relative to the model folder", key,
+                                         'e.g. key: "MD5:1/model.onnx"'))
+            continue
+        if algorithm.lower() not in ALGORITHMS:
+            problems.append(AgentProblem(
+                model, f"checksum agent algorithm of {relative}", "MD5 (the only one Triton's "
+                "checksum agent computes; the official container refuses this model too)",
+                algorithm, f'write key: "MD5:{relative}" with the file\'s MD5'))
+            continue
+        path = folder / relative
+        try:
+            actual = file_digest(path, ALGORITHMS[algorithm.lower()])
+        except OSError as error:
+            problems.append(AgentProblem(model, f"checksum agent: {algorithm.upper()} of "
+                                                f"{relative}", "a readable file",
+                                         f"{type(error).__name__}: {error.strerror or error}"))
+            continue
+        if actual != expected:
+            case = (" (same digest in upper case: the agent compares lowercase hex exactly)"
+                    if actual == expected.lower() else "")
+            problems.append(AgentProblem(model, f"checksum agent: {algorithm.upper()} of "
+                                                f"{relative}", expected, actual + case,
+                                         "the file is not the one the config was written for"))
+    return problems
+
+
+def agent_problems(folder: Path, config: model_config_pb2.ModelConfig | None, *,
+                   others: bool = True) -> list[AgentProblem]:
+    """Every reason ``config``'s repository agents refuse the model in ``folder`` here.
+
+    Checksum agents: each listed file's digest is computed and compared; agents of another name
+    cannot run in the embedded server (it has none) and are reported as such unless ``others`` is
+    False (what the official container, which may have them, would judge).
+    """
+    if config is None:
+        return []
+    problems = []
+    for agent in config.model_repository_agents.agents:
+        if agent.name == CHECKSUM_AGENT:
+            problems += _checksum_problems(folder.name, folder, agent)
+        elif others:
+            problems.append(AgentProblem(
+                folder.name, f"repository agent {agent.name!r}", "an agent the embedded server "
+                f"can honour ({CHECKSUM_AGENT!r})", f"libtritonrepoagent_{agent.name}.so, which "
+                "it cannot load", "serve this model with the official container that has the agent"))
+    return problems
+
+
+def verified_files(config: model_config_pb2.ModelConfig | None) -> list[str]:
+    """The files whose digests ``config``'s checksum agents list (``ALGORITHM:path`` keys)."""
+    if config is None:
+        return []
+    return [key for agent in config.model_repository_agents.agents
+            if agent.name == CHECKSUM_AGENT for key in sorted(agent.parameters)]
+
+
+def strip_agents(config: model_config_pb2.ModelConfig) -> bool:
+    """Remove the ``model_repository_agents`` block (served copy only); whether there was one."""
+    had = bool(config.model_repository_agents.agents)
+    config.ClearField("model_repository_agents")
+    return had
+
+
+def checksum_config(digests: Mapping[str, str],
+                    config: model_config_pb2.ModelConfig | None = None
+                    ) -> model_config_pb2.ModelConfig:
+    """``config`` (or a new one) with a checksum agent listing ``{relative path: md5}``.
+
+    An existing checksum agent is kept and its entries for these files replaced, so a config that
+    lists version 1 still does after version 2 is added.
+
+    >>> config = checksum_config({"1/model.onnx": "0" * 32})
+    >>> config = checksum_config({"2/model.onnx": "1" * 32}, config)
+    >>> sorted(config.model_repository_agents.agents[0].parameters)
+    ['MD5:1/model.onnx', 'MD5:2/model.onnx']
+    """
+    config = config if config is not None else model_config_pb2.ModelConfig()
+    agents = config.model_repository_agents.agents
+    agent = next((a for a in agents if a.name == CHECKSUM_AGENT), None) or agents.add(
+        name=CHECKSUM_AGENT)
+    for relative, digest in digests.items():
+        for key in [k for k in agent.parameters if k.partition(":")[2] == relative]:
+            del agent.parameters[key]
+        agent.parameters[f"MD5:{relative}"] = digest
+    return config

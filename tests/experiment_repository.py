@@ -122,3 +122,51 @@ def particle_inputs(events: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {"points": rng.normal(size=(events, 2, PARTICLES)).astype(np.float32),
             "features": rng.normal(size=(events, CHANNELS, PARTICLES)).astype(np.float32)}
+
+
+RAGGED = """name: "ragged_io"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "COUNT_IN" data_type: TYPE_FP32
+                source_input: "INPUT0" },
+              { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "OFFSETS"
+                data_type: TYPE_INT32 source_input: "INPUT0" } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "COUNT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+batch_output [ { target_name: "OUTPUT0" kind: BATCH_SCATTER_WITH_INPUT_SHAPE
+                 source_input: "INPUT0" } ]
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+
+
+def ragged_repository(root: Path) -> Path:
+    """CMS's ragged test model's shape: a 1-D graph input (the concatenated ragged batch), config
+    dims [-1], max_batch_size 4, allow_ragged_batch, batch inputs and a batch_output.
+
+    OUTPUT0 = 2 * INPUT0 (scattered back per request); COUNT = each request's element count (from
+    the BATCH_ELEMENT_COUNT batch input), one row per request; the offsets batch input is read by
+    nothing but must be fed (a graph input).
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["INPUT0", "TWO"], ["OUTPUT0"]),
+         helper.make_node("Unsqueeze", ["COUNT_IN", "AXIS"], ["COUNT"]),
+         helper.make_node("Shape", ["OFFSETS"], ["OFFSETS_SHAPE"])],
+        "ragged_io",
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("COUNT_IN", TensorProto.FLOAT, ["r"]),
+         helper.make_tensor_value_info("OFFSETS", TensorProto.INT32, ["r1"])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("COUNT", TensorProto.FLOAT, ["r", 1])],
+        [helper.make_tensor("TWO", TensorProto.FLOAT, [], [2.0]),
+         helper.make_tensor("AXIS", TensorProto.INT64, [1], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    (root / "ragged_io" / "1").mkdir(parents=True)
+    onnx.save(model, str(root / "ragged_io" / "1" / "model.onnx"))
+    (root / "ragged_io" / "config.pbtxt").write_text(RAGGED)
+    return root

@@ -3,10 +3,12 @@
 Used by ``coffea-sonic models add`` (to write a config from a model file) and ``models validate``
 (to compare a config with its model file). The comparison follows the official container's rules:
 
-* ONNX (onnxruntime backend): the config names exactly the graph's inputs (initializers aside) and
-  a subset of its outputs, with the graph's element types; with ``max_batch_size > 0`` every
-  tensor's first axis in the graph must be dynamic; a fixed graph axis must equal the config's,
-  a dynamic one accepts any input dim, outputs must match exactly (``-1`` for ``-1``).
+* ONNX (onnxruntime backend): the config names exactly the graph's inputs (initializers aside;
+  ``batch_input`` targets count as inputs) and a subset of its outputs, with the graph's element
+  types; with ``max_batch_size > 0`` every tensor's first axis in the graph must be dynamic; a
+  fixed graph axis must equal the config's, a dynamic one accepts any input dim, outputs must match
+  exactly (``-1`` for ``-1``). A ragged input (``allow_ragged_batch``) is 1-D in the graph; a
+  ``batch_output`` target's dims are not compared (Triton scatters it by its source input's shape).
 * TorchScript (pytorch backend): input names are the ``forward`` arguments or ``<name>__<index>``;
   outputs ``<name>__<index>`` or config order. With torch importable and every non-batch dim known,
   the module runs once on zeros and its outputs' shapes and types are compared.
@@ -178,11 +180,15 @@ def compare_onnx(config: Any, model: Any) -> list[Mismatch]:
     inputs, outputs = onnx_tensors(model)
     mismatches: list[Mismatch] = []
     sequence = config.HasField("sequence_batching")
-    if not sequence and config.input and len(config.input) != len(inputs):
+    batch_inputs = {name for batch_input in config.batch_input for name in batch_input.target_name}
+    batch_outputs = {name for batch_output in config.batch_output
+                     for name in batch_output.target_name}
+    declared_names = [t.name for t in config.input] + sorted(batch_inputs)
+    if not sequence and config.input and len(declared_names) != len(inputs):
         mismatches.append(Mismatch(
             "number of inputs", f"{len(inputs)} ({', '.join(t.name for t in inputs)})",
-            f"{len(config.input)} ({', '.join(t.name for t in config.input)})",
-            "declare every graph input, each once"))
+            f"{len(declared_names)} ({', '.join(declared_names)})",
+            "declare every graph input, each once (as an input or a batch_input)"))
     for kind, declared, found in (("input", config.input, inputs), ("output", config.output, outputs)):
         by_name = {tensor.name: tensor for tensor in found}
         for tensor in declared:
@@ -199,9 +205,23 @@ def compare_onnx(config: Any, model: Any) -> list[Mismatch]:
                         "TYPE_BYTES", "TYPE_STRING"), f"TYPE_{datatype}".replace(
                         "TYPE_BYTES", "TYPE_STRING")))
             dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
-            mismatches += _compare_dims(kind, tensor.name, graph_tensor.dims, dims,
-                                        config.max_batch_size, exact=kind == "output")
+            if kind == "input" and tensor.allow_ragged_batch and config.max_batch_size > 0:
+                mismatches += _ragged_dims(tensor.name, graph_tensor.dims)
+            elif kind == "output" and tensor.name in batch_outputs:
+                continue  # scattered by its source input's shape, the graph's is the whole batch's
+            else:
+                mismatches += _compare_dims(kind, tensor.name, graph_tensor.dims, dims,
+                                            config.max_batch_size, exact=kind == "output")
     return mismatches
+
+
+def _ragged_dims(name: str, model_shape: Sequence[int]) -> list[Mismatch]:
+    """A ragged input (``allow_ragged_batch``) reaches the model as one 1-D tensor, no batch axis."""
+    if tuple(model_shape) == (UNKNOWN_RANK,) or len(model_shape) == 1:
+        return []
+    return [Mismatch(f"input '{name}' dims", "a 1-D graph input (allow_ragged_batch: the requests' "
+                     "values concatenated, no batch axis)", f"{list(model_shape)} in the graph",
+                     "export the input as 1-D, or drop allow_ragged_batch")]
 
 
 def load_torchscript(path: str | os.PathLike) -> Any:

@@ -57,3 +57,8 @@ class UnservableModelError(ConfigurationError, ServerStartError):
     def __init__(self, message: str, refusals: list | tuple = ()) -> None:
         super().__init__(message)
         self.refusals = list(refusals)
+
+
+class NetworkLabError(SonicError, RuntimeError):
+    """The lab of hosts on one machine (:mod:`coffea_sonic.netlab`) could not be built or driven
+    (not root, no ``ip``/``tc``/``nsenter``, a process inside a host did not start)."""

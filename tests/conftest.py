@@ -63,3 +63,9 @@ def each_transport(request, monkeypatch):
     clear_routers()
     yield request.param
     clear_routers()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "netlab: hosts in network namespaces (coffea_sonic.netlab; needs root, "
+                   "skipped elsewhere)")

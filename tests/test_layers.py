@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("glue", ("coffea_sonic.processor", "coffea_sonic.columns")),
     ("top", ("coffea_sonic.zoo", "coffea_sonic.engines", "coffea_sonic.server",
              "coffea_sonic.data", "coffea_sonic.examples", "coffea_sonic.demo",
-             "coffea_sonic.bench", "coffea_sonic.facility", "coffea_sonic.cli")),
+             "coffea_sonic.bench", "coffea_sonic.facility", "coffea_sonic.cli",
+             "coffea_sonic.netlab")),
 ]
 
 

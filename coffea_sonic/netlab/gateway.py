@@ -1,0 +1,93 @@
+"""HAProxy as the facility's gateway on a lab host, from ``deploy/haproxy/gateway.cfg`` unchanged.
+
+The deploy file holds the whole policy (JWT checks, per-subject quota, gRPC refusals); what is
+particular to a site comes from the environment and a second file with the servers
+(:func:`servers_config`), as in the Kubernetes shape.
+
+>>> print(servers_config(["10.0.0.1:8001", "10.0.0.2:8001"]), end="")
+backend tritons
+  balance leastconn
+  option httpchk
+  http-check send meth GET uri /v2/health/ready
+  server triton1 10.0.0.1:8001 proto h2 check port 8000 check-proto h1 inter 1s fall 2 rise 1
+  server triton2 10.0.0.2:8001 proto h2 check port 8000 check-proto h1 inter 1s fall 2 rise 1
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from ..errors import NetworkLabError
+from .processes import HostProcess
+
+if TYPE_CHECKING:
+    from .lab import Host
+
+#: The gateway's policy file, shared by tests, docs and deploy/kubernetes.
+GATEWAY_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "gateway.cfg"
+GATEWAY_PORT = 8001
+STATS_PORT = 8404
+
+
+def servers_config(servers: Sequence[str], *, health_port: int = 8000) -> str:
+    """The ``backend tritons`` section for gRPC ``servers`` (``ip:port``), health-checked on
+    Triton's HTTP readiness (``health_port`` on the same address)."""
+    lines = ["backend tritons", "  balance leastconn", "  option httpchk",
+             "  http-check send meth GET uri /v2/health/ready"]
+    for number, server in enumerate(servers, start=1):
+        lines.append(f"  server triton{number} {server} proto h2 check port {health_port} "
+                     "check-proto h1 inter 1s fall 2 rise 1")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Gateway:
+    """A running gateway: ``address`` (gRPC), ``stats_address`` (/metrics, /stats), ``process``."""
+
+    host: "Host"
+    process: HostProcess
+
+    @property
+    def address(self) -> str:
+        return self.host.address(GATEWAY_PORT)
+
+    @property
+    def stats_address(self) -> str:
+        return self.host.address(STATS_PORT)
+
+    def url(self, model: str) -> str:
+        return f"triton+grpc://{self.address}/{model}"
+
+    def restart(self) -> None:
+        """Start the gateway again with the same configuration (after :meth:`kill`)."""
+        self.process.start()
+        self.process.wait_for_port(GATEWAY_PORT)
+
+    def kill(self) -> None:
+        """SIGKILL the gateway (every client connection through it drops)."""
+        self.process.kill()
+
+
+def start_gateway(host: "Host", servers: Sequence[str], *, public_key: str | os.PathLike,
+                  directory: Path, audience: str = "coffea-sonic", quota_rps: float = 1000,
+                  retry_after_s: float = 1) -> Gateway:
+    """HAProxy on ``host`` (gRPC on port 8001, metrics on 8404) in front of ``servers``."""
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        raise NetworkLabError("haproxy is not installed (Debian: apt-get install -y haproxy)")
+    directory.mkdir(parents=True, exist_ok=True)
+    servers_file = directory / "servers.cfg"
+    servers_file.write_text(servers_config(servers))
+    env = {**os.environ, "GATEWAY_BIND": host.address(GATEWAY_PORT),
+           "GATEWAY_STATS_BIND": host.address(STATS_PORT), "GATEWAY_JWT_KEY": str(public_key),
+           "GATEWAY_JWT_AUDIENCE": audience, "GATEWAY_QUOTA_RPS": f"{quota_rps:g}",
+           "GATEWAY_RETRY_AFTER_S": f"{retry_after_s:g}"}
+    # -db: stay in the foreground, so that the lab owns (and stops) the process itself
+    argv = [haproxy, "-db", "-f", str(GATEWAY_CONFIG), "-f", str(servers_file)]
+    process = host.popen(argv, name="haproxy", env=env, grace_s=5.0)
+    process.wait_for_port(GATEWAY_PORT)
+    return Gateway(host, process)

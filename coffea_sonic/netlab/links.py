@@ -1,0 +1,86 @@
+"""Links between lab hosts: a rate (tbf on both ends of a veth pair) and the commands shaping them.
+
+The kernel on the project's machines has tbf but no netem: a link here has a rate, and a round
+trip time is added by a user-space relay (:mod:`coffea_sonic.netlab.relay`), not by the kernel.
+
+>>> Link(rate_mbit=1000).tbf_arguments()
+['rate', '1000mbit', 'burst', '1250000', 'latency', '20ms']
+>>> Link().shaped, Link(rate_mbit=25000, rtt_ms=0).shaped
+(False, True)
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from ..errors import NetworkLabError
+
+logger = logging.getLogger(__name__)
+
+#: tbf's bucket: 10 ms of the link's rate (1.25 MB at 1 Gb/s, where raw TCP then moves 96 % of
+#: the rate), never under 64 KiB, so that a 64 KiB segmentation-offload packet always fits.
+BURST_S = 0.010
+MIN_BURST_BYTES = 64 * 1024
+#: How long a packet may wait in tbf's queue before it is dropped (the link's buffer).
+QUEUE_LATENCY_MS = 20
+
+
+@dataclass(frozen=True)
+class Link:
+    """A host's link to the lab's switch: ``rate_mbit`` each way (None: unshaped veth speed) and a
+    round-trip time ``rtt_ms`` that relays to services on the host add (0: none).
+
+    >>> Link(1000, rtt_ms=20)
+    Link(rate_mbit=1000, rtt_ms=20)
+    >>> Link(1000).with_rate(100).rate_mbit
+    100
+    """
+
+    rate_mbit: float | None = None
+    rtt_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rate_mbit is not None and not self.rate_mbit > 0:
+            raise NetworkLabError(f"a link's rate must be > 0 Mbit/s, not {self.rate_mbit!r}")
+        if not self.rtt_ms >= 0:
+            raise NetworkLabError(f"a link's round-trip time must be >= 0 ms, not {self.rtt_ms!r}")
+
+    @property
+    def shaped(self) -> bool:
+        """Whether tbf limits the link's rate."""
+        return self.rate_mbit is not None
+
+    def with_rate(self, rate_mbit: float | None) -> "Link":
+        """The same link at another rate."""
+        return replace(self, rate_mbit=rate_mbit)
+
+    def tbf_arguments(self) -> list[str]:
+        """``tc qdisc ... tbf`` arguments for this link's rate."""
+        if self.rate_mbit is None:
+            raise NetworkLabError("an unshaped link has no tbf arguments")
+        rate_bytes = self.rate_mbit * 1e6 / 8
+        burst = max(MIN_BURST_BYTES, int(rate_bytes * BURST_S))
+        rate = f"{self.rate_mbit:g}mbit"
+        return ["rate", rate, "burst", str(burst), "latency", f"{QUEUE_LATENCY_MS}ms"]
+
+
+def run_command(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    """Run an ``ip``/``tc``/``mount`` command; a failure raises :class:`NetworkLabError` with its
+    stderr."""
+    result = subprocess.run(list(argv), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise NetworkLabError(f"{' '.join(argv)} failed ({result.returncode}): "
+                              f"{result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+def shape(namespace: str, device: str, link: Link) -> None:
+    """Set (or remove, for an unshaped link) the rate of ``device``'s egress in ``namespace``."""
+    if link.shaped:
+        run_command(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
+                     *link.tbf_arguments()])
+    else:
+        run_command(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"], check=False)

@@ -1,0 +1,145 @@
+"""A long-running process inside a lab host (own process group, log file, stop that always works).
+
+>>> from coffea_sonic.netlab import Lab
+>>> with Lab() as lab:                                           # doctest: +SKIP
+...     head = lab.host("head")
+...     sleeper = head.popen(["sleep", "60"], name="sleeper")
+...     sleeper.alive
+True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from ..errors import NetworkLabError
+
+
+class Host(Protocol):
+    """What a process needs of its lab host (:class:`coffea_sonic.netlab.Host`)."""
+
+    name: str
+
+    def command_prefix(self) -> list[str]: ...
+
+    def address(self, port: int) -> str: ...
+
+logger = logging.getLogger(__name__)
+
+
+def _parent_death_prefix() -> list[str]:
+    # The process dies with the caller even when the caller is SIGKILLed; the signal survives
+    # nsenter's exec into the command.
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL"] if setpriv else []
+
+
+def port_open(address: str, timeout_s: float = 0.5) -> bool:
+    """Whether a TCP connection to ``address`` (``ip:port``) is accepted."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+class HostProcess:
+    """A process started by :meth:`Host.popen`; stopped by the lab at the latest."""
+
+    def __init__(self, host: Host, argv: Sequence[str], *, name: str, env: dict | None,
+                 grace_s: float, log_path: Path) -> None:
+        self.host = host
+        self.argv = list(argv)
+        self.name = name
+        self.env = env
+        self.grace_s = grace_s
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}" if self.alive else "stopped"
+        return f"HostProcess({self.name!r} on {self.host.name}, {state})"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> "HostProcess":
+        """(Re)start the process with the same command (appending to its log)."""
+        if self.alive:
+            return self
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                _parent_death_prefix() + self.host.command_prefix() + self.argv,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=self.env, start_new_session=True)
+        logger.info("netlab: started %s on %s (pid %d): %s", self.name, self.host.name,
+                    self.process.pid, " ".join(self.argv))
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the process and its group at once (a crash, for fault tests)."""
+        if self.process is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL what is left after ``grace_s``. Idempotent."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=self.grace_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("netlab: %s ignored SIGTERM for %.0f s; killing it", self,
+                               self.grace_s)
+        self._signal_group(signal.SIGKILL)
+        self.process.wait()
+
+    def _signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the process' output."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, errors="replace") as log:
+            return "".join(deque(log, maxlen=lines))
+
+    def wait_for_port(self, port: int, *, timeout_s: float = 60.0) -> str:
+        """Wait until the host accepts connections on ``port``; return ``ip:port``.
+
+        Raises :class:`NetworkLabError` with the log's tail if the process exits or time runs out.
+        """
+        address = self.host.address(port)
+        deadline = time.monotonic() + timeout_s
+        while not port_open(address):
+            if not self.alive:
+                raise NetworkLabError(f"{self.name} on {self.host.name} exited "
+                                      f"({self.process.returncode}) before listening on {address}:"
+                                      f"\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise NetworkLabError(f"{self.name} on {self.host.name} did not listen on "
+                                      f"{address} within {timeout_s:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.1)
+        return address

@@ -1,0 +1,188 @@
+"""The facility's processes, started inside lab hosts: tritonserver, Dask, HAProxy, Prometheus.
+
+Each returns once its service answers (or raises :class:`~coffea_sonic.errors.NetworkLabError`
+with the process' log); the lab stops them all. A host is a fresh network namespace, so services
+listen on their usual ports at the host's address.
+
+>>> from coffea_sonic.netlab import Lab
+>>> with Lab() as lab:                                           # doctest: +SKIP
+...     gpu = lab.host("gpu1")
+...     triton = start_triton(gpu, models=["jet_tagger"])
+...     triton.url("jet_tagger")
+'triton+grpc://10.231.0.10:8001/jet_tagger'
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from ..errors import NetworkLabError
+from .processes import HostProcess
+
+if TYPE_CHECKING:
+    from .lab import Host
+
+logger = logging.getLogger(__name__)
+
+GRPC_PORT, HTTP_PORT, METRICS_PORT = 8001, 8000, 8002
+SCHEDULER_PORT = 8786
+PROMETHEUS_PORT = 9090
+
+
+def _dask_command() -> str:
+    dask = Path(sys.executable).with_name("dask")
+    if not dask.exists():
+        raise NetworkLabError(f"no dask command beside {sys.executable} (install distributed)")
+    return str(dask)
+
+
+@dataclass
+class TritonHost:
+    """A tritonserver on a lab host (``process`` runs :func:`serve_main` there)."""
+
+    host: "Host"
+    process: HostProcess
+    models: list[str] = field(default_factory=list)
+
+    @property
+    def grpc_address(self) -> str:
+        return self.host.address(GRPC_PORT)
+
+    @property
+    def http_address(self) -> str:
+        return self.host.address(HTTP_PORT)
+
+    @property
+    def metrics_address(self) -> str:
+        return self.host.address(METRICS_PORT)
+
+    def url(self, model: str) -> str:
+        return f"triton+grpc://{self.grpc_address}/{model}"
+
+    def ready(self) -> bool:
+        """Whether the server answers ``/v2/health/ready``."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http_address}/v2/health/ready",
+                                        timeout=1.0) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self, timeout_s: float = 180.0) -> "TritonHost":
+        deadline = time.monotonic() + timeout_s
+        while not self.ready():
+            if not self.process.alive or time.monotonic() > deadline:
+                what = "exited" if not self.process.alive else f"not ready after {timeout_s:.0f} s"
+                raise NetworkLabError(f"tritonserver on {self.host.name} {what}:\n"
+                                      f"{self.process.log_tail()}")
+            time.sleep(0.2)
+        return self
+
+
+def start_triton(host: "Host", models: Sequence[str], *, extra_args: Sequence[str] = (),
+                 wait: bool = True) -> TritonHost:
+    """An embedded tritonserver (:class:`~coffea_sonic.server.LocalTritonServer`) on ``host``,
+    serving zoo ``models`` on ports 8001 (gRPC), 8000 (HTTP) and 8002 (metrics) of its address."""
+    argv = [sys.executable, "-m", "coffea_sonic.netlab.services", "triton", "--host", host.ip,
+            "--models", *models]
+    for argument in extra_args:
+        argv.append(f"--extra-arg={argument}")
+    triton = TritonHost(host, host.popen(argv, name="tritonserver", grace_s=30.0), list(models))
+    return triton.wait_ready() if wait else triton
+
+
+def start_scheduler(host: "Host") -> str:
+    """A Dask scheduler on ``host``; returns its ``tcp://ip:8786`` address."""
+    process = host.popen([_dask_command(), "scheduler", "--host", host.ip, "--port",
+                          str(SCHEDULER_PORT), "--no-dashboard"], name="dask-scheduler")
+    process.wait_for_port(SCHEDULER_PORT)
+    return f"tcp://{host.address(SCHEDULER_PORT)}"
+
+
+def start_worker(host: "Host", scheduler: str, *, name: str | None = None, threads: int = 1,
+                 env: dict | None = None) -> HostProcess:
+    """A Dask worker (no nanny) on ``host`` joined to ``scheduler``; wait for it with
+    :func:`wait_for_workers`. ``env`` is added to this process' environment (tokens, settings)."""
+    worker_name = name or host.name
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return host.popen([_dask_command(), "worker", scheduler, "--host", host.ip, "--name",
+                       worker_name, "--nthreads", str(threads), "--no-nanny", "--no-dashboard",
+                       "--death-timeout", "120"], name=f"dask-worker-{worker_name}",
+                      env=environment)
+
+
+def wait_for_workers(client, count: int, timeout_s: float = 120.0) -> None:
+    """Wait until ``client``'s scheduler has ``count`` workers (``Client.wait_for_workers``)."""
+    client.wait_for_workers(count, timeout=timeout_s)
+
+
+def start_prometheus(host: "Host", targets: Sequence[str], directory: Path) -> str:
+    """Prometheus on ``host`` scraping ``targets`` (``ip:port`` metrics endpoints) with the job
+    of ``deploy/prometheus.yml``; returns its ``http://ip:9090`` address."""
+    import yaml
+
+    prometheus = shutil.which("prometheus")
+    if prometheus is None:
+        raise NetworkLabError("prometheus is not installed (Debian: apt-get install -y prometheus)")
+    deploy = Path(__file__).resolve().parents[2] / "deploy" / "prometheus.yml"
+    config = yaml.safe_load(deploy.read_text())
+    config["scrape_configs"][0]["static_configs"][0]["targets"] = list(targets)
+    config["global"]["scrape_interval"] = "1s"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
+    process = host.popen([prometheus, f"--config.file={directory / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={directory / 'data'}",
+                          f"--web.listen-address={host.address(PROMETHEUS_PORT)}"],
+                         name="prometheus")
+    process.wait_for_port(PROMETHEUS_PORT)
+    return f"http://{host.address(PROMETHEUS_PORT)}"
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """Entry point run inside a host: a LocalTritonServer until SIGTERM (its /dev/shm is the
+    host's, so its regions are cleaned up in the right place)."""
+    from ..server import LocalTritonServer
+
+    parser = argparse.ArgumentParser(prog="python -m coffea_sonic.netlab.services triton")
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--models", nargs="+", required=True)
+    parser.add_argument("--extra-arg", action="append", default=[])
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    workdir = tempfile.mkdtemp(prefix="netlab-triton-")
+    server = LocalTritonServer(models=options.models, device="cpu", host=options.host,
+                               grpc_port=GRPC_PORT, http_port=HTTP_PORT,
+                               metrics_port=METRICS_PORT, extra_args=options.extra_arg,
+                               workdir=workdir)
+    try:
+        with server:
+            logger.info("tritonserver ready on %s", server.grpc_address)
+            while not stop.wait(0.5):
+                if not server.running:
+                    logger.error("tritonserver exited:\n%s", server.log_tail())
+                    return 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "triton":
+        sys.exit(serve_main(sys.argv[2:]))
+    sys.exit("usage: python -m coffea_sonic.netlab.services triton --host IP --models NAME...")

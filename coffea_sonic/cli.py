@@ -1,10 +1,15 @@
-"""The ``coffea-sonic`` command: serve | models | demo | bench | sample | check | monitor.
+"""The ``coffea-sonic`` command: serve | models | demo | bench | sample | check | monitor | config.
 
 Each subcommand lives beside the code it drives and registers itself here; heavy imports happen
-only when a subcommand runs, so ``coffea-sonic --help`` is instant.
+only when a subcommand runs, so ``coffea-sonic --help`` is instant. Option conventions (output
+folders, lists, ``--json``, ``-v``) are those of :mod:`coffea_sonic.cliargs`.
 
->>> build_parser().prog
+>>> parser = build_parser()
+>>> parser.prog
 'coffea-sonic'
+>>> from coffea_sonic.cliargs import verbosity
+>>> verbosity(parser.parse_args(["-v", "models", "list", "-v"]))
+2
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import importlib
 import logging
 import sys
 
+from . import __version__
+from .cliargs import add_verbose_everywhere, verbosity
 from .errors import SonicError
 
 # Modules that provide ``add_subparsers(subparsers)``; a missing one is skipped so the CLI keeps
@@ -36,11 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
             "first steps:\n"
             "  coffea-sonic demo             # sample data + local server + Dask + plot, < 5 min\n"
             "  coffea-sonic serve            # a real Triton server with the model zoo\n"
-            "  coffea-sonic bench --quick    # CPU vs served vs coffea's triton_wrapper\n"
+            "  coffea-sonic bench suite --quick   # CPU vs served vs coffea's triton_wrapper\n"
             "  coffea-sonic SUBCOMMAND --help"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="more logging (-v info, -vv debug)")
+                        help="more logging (-v info, -vv debug); also after the subcommand")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
     for module_name in _SUBCOMMAND_MODULES:
         try:
@@ -51,12 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         register = getattr(module, "add_subparsers", None) or getattr(module, "add_subparser")
         register(subparsers)
+    add_verbose_everywhere(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.verbose = verbosity(args)
     level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)]
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):

@@ -34,6 +34,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Mapping
 
+from .cliargs import add_list_option
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_OUTPUT = "sonic-demo"
@@ -89,7 +91,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                            f"{ANALYSIS_DEFAULTS['tracking']['events']} with --analysis tracking)")
     data.add_argument("--sample-files", type=int, default=2,
                       help="synthetic files per dataset (default: %(default)s)")
-    data.add_argument("--files", nargs="+", metavar="PATH",
+    add_list_option(data, "--files", split_commas=False, metavar="PATH",
                       help="your own NanoAOD files (local paths or root:// URLs) instead of the sample")
     data.add_argument("--fileset", metavar="JSON", help="a coffea fileset {dataset: [files]} as JSON")
     data.add_argument("--treename", default="Events", help="TTree name (default: %(default)s)")
@@ -119,7 +121,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                          help=f"events per chunk (default: {DEFAULT_CHUNKSIZE}; "
                               f"{ANALYSIS_DEFAULTS['tracking']['chunksize']} with --analysis "
                               "tracking)")
-    parser.add_argument("--output",
+    parser.add_argument("-o", "--output", metavar="DIR",
                         help=f"output directory (default: ./{DEFAULT_OUTPUT}; "
                              f"./{ANALYSIS_DEFAULTS['tracking']['output']} with --analysis "
                              "tracking)")

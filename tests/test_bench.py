@@ -28,7 +28,7 @@ RECORD_KEYS = {"mode", "model", "batch_size", "in_flight", "clients", "chunk_row
 def tiny_run(jet_tagger_server, tmp_path_factory):
     """One tiny bench through the real CLI against the shared jet_tagger server."""
     output = tmp_path_factory.mktemp("bench")
-    code = cli.main(["bench", "--preset", "tiny", "--server", jet_tagger_server.url("jet_tagger"),
+    code = cli.main(["bench", "suite", "--preset", "tiny", "--server", jet_tagger_server.url("jet_tagger"),
                      "--output", str(output)])
     with open(output / "results.json") as handle:
         results = json.load(handle)  # strict JSON: no NaN / Infinity

@@ -10,6 +10,7 @@ does there.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -211,6 +212,18 @@ def test_cli_exit_codes_and_report_text(triton_server, gateway, capsys):
     assert "1 of 2 server(s) OK" in mixed and "what to do:" in mixed
     assert cli_main(["check", "http://127.0.0.1:8000"]) == 2
     assert "triton+http://host:port/model" in capsys.readouterr().err
+
+
+def test_cli_json_report_has_every_finding_and_the_same_exit_code(triton_server, capsys):
+    down = f"127.0.0.1:{free_port()}"
+    assert cli_main(["check", triton_server.url("jet_tagger"), down, "--pings", "1", "--json"]) == 1
+    document = json.loads(capsys.readouterr().out)
+    good, bad = document["servers"]
+    assert document["ok"] is False and good["ok"] is True and bad["ok"] is False
+    assert {f["aspect"] for f in good["findings"]} >= {"reachable", "server", "model", "latency"}
+    assert any(m["name"] == "jet_tagger" and m["state"] == "READY" for m in good["models"])
+    assert len(good["inference_ms"]) == 1 and good["transport"] in ("shm", "grpc", "http")
+    assert any(f["status"] == "fail" and f["advice"] for f in bad["findings"])
 
 
 def test_cli_entry_point_runs_as_a_program(triton_server):

@@ -168,9 +168,9 @@ def test_sample_cli_writes_files_and_fileset(tmp_path):
     parser = argparse.ArgumentParser(prog="coffea-sonic")
     sample_cli.add_subparser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["sample", "--events", "40", "--files", "1", "--seed", "3",
-                              "--datasets", "ttbar", str(tmp_path)])
+                              "--datasets", "ttbar", "-o", str(tmp_path)])
     with pytest.raises(SystemExit):
-        parser.parse_args(["sample", "--datasets", "ttbar,zjets", str(tmp_path)])
+        parser.parse_args(["sample", "--datasets", "ttbar,zjets", "-o", str(tmp_path)])
     assert args.func(args) == 0
     fileset = json.loads((tmp_path / "fileset.json").read_text())
     assert list(fileset) == ["ttbar"]

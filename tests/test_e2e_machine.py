@@ -1,4 +1,4 @@
-"""``coffea-sonic bench --scenario e2e`` on this machine: a real (small) run of every way it can.
+"""``coffea-sonic bench e2e`` on this machine: a real (small) run of every way it can.
 
 Without a GPU the scenario runs the analysis in-process on CPU and served by a CPU tritonserver,
 through real ``processor.Runner`` + Dask workers, and must see the same events and the same
@@ -31,8 +31,8 @@ def test_e2e_scenario_runs_every_way_and_counts_the_same_events(tmp_path):
     assert cpu["worker_memory_bytes"] > 0 and cpu["worker_peak_rss_bytes"] > 0
     assert served["speedup"] > 0 and served["server_busy_s"] > 0
 
-    written = write_results(result, str(tmp_path), command="coffea-sonic bench --scenario e2e")
+    written = write_results(result, str(tmp_path), command="coffea-sonic bench e2e")
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["command"] == "coffea-sonic bench --scenario e2e"
+    assert saved["command"] == "coffea-sonic bench e2e"
     assert "| served-cpu | 0 |" in (tmp_path / "results.md").read_text()
     assert set(written) >= {"json", "markdown"}

@@ -204,7 +204,7 @@ def test_bench_against_the_facility_prints_the_cpu_gpu_advice(facility: dict) ->
     output = facility["workdir"] / "bench"
     url = facility["balancer"].url()
     completed = subprocess.run(
-        _cli("bench", "--preset", "tiny", "--modes", "remote", "--server", url,
+        _cli("bench", "suite", "--preset", "tiny", "--modes", "remote", "--server", url,
              "--e2e-events", "0", "-o", str(output)),
         capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]

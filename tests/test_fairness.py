@@ -1,5 +1,5 @@
 """Several users on one server: per-request priorities reach Triton on every transport and its
-batcher honours them, and ``coffea-sonic bench --scenario fairness --quick`` (8 user processes, one
+batcher honours them, and ``coffea-sonic bench fairness --quick`` (8 user processes, one
 with ten times the load) shares the server fairly.
 
 The priority tests hold Triton's batcher (``TRITONSERVER_DELAY_SCHEDULER=3``: it starts only once
@@ -107,7 +107,7 @@ def test_quick_fairness_scenario_meets_the_goals(tmp_path):
     started = time.monotonic()
     completed = subprocess.run(
         [sys.executable, "-c", "import sys; from coffea_sonic.cli import main; sys.exit(main())",
-         "bench", "--scenario", "fairness", "--quick", "-o", str(output)],
+         "bench", "fairness", "--quick", "-o", str(output)],
         capture_output=True, text=True, timeout=600)
     wall_s = time.monotonic() - started
     results_path = output / "results.json"

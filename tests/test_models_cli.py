@@ -9,6 +9,7 @@ problem of a broken repository in one run.
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -226,6 +227,27 @@ def test_validate_reports_a_wrong_dims_entry_and_a_missing_file_in_one_run(tmp_p
     problems = validate_repository(repository).problems
     assert {(p.model, p.version, p.what) for p in problems} == {
         ("first", "1", "input 'features' dims"), ("second", "1", "model file")}
+
+    code, out, _ = cli(capsys, "models", "validate", repository, "--json")
+    document = json.loads(out)
+    assert code == 1 and document["ok"] is False and document["models"] == ["first", "second"]
+    assert {(p["model"], p["version"], p["what"]) for p in document["problems"]} == {
+        ("first", "1", "input 'features' dims"), ("second", "1", "model file")}
+    wrong = next(p for p in document["problems"] if p["model"] == "first")
+    assert wrong["expected"].startswith("[6]") and wrong["actual"] == "[7]"
+
+
+def test_models_list_json_names_every_zoo_tensor(capsys):
+    from coffea_sonic import zoo
+
+    code, out, _ = cli(capsys, "models", "list", "--json")
+    listed = {entry["name"]: entry for entry in json.loads(out)}
+    assert code == 0 and set(zoo.names()) <= set(listed)
+    for name in zoo.names():
+        spec = zoo.spec(name)
+        assert [t["name"] for t in listed[name]["inputs"]] == [t.name for t in spec.inputs]
+        assert [t["dims"] for t in listed[name]["outputs"]] == [list(t.dims) for t in spec.outputs]
+        assert listed[name]["max_batch_size"] == spec.max_batch_size
 
 
 def test_torchscript_without_batching_and_a_wrong_output_found_by_running_it(tmp_path, capsys):

@@ -224,6 +224,18 @@ def test_cli_monitor_frames(triton_server, capsys):
     assert "since server start" in output and "(last 0.2 s)" in output
 
 
+def test_cli_monitor_once_json_gives_the_figures_of_the_window(triton_server, capsys):
+    host_port = triton_server.metrics_url.split("//")[1].split("/")[0]
+    assert cli_main(["monitor", host_port, "--once", "--interval", "0.2", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    (server,) = record["servers"]
+    assert server["error"] is None and server["window_s"] == pytest.approx(0.2, abs=0.15)
+    assert {"jet_tagger"} <= {figure["model"] for figure in server["models"]}
+    assert record["threshold_ms"] == 100.0 and record["scale_out"] is False
+    assert cli_main(["monitor", host_port, "--json"]) == 2
+    assert "--json needs --once" in capsys.readouterr().err
+
+
 # -- real Prometheus ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def prometheus_binary():

@@ -175,7 +175,7 @@ def test_broken_repository_fails_fast_with_the_servers_own_error(tmp_path):
 def test_exported_configs_parse_with_tritons_model_config_schema(tmp_path, backend, device):
     if backend == "python" and device == "gpu":
         pytest.importorskip("torch")
-    command = [sys.executable, "-m", "coffea_sonic.cli", "models", "export", str(tmp_path),
+    command = [sys.executable, "-m", "coffea_sonic.cli", "models", "export", "-o", str(tmp_path),
                "--backend", backend, "--device", device]
     subprocess.run(command, check=True, capture_output=True)
     for name in zoo.names():

@@ -8,7 +8,7 @@
 #
 # Sets up tritonserver + the model Python (triton-gpu-env.sh), installs the carried coffea / Dask
 # wheels into /tmp/site, then runs
-#   coffea-sonic bench --scenario e2e --e2e-events $EVENTS --e2e-workers $WORKERS -o $OUT
+#   coffea-sonic bench e2e --events $EVENTS --workers $WORKERS -o $OUT
 # (default: 1 000 000 events, one Dask worker per core but one). Writes results.json, results.md,
 # e2e_machine.png and e2e-log.txt into $OUT (default bench-output/e2e).
 set -uo pipefail
@@ -24,8 +24,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 echo "cores: $(nproc), memory: $(free -g | awk '/Mem:/ {print $2}') GiB"
-timeout "${TIMEOUT:-560}" python3 -m coffea_sonic.cli bench --scenario e2e --e2e-events "$EVENTS" \
-  --e2e-workers "$WORKERS" -o "$OUT" "$@" 2>&1 \
+timeout "${TIMEOUT:-560}" python3 -m coffea_sonic.cli bench e2e --events "$EVENTS" \
+  --workers "$WORKERS" -o "$OUT" "$@" 2>&1 \
   | grep --line-buffered -v "RuntimeWarning\|warnings.warn\|distributed.worker.memory" | tee "$OUT/e2e-log.txt"
 status=${PIPESTATUS[0]}
 cat "$OUT/results.md" 2>/dev/null

@@ -6,7 +6,7 @@
 #
 # 1. benchmarks/pipeline_bench.py --device gpu --clients 1 8: the trackgnn pipeline in-process
 #    (direct), served as one fused python-backend model, and served as a Triton ensemble of stages;
-# 2. coffea-sonic bench --models particlenet deepmet --modes cpu local-gpu remote: in-process CPU vs
+# 2. coffea-sonic bench suite --models particlenet deepmet --modes cpu local-gpu remote: in-process CPU vs
 #    in-process GPU vs served, 1 and 8 client processes.
 # Writes pipeline-gpu.json/.md and models/results.* into $OUT (default bench-output/pipeline).
 set -uo pipefail
@@ -27,7 +27,7 @@ timeout "${PIPELINE_TIMEOUT:-260}" python3 benchmarks/pipeline_bench.py --device
   --out "$OUT" 2>&1 | grep -v "RuntimeWarning\|warnings.warn" | tail -25
 left=$(( ${TOTAL_BUDGET:-560} - SECONDS - 10 ))
 echo "== particlenet, deepmet (at most $left s)"
-timeout "$left" python3 -m coffea_sonic.cli bench --preset gpu --device gpu \
+timeout "$left" python3 -m coffea_sonic.cli bench suite --preset gpu --device gpu \
   --models particlenet deepmet --modes cpu local-gpu remote --batch-sizes 512 --no-default-batch \
   --chunk-rows 4096 --clients 1 8 --in-flight 4 --repetitions 3 --e2e-events 0 \
   -o "$OUT/models" 2>&1 | grep -v "RuntimeWarning\|warnings.warn" | tail -25

@@ -8,7 +8,7 @@
 # triton-gpu-env.sh, installs the carried client wheels, then
 #   1. serve_check.py: `coffea-sonic serve --device gpu --models emtrk_cnn` (log line of the GPU
 #      instance, served == onnxruntime) and GpuEngine vs CpuEngine (rows/s, max |diff|);
-#   2. `coffea-sonic bench --preset gpu --device gpu`: jet_tagger and emtrk_cnn in modes cpu,
+#   2. `coffea-sonic bench suite --preset gpu --device gpu`: jet_tagger and emtrk_cnn in modes cpu,
 #      local-gpu, remote, remote-sync, coffea-wrapper, with client-process sweeps,
 # writing JSON / markdown / PNG into $OUT (results.json, results.md,
 # three PNGs, bench.log, serve_check.json).
@@ -65,7 +65,7 @@ timeout 240 $PY benchmarks/gpu/serve_check.py --device "$BENCH_DEVICE" --model "
   --out "$OUT/serve_check.json" 2>&1 | tail -40
 BENCH_TIMEOUT=$(( TOTAL_BUDGET - SECONDS - 15 ))
 echo "== bench (at most $BENCH_TIMEOUT s)"
-timeout "$BENCH_TIMEOUT" $PY -m coffea_sonic.cli bench --preset gpu --device "$BENCH_DEVICE" \
+timeout "$BENCH_TIMEOUT" $PY -m coffea_sonic.cli bench suite --preset gpu --device "$BENCH_DEVICE" \
   --output "$OUT" "${MODES[@]}" "$@" 2>&1 | tee "$OUT/bench.log" | grep -v "RuntimeWarning\|warnings.warn"
 status=${PIPESTATUS[0]}
 # a run stopped by the time limit leaves its checkpoint: keep it as the result
@@ -78,7 +78,7 @@ INSTANCES=${INSTANCES:-3}
 left=$(( TOTAL_BUDGET - SECONDS - 10 ))
 if [ "$INSTANCES" -gt 1 ] && [ "$left" -gt 90 ]; then
   echo "== bench: ${INSTANCES_MODEL:-emtrk_cnn} served by $INSTANCES instances (at most $left s)"
-  timeout "$left" $PY -m coffea_sonic.cli bench --preset gpu --device "$BENCH_DEVICE" \
+  timeout "$left" $PY -m coffea_sonic.cli bench suite --preset gpu --device "$BENCH_DEVICE" \
     --instances "$INSTANCES" --models "${INSTANCES_MODEL:-emtrk_cnn}" --modes remote \
     --no-default-batch --in-flight 4 --clients 1 4 8 12 16 --repetitions 3 \
     --output /tmp/bench-instances 2>&1 | grep -v "RuntimeWarning\|warnings.warn" | tail -12

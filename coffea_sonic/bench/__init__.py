@@ -1,6 +1,34 @@
 """Benchmarks: in-process CPU / GPU vs our Triton client vs coffea's triton_wrapper, and scaling.
 
-``coffea-sonic bench`` drives this package; from Python:
+``coffea-sonic bench SCENARIO`` drives this package (``suite``, ``fairness``, ``e2e``,
+``report``, ...). **Adding a scenario** is one new module, ``coffea_sonic/bench/commands/NAME.py``,
+and nothing else: the CLI lists that package and calls each module's ``register(subparsers)``::
+
+    '''``coffea-sonic bench NAME``: what it measures.'''
+    import argparse
+
+    from ...cliargs import add_list_option
+    from . import add_output, print_written, progress_printer
+
+
+    def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        parser = subparsers.add_parser("NAME", help="one line for `coffea-sonic bench --help`")
+        parser.add_argument("--quick", action="store_true")
+        add_list_option(parser, "--clients", type=int)   # lists: spaces or commas
+        add_output(parser, "NAME")                        # -o/--output, bench-output/NAME
+        parser.set_defaults(func=run)
+        return parser
+
+
+    def run(args: argparse.Namespace) -> int:            # exit code; heavy imports in here
+        from ..NAME_module import measure, write_results
+        results = measure(progress=progress_printer())
+        print_written(write_results(results, args.output))
+        return 0
+
+tests/test_bench_cli.py checks that every such module registers a parser of its own name.
+
+From Python:
 
 >>> from coffea_sonic.bench import BenchConfig, ScalingModel
 >>> BenchConfig.quick().modes

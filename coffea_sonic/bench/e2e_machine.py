@@ -1,4 +1,4 @@
-"""``coffea-sonic bench --scenario e2e``: the analysis end to end on this machine, every way to infer.
+"""``coffea-sonic bench e2e``: the analysis end to end on this machine, every way to infer.
 
 One sample, one worker count ``W``, the physics-mode analysis of :mod:`coffea_sonic.bench.e2e`
 (``jet_tagger`` and the trained ``particlenet`` on every selected jet, ``deepmet`` on every event)

@@ -1,4 +1,4 @@
-"""``coffea-sonic bench --scenario fairness``: several users share one server; is it fair?
+"""``coffea-sonic bench fairness``: several users share one server; is it fair?
 
 Eight users (separate processes, :mod:`coffea_sonic.bench.fairness_users`) send ``jet_tagger``
 requests of the same size (``rows``, 8192) to one embedded tritonserver. One user is *heavy*: it

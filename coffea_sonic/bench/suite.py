@@ -670,7 +670,7 @@ def finish_results(raw: dict) -> dict:
     """Derived results (equality, targets, scaling fit) from raw measurements.
 
     ``raw`` is what :func:`run_bench` collected, or a checkpoint / earlier ``results.json`` read
-    back (``coffea-sonic bench --report-from FILE`` re-derives and re-plots without re-measuring).
+    back (``coffea-sonic bench report FILE`` re-derives and re-plots without re-measuring).
     """
     config = BenchConfig(**{key: tuple(value) if isinstance(value, list) else value
                             for key, value in raw["config"].items()})

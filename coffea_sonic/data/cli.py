@@ -5,9 +5,9 @@ The top-level CLI wires it in with :func:`add_subparser` and dispatches to :func
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic")
 >>> parser_for_sample = add_subparser(parser.add_subparsers(dest="command"))
->>> args = parser.parse_args(["sample", "--events", "100", "/tmp/out"])
->>> args.events, args.files, args.seed
-(100, 2, 0)
+>>> args = parser.parse_args(["sample", "--events", "100", "-o", "/tmp/out"])
+>>> args.events, args.files, args.seed, args.output
+(100, 2, 0, '/tmp/out')
 """
 
 from __future__ import annotations
@@ -16,10 +16,14 @@ import argparse
 import logging
 import os
 
+from ..cliargs import add_list_option, add_output_option
 from .synthetic import (DATASETS, DEFAULT_EVENTS_PER_DATASET, DEFAULT_FILES_PER_DATASET,
                         write_sample)
 
 logger = logging.getLogger(__name__)
+
+#: Where ``coffea-sonic sample`` writes without ``-o``.
+DEFAULT_OUTPUT = "sonic-sample"
 
 _DESCRIPTION = """\
 Write a synthetic NanoAOD-like sample: ROOT files with an `Events` tree that coffea reads with
@@ -28,11 +32,11 @@ NanoAODSchema (or PFNanoAODSchema). Datasets: `ttbar` (b jets, hadronFlavour 5) 
 hadronFlavour, partonFlavour and area; PF candidates come in the PFNano layout (PFCands and
 JetPFCands). The content depends only on --seed, --events and --files.
 
-Writes OUTDIR/<dataset>_<i>.root and OUTDIR/fileset.json (dataset -> file paths)."""
+Writes DIR/<dataset>_<i>.root and DIR/fileset.json (dataset -> file paths)."""
 
 _EPILOG = """\
 example:
-  coffea-sonic sample --events 20000 --files 2 ./sonic-sample
+  coffea-sonic sample --events 20000 --files 2 -o ./sonic-sample
   python -c "from coffea.nanoevents import NanoEventsFactory, NanoAODSchema; \\
       print(NanoEventsFactory.from_root({'./sonic-sample/ttbar_0.root': 'Events'}, \\
       schemaclass=NanoAODSchema).events().Jet.pt)"
@@ -45,27 +49,26 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         "sample", help="write the synthetic NanoAOD-like sample (ttbar, qcd_light)",
         description=_DESCRIPTION, epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("outdir", metavar="OUTDIR", help="directory to write into (created)")
+    add_output_option(parser, DEFAULT_OUTPUT, what="the ROOT files and fileset.json")
     parser.add_argument("--events", type=_non_negative_int, default=DEFAULT_EVENTS_PER_DATASET,
                         help="events per dataset, split over the files (default: %(default)s)")
     parser.add_argument("--files", type=_positive_int, default=DEFAULT_FILES_PER_DATASET,
                         help="files per dataset (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed; same seed, same content (default: %(default)s)")
-    parser.add_argument("--datasets", type=_dataset_list, default=list(DATASETS),
-                        metavar="NAME[,NAME]", help="comma-separated datasets to write, from "
-                        f"{', '.join(DATASETS)} (default: all)")
+    add_list_option(parser, "--datasets", choices=DATASETS, default=list(DATASETS),
+                    help=f"datasets to write, from {', '.join(DATASETS)} (default: all)")
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the sample described by ``args``, log what was written, return exit status 0."""
-    fileset = write_sample(args.outdir, events=args.events, files=args.files, seed=args.seed,
+    fileset = write_sample(args.output, events=args.events, files=args.files, seed=args.seed,
                            datasets=args.datasets)
     n_files = sum(len(paths) for paths in fileset.values())
     logger.info("wrote %d files of datasets %s; fileset: %s", n_files, ", ".join(fileset),
-                os.path.join(args.outdir, "fileset.json"))
+                os.path.join(args.output, "fileset.json"))
     return 0
 
 
@@ -81,12 +84,3 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
-
-
-def _dataset_list(text: str) -> list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [name for name in names if name not in DATASETS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown datasets {unknown or [text]}; choose from {', '.join(DATASETS)}")
-    return names

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cliargs import add_json_option, print_json
+
 __all__ = ["add_subparsers", "run_check", "run_monitor"]
 
 _CHECK_HELP = """\
@@ -95,6 +97,7 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                             "slurm, htcondor or a scheduler address (the token variable is "
                             "forwarded by name)")
     check.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
+    add_json_option(check)
     check.set_defaults(func=run_check)
 
     monitor = subparsers.add_parser(
@@ -109,6 +112,9 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                          help="print one frame (over one interval) and exit")
     monitor.add_argument("--frames", type=int, metavar="N", help="stop after N frames")
     monitor.add_argument("--no-color", action="store_true", help="no ANSI colours")
+    monitor.add_argument("--json", action="store_true",
+                         help="with --once or --frames N: one JSON object per frame (figures per "
+                              "server and model, the autoscaling load) instead of the table")
     monitor.add_argument("--threshold", type=float, default=100.0, metavar="MS",
                          help="autoscaling threshold of queue time per execution, in ms "
                               "(SuperSONIC's default 100)")
@@ -140,17 +146,26 @@ def run_check(args: argparse.Namespace) -> int:
     except SonicError as error:
         print(f"coffea-sonic check: {error}", file=sys.stderr)
         return 2
-    print(render_reports(reports, color=color))
-    return 0 if all(report.ok for report in reports) else 1
+    ok = all(report.ok for report in reports)
+    if args.json:
+        print_json({"ok": ok, "servers": [{"ok": report.ok, **vars(report)} for report in reports]})
+    else:
+        print(render_reports(reports, color=color))
+    return 0 if ok else 1
 
 
 def run_monitor(args: argparse.Namespace) -> int:
     from ..errors import SonicError
     from .monitor import monitor
 
+    if args.json and not (args.once or args.frames):
+        print("coffea-sonic monitor: --json needs --once or --frames N (a live view is text)",
+              file=sys.stderr)
+        return 2
     try:
         return monitor(args.urls, interval_s=args.interval, once=args.once, frames=args.frames,
-                       color=False if args.no_color else None, threshold_ms=args.threshold)
+                       color=False if args.no_color else None, threshold_ms=args.threshold,
+                       as_json=args.json)
     except SonicError as error:
         print(f"coffea-sonic monitor: {error}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ The first frame has no previous scrape: it shows figures since the server starte
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import sys
@@ -47,6 +48,7 @@ from typing import IO
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ..cliargs import plain
 from ..errors import ConfigurationError, SonicError
 from ..stats import ServerStatistics
 from .autoscaling import DEFAULT_THRESHOLD_MS, load_ms, verdict
@@ -55,7 +57,7 @@ from .check_report import parse_target
 logger = logging.getLogger(__name__)
 
 __all__ = ["GpuGauges", "ModelCounters", "ModelFigures", "Snapshot", "counters_from_statistics",
-           "figures", "is_triton_url", "metrics_url", "monitor", "parse_metrics", "read_statistics",
+           "figures", "frame_record", "is_triton_url", "metrics_url", "monitor", "parse_metrics", "read_statistics",
            "render_frame", "scrape"]
 
 # metric family -> ModelCounters field
@@ -362,22 +364,46 @@ def render_frame(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *, color: bo
     return "\n".join(lines)
 
 
+def frame_record(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *,
+                 threshold_ms: float = DEFAULT_THRESHOLD_MS) -> dict:
+    """One frame as plain data (``monitor --json``): per server its window, error, CPU, GPUs and
+    :class:`ModelFigures`; the autoscaling load over all servers against ``threshold_ms``.
+
+    >>> now = Snapshot("a", 1.0, {("m", "1"): ModelCounters("m", "1", inferences=8, executions=2)})
+    >>> record = frame_record([(None, now)])
+    >>> record["servers"][0]["models"][0]["average_batch"], record["load_ms"]
+    (4.0, None)
+    """
+    servers = []
+    for previous, current in pairs:
+        servers.append({
+            "url": current.url, "error": current.error or None,
+            "window_s": current.taken_at - previous.taken_at if previous is not None else None,
+            "cpu_utilization": current.cpu_utilization,
+            "gpus": [vars(gpu) for gpu in current.gpus],
+            "models": [vars(figure) for figure in figures(previous, current)]})
+    load = load_ms(pairs)
+    return {"time": time.time(), "servers": servers, "load_ms": load, "threshold_ms": threshold_ms,
+            "scale_out": load is not None and load > threshold_ms}
+
+
 def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             frames: int | None = None, out: IO[str] | None = None, color: bool | None = None,
-            threshold_ms: float = DEFAULT_THRESHOLD_MS) -> int:
+            threshold_ms: float = DEFAULT_THRESHOLD_MS, as_json: bool = False) -> int:
     """Scrape ``urls`` every ``interval_s`` and redraw the view; returns an exit code.
 
     ``urls``: metrics endpoints, or Triton URLs (their statistics API; see the module docstring).
 
     ``once``: scrape twice, ``interval_s`` apart, print one frame and return (1 if any server
     could not be read). ``frames`` stops after that many frames. On a terminal the screen is
-    cleared between frames; otherwise frames are printed one after the other.
+    cleared between frames; otherwise frames are printed one after the other. ``as_json``: each
+    frame is one line of JSON (:func:`frame_record`) instead.
     """
     targets = [parse_target(url).label if is_triton_url(url) else metrics_url(url) for url in urls]
     if not targets:
         raise ConfigurationError("give at least one metrics URL, e.g. http://127.0.0.1:8002/metrics")
     out = out or sys.stdout
-    is_tty = hasattr(out, "isatty") and out.isatty()
+    is_tty = hasattr(out, "isatty") and out.isatty() and not as_json
     color = is_tty if color is None else color
     previous: dict[str, Snapshot] = {}
     if once:
@@ -390,7 +416,8 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             current = {url: scrape(url) for url in targets}
             pairs = [(previous.get(url) if not previous.get(url, current[url]).error else None,
                       current[url]) for url in targets]
-            frame = render_frame(pairs, color=color, threshold_ms=threshold_ms)
+            frame = (json.dumps(plain(frame_record(pairs, threshold_ms=threshold_ms)))
+                     if as_json else render_frame(pairs, color=color, threshold_ms=threshold_ms))
             out.write(("\033[H\033[2J" if is_tty else "") + frame + "\n")
             out.flush()
             previous = current

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 
 from .. import zoo
+from ..cliargs import add_json_option, add_list_option, add_output_option, print_json
 from ..errors import SonicError, UnservableModelError
 
 logger = logging.getLogger(__name__)
@@ -38,8 +39,7 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
             "(ONNX and TorchScript through python-backend adapters; your files are not touched).\n"
             "Check one first with: coffea-sonic models validate ./my_models"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    serve.add_argument("--models", nargs="+", choices=zoo.names() + zoo.pipeline_names(),
-                       metavar="NAME",
+    add_list_option(serve, "--models", choices=zoo.names() + zoo.pipeline_names(),
                        help=f"zoo models to serve (default: all of {', '.join(zoo.names())}; "
                             f"pipelines when named: {', '.join(zoo.pipeline_names())})")
     serve.add_argument("--repository", metavar="DIR",
@@ -57,7 +57,7 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                        help="Prometheus metrics port, 0 = pick a free one")
     serve.add_argument("--instances", type=int, default=None,
                        help="model instances per device (default: 6 per GPU, 1 on CPU)")
-    serve.add_argument("--gpus", type=_gpu_list, default=None, metavar="0,1",
+    add_list_option(serve, "--gpus", type=_gpu_index, metavar="GPU",
                        help="GPUs to serve on (default: every visible GPU, each with --instances "
                             "model instances)")
     serve.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS")
@@ -75,6 +75,7 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = models.add_subparsers(dest="models_command", required=True)
     listing = actions.add_parser("list", help="list zoo models with inputs and outputs")
+    add_json_option(listing)
     listing.set_defaults(func=run_models_list)
     export = actions.add_parser(
         "export", help="write a Triton model repository (config.pbtxt + version folder)",
@@ -82,13 +83,12 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
             "Write a standard Triton model repository. The python variant runs with the embedded "
             "server (onnxruntime on CPU, torch on CUDA for --device gpu); the onnxruntime variant "
             "(platform onnxruntime_onnx) is what a facility's official NVIDIA Triton container "
-            "serves.\n\nexample:\n  coffea-sonic models export ./repo --backend onnxruntime --device gpu"),
+            "serves.\n\nexample:\n  coffea-sonic models export -o ./repo --backend onnxruntime --device gpu"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    export.add_argument("directory", help="where to write the repository")
+    add_output_option(export, "model-repository", what="the repository")
     export.add_argument("--backend", choices=("python", "onnxruntime"), default="python")
     export.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    export.add_argument("--models", nargs="+", choices=zoo.names() + zoo.pipeline_names(),
-                        metavar="NAME", help="zoo models to export (default: all single models; "
+    add_list_option(export, "--models", choices=zoo.names() + zoo.pipeline_names(), help="zoo models to export (default: all single models; "
                         f"pipelines when named: {', '.join(zoo.pipeline_names())})")
     export.add_argument("--instances", type=int, default=1, help="instance_group count")
     export.add_argument("--tensorrt", action="store_true",
@@ -172,6 +172,7 @@ def _add_models_validate(actions: argparse._SubParsersAction) -> None:
     validate.add_argument("directory", metavar="DIR", help="the model repository")
     validate.add_argument("--official-only", action="store_true",
                           help="leave out whether the embedded server can serve each model")
+    add_json_option(validate)
     validate.set_defaults(func=run_models_validate)
 
 
@@ -206,19 +207,19 @@ def _served_models(http_address: str) -> list[tuple[str, list[str]]]:
                   for name, v in versions.items())
 
 
-def _gpu_list(text: str) -> list[int]:
-    """``--gpus 0,1`` -> ``[0, 1]``.
+def _gpu_index(text: str) -> int:
+    """One GPU index of ``--gpus 0 1`` / ``--gpus 0,1``.
 
-    >>> _gpu_list("0, 2")
-    [0, 2]
+    >>> _gpu_index("2")
+    2
     """
     try:
-        gpus = [int(part) for part in text.split(",") if part.strip()]
+        gpu = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1, not {text!r}") from None
-    if not gpus or min(gpus) < 0:
-        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0,1, not {text!r}")
-    return gpus
+        gpu = -1
+    if gpu < 0:
+        raise argparse.ArgumentTypeError(f"--gpus takes GPU indices like 0 1 or 0,1, not {text!r}")
+    return gpu
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -270,6 +271,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_models_list(args: argparse.Namespace) -> int:
+    if getattr(args, "json", False):
+        print_json(_models_document())
+        return 0
     for name in zoo.names():
         model_spec = zoo.spec(name)
         print(f"{name}: {model_spec.description}")
@@ -284,10 +288,30 @@ def run_models_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models_document() -> list[dict]:
+    """``models list --json``: one object per zoo model and pipeline."""
+    document: list[dict] = []
+    for name in zoo.names():
+        model_spec = zoo.spec(name)
+        document.append({
+            "name": name, "kind": "model", "description": model_spec.description,
+            "max_batch_size": model_spec.max_batch_size,
+            **{kind: [{"name": t.name, "dtype": str(t.dtype), "dims": list(t.dims)}
+                      for t in tensors]
+               for kind, tensors in (("inputs", model_spec.inputs), ("outputs", model_spec.outputs))}})
+    for name, description in zoo.pipelines().items():
+        document.append({
+            "name": name, "kind": "pipeline", "description": description, "max_batch_size": 0,
+            "inputs": [{"name": "hits", "dtype": "float32", "dims": [-1, 3]},
+                       {"name": "hits__counts", "dtype": "int64", "dims": [-1]}],
+            "outputs": [{"name": "labels", "dtype": "int64", "dims": [-1]}]})
+    return document
+
+
 def run_models_export(args: argparse.Namespace) -> int:
     from .pipelines import write_models
 
-    path = write_models(args.directory, args.models, backend=args.backend, device=args.device,
+    path = write_models(args.output, args.models, backend=args.backend, device=args.device,
                         instances=args.instances, tensorrt=args.tensorrt)
     print(f"wrote Triton model repository {path} ({args.backend} backend, {args.device})")
     return 0
@@ -332,6 +356,10 @@ def run_models_validate(args: argparse.Namespace) -> int:
     from .model_check import validate_repository
 
     report = validate_repository(args.directory, embedded=not args.official_only)
+    if getattr(args, "json", False):
+        print_json({"repository": report.repository, "ok": report.ok, "models": report.models,
+                    "problems": report.problems, "notes": report.notes})
+        return 0 if report.ok else 1
     by_model: dict[str, list] = {}
     for problem in report.problems:
         by_model.setdefault(problem.model, []).append(problem)

@@ -1,0 +1,69 @@
+"""The ``coffea-sonic bench SCENARIO`` subcommands: one module here per scenario.
+
+Every module in this package is a scenario: it defines ``register(subparsers)``, which adds one
+parser named like the module (``bench/commands/fairness.py`` -> ``coffea-sonic bench
+fairness``) and sets ``func``, the function that runs it. :func:`register_all` finds the modules
+by listing the package, so adding a scenario touches no other file. The helpers below keep the
+scenarios' options alike: :func:`add_output` (``-o/--output DIR``, default
+``bench-output/SCENARIO``), :func:`progress_printer` and :func:`print_written`.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
+>>> names = register_all(parser.add_subparsers(dest="scenario"))
+>>> {"suite", "fairness", "e2e", "report"} <= set(names)
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+import time
+from collections.abc import Callable, Mapping
+
+from ...cliargs import add_output_option
+
+__all__ = ["DEFAULT_OUTPUT_ROOT", "add_output", "print_written", "progress_printer",
+           "register_all", "scenario_names"]
+
+#: Scenarios write into DEFAULT_OUTPUT_ROOT/SCENARIO unless ``-o`` says otherwise.
+DEFAULT_OUTPUT_ROOT = "bench-output"
+
+
+def scenario_names() -> list[str]:
+    """The scenario modules of this package, sorted (``suite`` first: it is the main one)."""
+    names = sorted(info.name for info in pkgutil.iter_modules(__path__)
+                   if not info.name.startswith("_"))
+    return sorted(names, key=lambda name: name != "suite")
+
+
+def register_all(subparsers: argparse._SubParsersAction) -> list[str]:
+    """Import every scenario module and let it register its parser; returns the names."""
+    names = scenario_names()
+    for name in names:
+        module = importlib.import_module(f"{__name__}.{name}")
+        module.register(subparsers)
+    return names
+
+
+def add_output(parser: argparse.ArgumentParser, scenario: str) -> argparse.Action:
+    """``-o/--output DIR`` of a scenario, default ``bench-output/SCENARIO``."""
+    return add_output_option(parser, f"{DEFAULT_OUTPUT_ROOT}/{scenario}")
+
+
+def progress_printer(started: float | None = None) -> Callable[[str], None]:
+    """A ``progress(message)`` callback printing elapsed seconds and the message to stderr."""
+    origin = time.perf_counter() if started is None else started
+
+    def progress(message: str) -> None:
+        print(f"[{time.perf_counter() - origin:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def print_written(written: Mapping[str, object]) -> None:
+    """One line per file a scenario wrote: ``  name: path``."""
+    for name, path in written.items():
+        print(f"  {name}: {path}")

@@ -1,0 +1,42 @@
+"""``coffea-sonic bench report``: tables, targets, fit and plots again from a suite's JSON.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
+>>> _ = register(parser.add_subparsers())
+>>> args = parser.parse_args(["report", "bench-output/suite/results.partial.json", "-o", "r"])
+>>> args.results, args.output
+('bench-output/suite/results.partial.json', 'r')
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from . import add_output, print_written
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``report`` to the ``bench`` scenarios."""
+    parser = subparsers.add_parser(
+        "report", help="re-derive and re-plot a suite's results without measuring",
+        description=(
+            "Re-derive targets and the scaling fit, and rewrite markdown and plots, from an "
+            "earlier results.json of `bench suite` (or the results.partial.json a stopped run "
+            "left), without measuring.\n\n"
+            "example:\n  coffea-sonic bench report bench-output/suite/results.partial.json -o report"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", metavar="JSON", help="results.json or results.partial.json")
+    add_output(parser, "report")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..report import write_outputs
+    from ..suite import finish_results
+
+    with open(args.results) as handle:
+        results = finish_results(json.load(handle))
+    print_written(write_outputs(results, args.output))
+    return 0

@@ -1,0 +1,150 @@
+"""Option conventions shared by every ``coffea-sonic`` subcommand.
+
+* **Output folders**: ``-o/--output DIR`` (:func:`add_output_option`) on every command that writes
+  a folder of results (``demo``, ``sample``, ``models export``, every ``bench`` scenario).
+* **Lists**: one or more values after the option, separated by spaces; commas work too, so
+  ``--models jet_tagger emtrk_cnn`` and ``--models jet_tagger,emtrk_cnn`` are the same
+  (:func:`add_list_option`). Lists of paths split on spaces only.
+* **Machine-readable output**: ``--json`` (:func:`add_json_option`) prints one JSON document
+  instead of the text report, exit codes unchanged.
+* **Logging**: ``-v`` (info) / ``-vv`` (debug), before or after the subcommand.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="demo")
+>>> _ = add_list_option(parser, "--models", choices=("a", "b", "c"), help="models")
+>>> _ = add_list_option(parser, "--sizes", type=int, help="sizes")
+>>> _ = add_output_option(parser, "out")
+>>> args = parser.parse_args(["--models", "a,b", "c", "--sizes", "1", "2,3", "-o", "x"])
+>>> args.models, args.sizes, args.output
+(['a', 'b', 'c'], [1, 2, 3], 'x')
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+__all__ = ["ListAction", "add_json_option", "add_list_option", "add_output_option",
+           "add_verbose_everywhere", "plain", "print_json", "verbosity"]
+
+
+class ListAction(argparse.Action):
+    """``nargs="+"`` whose values may also hold comma-separated items, converted and checked
+    one by one (argparse would check ``choices`` against ``"a,b"`` as a whole)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *,
+                 item_type: Callable[[str], Any] = str, item_choices: Iterable[Any] | None = None,
+                 split_commas: bool = True, **kwargs: Any) -> None:
+        kwargs.setdefault("nargs", "+")
+        super().__init__(option_strings, dest, **kwargs)
+        self.item_type = item_type
+        self.item_choices = tuple(item_choices) if item_choices is not None else None
+        self.split_commas = split_commas
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        items: list[Any] = []
+        for value in values:
+            parts = value.split(",") if self.split_commas else [value]
+            for part in (part.strip() for part in parts):
+                if not part:
+                    continue
+                try:
+                    item = self.item_type(part)
+                except (TypeError, ValueError, argparse.ArgumentTypeError) as error:
+                    raise argparse.ArgumentError(self, f"invalid value {part!r}: {error}") from None
+                if self.item_choices is not None and item not in self.item_choices:
+                    raise argparse.ArgumentError(self, f"invalid choice {part!r} (choose from "
+                                                       f"{', '.join(map(str, self.item_choices))})")
+                items.append(item)
+        if not items:
+            raise argparse.ArgumentError(self, "expected at least one value")
+        setattr(namespace, self.dest, items)
+
+
+def add_list_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *flags: str,
+                    type: Callable[[str], Any] = str, choices: Iterable[Any] | None = None,
+                    split_commas: bool = True, metavar: str | None = None,
+                    **kwargs: Any) -> argparse.Action:
+    """A list option of the CLI's one convention (see the module docstring)."""
+    if metavar is None:
+        metavar = "N" if type in (int, float) else "NAME"
+    return parser.add_argument(*flags, action=ListAction, item_type=type, item_choices=choices,
+                               split_commas=split_commas, metavar=metavar, **kwargs)
+
+
+def add_output_option(parser: argparse.ArgumentParser, default: str | None,
+                      what: str = "results") -> argparse.Action:
+    """``-o/--output DIR``: the folder a command writes into (created when missing)."""
+    where = f" (default: ./{default}/)" if default else ""
+    return parser.add_argument("-o", "--output", default=default, metavar="DIR",
+                               help=f"folder to write {what} into{where}")
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> argparse.Action:
+    """``--json``: one JSON document on stdout instead of the text report."""
+    return parser.add_argument("--json", action="store_true",
+                               help="print JSON instead of text (same exit code)")
+
+
+def print_json(document: Any) -> None:
+    """Print ``document`` as indented JSON: dataclasses as objects, paths as strings, NaN as null.
+
+    >>> print_json({"a": float("nan"), "b": (1, 2)})
+    {
+      "a": null,
+      "b": [
+        1,
+        2
+      ]
+    }
+    """
+    json.dump(plain(document), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+
+
+def plain(value: Any) -> Any:
+    """``value`` as plain JSON types (what :func:`print_json` prints)."""
+    import dataclasses
+    import math
+    from pathlib import PurePath
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain(dataclasses.asdict(value))
+    if isinstance(value, dict):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(item) for item in value]
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+_VERBOSE_DEST = "_verbose_level"
+
+
+def add_verbose_everywhere(parser: argparse.ArgumentParser, depth: int = 0) -> None:
+    """Give every subcommand (at any depth) of ``parser`` its own ``-v/--verbose``, so the flag
+    works after the subcommand too; :func:`verbosity` adds up all of them."""
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        for subparser in set(action.choices.values()):
+            if not any("-v" in other.option_strings for other in subparser._actions):
+                subparser.add_argument("-v", "--verbose", action="count",
+                                       dest=f"{_VERBOSE_DEST}{depth + 1}",
+                                       default=argparse.SUPPRESS,
+                                       help="more logging (-v info, -vv debug)")
+            add_verbose_everywhere(subparser, depth + 1)
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """How many ``-v`` were given, wherever they were given."""
+    return int(getattr(args, "verbose", 0) or 0) + sum(
+        int(value) for name, value in vars(args).items() if name.startswith(_VERBOSE_DEST))

@@ -81,6 +81,8 @@ class Call:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the thread that waits for the call's answer (``TritonModel.__call__``), or None
     caller: int | None = None
+    #: some rows were computed by the in-process fallback engine
+    fallback: bool = False
 
 
 class InferenceHandle:

@@ -63,6 +63,8 @@ import numpy as np
 
 from . import fallback as fallback_module
 from . import ragged as ragged_module
+from .cache import CacheChoice, resolve_cache
+from .cache.lookup import cacheable, infer_cached
 from .calls import Call, InferenceHandle, Piece, Window
 from .core.endpoint import (ModelRef, ServerSettings, configured_headers, configured_protocol_key,
                             configured_tls, parse_model_url)
@@ -175,6 +177,13 @@ class TritonModel:
         Priority level of every request for Triton's dynamic batcher (1 is served first; the
         model must be configured with ``priority_levels``, see
         :func:`coffea_sonic.server.repository.model_config`). None: the model's default level.
+    cache:
+        A directory (shareable by every worker) that keeps outputs across runs, keyed by model,
+        served version, config digest and input bytes (:mod:`coffea_sonic.cache`); False: off;
+        None: the ``inference_cache`` setting (``COFFEA_SONIC_INFERENCE_CACHE``), off if unset.
+    cache_offline:
+        With ``cache`` and a pinned version: when no server answers the model's metadata, use
+        the signature last served through the cache, so cached rows are answered offline.
 
     >>> TritonModel("triton+grpc://127.0.0.1:8001/jet_tagger").version
     ''
@@ -197,6 +206,8 @@ class TritonModel:
         transport: str | Callable[[ServerSettings], Any] | None = None,
         protocol_key: Any = None,
         priority: int | None = None,
+        cache: CacheChoice = None,
+        cache_offline: bool = False,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if transport is None:
@@ -264,6 +275,13 @@ class TritonModel:
             raise ConfigurationError(f"priority must be an int >= 1 (1 is served first) or None, "
                                      f"not {priority!r}")
         self.priority = priority
+        #: the persistent inference cache (:mod:`coffea_sonic.cache`), None when off
+        self.cache = resolve_cache(cache)
+        self.cache_offline = bool(cache_offline)
+        if cache_offline and (self.cache is None or not self.version):
+            raise ConfigurationError(
+                "cache_offline=True answers from the cache while no server is up, so it needs "
+                "cache=DIR and a URL that pins the version (.../model/VERSION)")
         self._init_runtime_fields()
 
     def _init_runtime_fields(self) -> None:
@@ -309,6 +327,8 @@ class TritonModel:
             extras.append(f"priority={self.priority}")
         if self.fallback is not None:
             extras.append(f"fallback={self.fallback if isinstance(self.fallback, str) else 'custom'!r}")
+        if self.cache is not None:
+            extras.append(f"cache={str(self.cache.root)!r}")
         target = self.url if len(self.urls) == 1 else self.urls
         return f"TritonModel({target!r}, {', '.join(extras)})"
 
@@ -355,6 +375,8 @@ class TritonModel:
                             expected_checksum=self.expected_checksum)
                     except ServerUnavailableError as error:
                         info = fallback_module.declared_info(self.fallback, self.model_name)
+                        if info is None and self.cache_offline:
+                            info = self.cache.offline_info(self.model_name, self.version)
                         if info is None:
                             raise
                         fallback_module.warn_fallback(self.model_name, 0, str(error))
@@ -446,9 +468,20 @@ class TritonModel:
         else:  # rows of the call are events; pieces are groups of whole events
             ragged = ragged_module.RaggedCall.build(info, inputs, counts, self.nonfinite)
             arrays, rows = ragged.arrays, ragged.events
+        self._add_stats(calls=1)
+        if self.cache is not None and rows and runtime.version and cacheable(info, arrays):
+            return infer_cached(
+                self.cache, info, runtime.version, arrays, rows,
+                None if ragged is None else ragged.counts,
+                lambda sub, sub_rows: self._submit(info, runtime, sub, sub_rows, ragged,
+                                                   caller_waits), self._add_stats)
+        return self._submit(info, runtime, arrays, rows, ragged, caller_waits)
+
+    def _submit(self, info: ModelInfo, runtime: _Runtime, arrays: dict[str, np.ndarray],
+                rows: int, ragged: Any, caller_waits: bool) -> InferenceHandle:
+        """Split validated ``arrays`` into requests and send them; the call's handle."""
         call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=runtime, info=info,
                     ragged=ragged, caller=threading.get_ident() if caller_waits else None)
-        self._add_stats(calls=1)
         if rows == 0:
             call.outputs = empty_outputs(info) if ragged is None else ragged.empty_outputs()
             call.done.set()
@@ -616,6 +649,7 @@ class TritonModel:
         if call.error is not None:
             return
         choice = self.fallback
+        call.fallback = True  # its outputs are not stored in the inference cache
         fallback_module.warn_fallback(self.model_name, piece.rows, reason)
 
         def work() -> None:

@@ -68,6 +68,13 @@ class InferenceStats:
     #: calls and rows computed by the in-process fallback engine
     fallback_calls: int = 0
     fallback_rows: int = 0
+    #: blocks found in / missing from the persistent inference cache (:mod:`coffea_sonic.cache`),
+    #: their rows, and the request bytes hits saved sending
+    cache_hits: int = 0
+    cache_misses: int = 0
+    cache_hit_rows: int = 0
+    cache_miss_rows: int = 0
+    cache_bytes_saved: int = 0
 
     @classmethod
     def identity(cls) -> "InferenceStats":

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("transport", ("coffea_sonic.transport",)),
     ("client", ("coffea_sonic.model", "coffea_sonic.calls", "coffea_sonic.routing",
                 "coffea_sonic.fallback", "coffea_sonic.validation", "coffea_sonic.ragged",
-                "coffea_sonic.share")),
+                "coffea_sonic.share", "coffea_sonic.cache")),
     ("glue", ("coffea_sonic.processor", "coffea_sonic.columns")),
     ("top", ("coffea_sonic.zoo", "coffea_sonic.engines", "coffea_sonic.server",
              "coffea_sonic.data", "coffea_sonic.examples", "coffea_sonic.demo",

@@ -1,0 +1,61 @@
+"""``coffea-sonic bench reference``: a default TritonModel beside NVIDIA's perf_analyzer.
+
+Per model and transport: perf_analyzer's best rate over a small batch x concurrency grid, a default
+TritonModel's rate (transport forced, all else at its defaults) and the ratio, from one run
+(:mod:`coffea_sonic.bench.reference`). perf_analyzer is installed on demand into the cache folder;
+where it cannot be had or run, the table says why and TritonModel is still measured.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
+>>> _ = register(parser.add_subparsers())
+>>> args = parser.parse_args(["reference", "--transports", "grpc,shm", "--quick"])
+>>> args.transports, args.models, args.output
+(['grpc', 'shm'], None, 'bench-output/reference')
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ... import zoo
+from ...cliargs import add_list_option
+from . import add_output
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``reference`` to the ``bench`` scenarios."""
+    parser = subparsers.add_parser(
+        "reference", help="TritonModel at defaults vs NVIDIA's perf_analyzer, per transport",
+        description=(
+            "For each model and transport: NVIDIA's perf_analyzer (the C++ load generator, "
+            "installed on demand) over a batch x concurrency grid, a default TritonModel in one "
+            "process calling back to back, alternating on the same server; best rates and ratio."
+            "\n\nexamples:\n"
+            "  coffea-sonic bench reference                 # passthrough model: grpc, shm, http\n"
+            "  coffea-sonic bench reference --models emtrk_cnn --transports grpc cuda --device gpu"
+            "\n  coffea-sonic bench reference --server gpu-node:8001,gpu-node:8000 "
+            "--transports grpc http"),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_list_option(parser, "--models", choices=["passthrough", *zoo.names()],
+                    help="passthrough (x: 16 floats -> y: 2, transport-bound; default) and zoo "
+                         "models")
+    add_list_option(parser, "--transports", choices=("grpc", "shm", "http", "cuda"),
+                    help="transports (default: grpc shm http)")
+    parser.add_argument("--quick", action="store_true",
+                        help="one batch, concurrency 1 and 2, 3 s windows")
+    parser.add_argument("--server", metavar="GRPC[,HTTP]",
+                        help="an existing server serving the models: host:port of gRPC, "
+                             "optionally ,host:port of HTTP (default: start the embedded one)")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None,
+                        help="device of the embedded server (default auto)")
+    add_output(parser, "reference")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table; results.json, results.md and reference.png in ``--output``."""
+    from ..reference_run import run_reference_command
+
+    return run_reference_command(args.models, args.transports, args.quick, args.output,
+                                 args.server, args.device)

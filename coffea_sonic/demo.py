@@ -103,6 +103,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                          help="device of the embedded server (default: %(default)s)")
     serving.add_argument("--max-in-flight", type=int, default=4,
                          help="requests in flight per model and worker (default: %(default)s)")
+    serving.add_argument("--cache", metavar="DIR",
+                         help="persistent inference cache (a directory every worker can reach): "
+                              "a rerun sends only what no earlier run answered (default: the "
+                              "COFFEA_SONIC_INFERENCE_CACHE setting, off)")
     serving.add_argument("--no-constituents", action="store_true",
                          help="skip the PF-candidate models (particlenet, deepmet)")
     serving.add_argument("--pipeline", choices=("fused", "ensemble"), default="fused",
@@ -230,6 +234,39 @@ def summarise(output: Mapping[str, Any], wall_s: float, workers: int,
     }
 
 
+def histogram_digests(output: Mapping[str, Any]) -> dict[str, str]:
+    """XXH3-64 of every histogram's counts, datasets in name order (two runs that filled the
+    same histograms give the same digests, whatever order their chunks came in).
+
+    >>> import hist
+    >>> h = hist.Hist(hist.axis.StrCategory([], growth=True, name="dataset"), hist.axis.Regular(2, 0, 1, name="x"))
+    >>> _ = h.fill(dataset=["b", "a"], x=[0.2, 0.7])
+    >>> len(histogram_digests({"h": h, "n": 3})["h"]), list(histogram_digests({"a": {"h": h}}))
+    (16, ['a.h'])
+    """
+    import hist
+    import numpy as np
+    import xxhash
+
+    digests = {}
+    for name, value in output.items():
+        if isinstance(value, Mapping):
+            digests.update({f"{name}.{inner}": digest
+                            for inner, digest in histogram_digests(value).items()})
+            continue
+        if not isinstance(value, hist.Hist):
+            continue
+        digest = xxhash.xxh3_64()
+        if "dataset" in value.axes.name:
+            for dataset in sorted(value.axes["dataset"]):
+                digest.update(dataset.encode())
+                digest.update(np.ascontiguousarray(value[{"dataset": dataset}].values(flow=True)))
+        else:
+            digest.update(np.ascontiguousarray(value.values(flow=True)))
+        digests[name] = digest.hexdigest()
+    return digests
+
+
 def print_summary(summary: Mapping[str, Any]) -> None:
     print("\n=== coffea-sonic demo summary ===")
     print(f"events            {summary['events']:>12,d}   ({summary['events_per_s']:,.0f} events/s, "
@@ -239,6 +276,10 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         print(f"{name:18s}{int(stats['rows']):>12,d} objects inferred in {int(stats['requests'])} "
               f"requests, {stats['bytes_sent'] / 1e6:.1f} MB sent, "
               f"{int(stats.get('fallback_rows', 0))} by fallback")
+        if stats.get("cache_hits", 0) or stats.get("cache_misses", 0):
+            print(f"{'':18s}{int(stats['cache_hit_rows']):>12,d} objects from the inference "
+                  f"cache ({int(stats['cache_hits'])} hits, {int(stats['cache_misses'])} misses, "
+                  f"{stats['cache_bytes_saved'] / 1e6:.1f} MB not sent)")
     share = summary["inference_wait_share"]
     if share is not None:
         print(f"waiting on inference: {100 * share:.1f} % of worker wall time "
@@ -336,9 +377,10 @@ def run(args: argparse.Namespace) -> int:
                              ["jet_tagger"] if args.no_constituents else list(DEMO_MODELS))
         analysis = JetTaggingProcessor(base, physics=not args.no_constituents,
                                        use_constituents=False if args.no_constituents else "auto",
-                                       max_in_flight=args.max_in_flight)
+                                       max_in_flight=args.max_in_flight, cache=args.cache)
         result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
     summary = summarise(result, wall_s, workers, delta)
+    summary["histograms"] = histogram_digests(result)
     summary.update({"plot": str(output / "scores.png"), "machine": _machine(),
                     "executor": args.executor, "fileset": fileset})
     plot_scores(result, str(output / "scores.png"))
@@ -396,7 +438,8 @@ def _run_tracking(args: argparse.Namespace, output: Path, fileset: Mapping[str, 
     with ExitStack() as stack:
         base = _start_server(args, stack, ["trackgnn", "trackgnn_ensemble"] if ensemble
                              else ["trackgnn"])
-        analysis = TrackingProcessor(base, ensemble=ensemble, max_in_flight=args.max_in_flight)
+        analysis = TrackingProcessor(base, ensemble=ensemble, max_in_flight=args.max_in_flight,
+                                     cache=args.cache)
         result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
         check = compare_with_direct(analysis, _first_events(args, fileset, CHECK_EVENTS))
     plot = output / "tracking.png"

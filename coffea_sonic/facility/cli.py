@@ -103,7 +103,7 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     monitor = subparsers.add_parser(
         "monitor", help="live view of Triton server metrics (throughput, queue, batch, GPU)",
         description=_MONITOR_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    monitor.add_argument("urls", nargs="+", metavar="URL",
+    monitor.add_argument("urls", nargs="*", metavar="URL",
                          help="metrics endpoint (http://host:8002/metrics or host:port), or a "
                               "Triton URL triton+grpc://host:port[/model] (statistics API)")
     monitor.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
@@ -118,6 +118,9 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     monitor.add_argument("--threshold", type=float, default=100.0, metavar="MS",
                          help="autoscaling threshold of queue time per execution, in ms "
                               "(SuperSONIC's default 100)")
+    monitor.add_argument("--cache", action="append", default=[], metavar="DIR",
+                         help="a persistent inference cache directory: hits, misses and bytes "
+                              "saved by every process that used it (repeatable)")
     monitor.set_defaults(func=run_monitor)
 
 
@@ -165,7 +168,7 @@ def run_monitor(args: argparse.Namespace) -> int:
     try:
         return monitor(args.urls, interval_s=args.interval, once=args.once, frames=args.frames,
                        color=False if args.no_color else None, threshold_ms=args.threshold,
-                       as_json=args.json)
+                       as_json=args.json, cache_dirs=args.cache)
     except SonicError as error:
         print(f"coffea-sonic monitor: {error}", file=sys.stderr)
         return 2

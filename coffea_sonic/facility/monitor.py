@@ -389,7 +389,8 @@ def frame_record(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *,
 
 def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             frames: int | None = None, out: IO[str] | None = None, color: bool | None = None,
-            threshold_ms: float = DEFAULT_THRESHOLD_MS, as_json: bool = False) -> int:
+            threshold_ms: float = DEFAULT_THRESHOLD_MS, as_json: bool = False,
+            cache_dirs: Sequence[str] = ()) -> int:
     """Scrape ``urls`` every ``interval_s`` and redraw the view; returns an exit code.
 
     ``urls``: metrics endpoints, or Triton URLs (their statistics API; see the module docstring).
@@ -397,11 +398,14 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
     ``once``: scrape twice, ``interval_s`` apart, print one frame and return (1 if any server
     could not be read). ``frames`` stops after that many frames. On a terminal the screen is
     cleared between frames; otherwise frames are printed one after the other. ``as_json``: each
-    frame is one line of JSON (:func:`frame_record`) instead.
+    frame is one line of JSON (:func:`frame_record`) instead. ``cache_dirs``: persistent
+    inference caches whose hits, misses and bytes saved end each frame
+    (:mod:`.cache_view`).
     """
     targets = [parse_target(url).label if is_triton_url(url) else metrics_url(url) for url in urls]
-    if not targets:
-        raise ConfigurationError("give at least one metrics URL, e.g. http://127.0.0.1:8002/metrics")
+    if not targets and not cache_dirs:
+        raise ConfigurationError("give at least one metrics URL, e.g. http://127.0.0.1:8002/metrics"
+                                 ", or --cache DIR")
     out = out or sys.stdout
     is_tty = hasattr(out, "isatty") and out.isatty() and not as_json
     color = is_tty if color is None else color
@@ -416,8 +420,7 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             current = {url: scrape(url) for url in targets}
             pairs = [(previous.get(url) if not previous.get(url, current[url]).error else None,
                       current[url]) for url in targets]
-            frame = (json.dumps(plain(frame_record(pairs, threshold_ms=threshold_ms)))
-                     if as_json else render_frame(pairs, color=color, threshold_ms=threshold_ms))
+            frame = _with_caches(pairs, threshold_ms, as_json, color, cache_dirs)
             out.write(("\033[H\033[2J" if is_tty else "") + frame + "\n")
             out.flush()
             previous = current
@@ -428,6 +431,23 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
     except KeyboardInterrupt:
         return 0
     return 1 if any(snapshot.error for snapshot in current.values()) else 0
+
+
+def _with_caches(pairs: Sequence[tuple[Snapshot | None, Snapshot]], threshold_ms: float,
+                 as_json: bool, color: bool, cache_dirs: Sequence[str]) -> str:
+    """One frame, text or JSON, with the inference caches' figures at its end."""
+    from .cache_view import cache_lines, cache_record
+
+    if as_json:
+        record = frame_record(pairs, threshold_ms=threshold_ms) if pairs else {"time": time.time()}
+        if cache_dirs:
+            record["inference_caches"] = [cache_record(root) for root in cache_dirs]
+        return json.dumps(plain(record))
+    text = render_frame(pairs, color=color, threshold_ms=threshold_ms) if pairs else (
+        f"coffea-sonic monitor  {time.strftime('%H:%M:%S')}")
+    for root in cache_dirs:
+        text += "\n\n" + "\n".join(cache_lines(root))
+    return text
 
 
 def sum_over_servers(snapshots: Sequence[Snapshot]) -> dict[str, float]:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .cliargs import add_list_option
+from .facility.cli import add_batch_options, batch_options
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,8 @@ examples:
   coffea-sonic demo --events 200000 --workers 4       # bigger sample, more workers
   coffea-sonic demo --server triton+grpc://gpu1.example.org:8001   # your facility's server
   coffea-sonic demo --scheduler tcp://10.0.0.5:8786   # an existing Dask cluster
-  coffea-sonic demo --cluster slurm --workers 8       # workers as SLURM jobs
+  coffea-sonic demo --cluster slurm --workers 8       # workers as SLURM jobs (site's jobqueue.yaml)
+  coffea-sonic demo --cluster slurm --queue short --walltime 00:30:00 --memory 4GiB
   coffea-sonic demo --files /data/nano/*.root         # your own CMS NanoAOD (Events tree)
   coffea-sonic demo --fileset fileset.json            # {"dataset": ["file.root", ...]}
   coffea-sonic demo --analysis tracking               # track finding as a service
@@ -125,6 +127,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
                          help=f"events per chunk (default: {DEFAULT_CHUNKSIZE}; "
                               f"{ANALYSIS_DEFAULTS['tracking']['chunksize']} with --analysis "
                               "tracking)")
+    add_batch_options(parser)
     parser.add_argument("-o", "--output", metavar="DIR",
                         help=f"output directory (default: ./{DEFAULT_OUTPUT}; "
                              f"./{ANALYSIS_DEFAULTS['tracking']['output']} with --analysis "
@@ -188,7 +191,7 @@ def _executor(args: argparse.Namespace, stack: ExitStack):
     kind = args.scheduler or args.cluster
     from .facility.cluster import make_cluster
 
-    cluster = stack.enter_context(make_cluster(kind, workers=args.workers))
+    cluster = stack.enter_context(make_cluster(kind, workers=args.workers, **batch_options(args)))
     print(f"Dask cluster: {cluster!r}", flush=True)
     return processor.DaskExecutor(client=cluster.client, status=status), max(cluster.n_workers(), 1)
 

@@ -108,3 +108,16 @@ def test_models_list_json_runs_as_a_program():
                                 "--json", "-v"], capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
     assert '"name": "jet_tagger"' in completed.stdout
+
+
+@pytest.mark.parametrize("command", [["demo", "--cluster", "slurm"],
+                                     ["check", "--on-workers", "slurm"]])
+def test_batch_worker_options_reach_make_cluster_only_when_given(command):
+    from coffea_sonic.facility.cli import batch_options
+
+    parser = build_parser()
+    given = parser.parse_args([*command, "--queue", "short", "--account", "cms", "--walltime",
+                               "00:10:00", "--memory", "4GiB"])
+    assert batch_options(given) == {"queue": "short", "account": "cms", "walltime": "00:10:00",
+                                    "memory": "4GiB"}
+    assert batch_options(parser.parse_args(command)) == {}  # the site's jobqueue.yaml decides

@@ -155,3 +155,96 @@ def test_local_workers_get_the_machines_memory_by_default_and_what_is_asked_othe
     assert state[0] == local_worker_memory(2) and state[1] == pytest.approx(0.8)
     with make_cluster("local", workers=1, memory="1GiB") as cluster:
         assert list(cluster.worker_memory().values()) == [2**30]
+
+
+# -- the site's dask-jobqueue configuration applies ---------------------------------------------
+SITE_JOBQUEUE_YAML = """\
+jobqueue:
+  slurm:
+    queue: site-partition
+    account: site-account
+    walltime: "03:00:00"
+    cores: 4
+    memory: 8GiB
+    processes: 2
+    job-script-prologue:
+      - module load site-python/3.11
+      - export SITE_SCRATCH=/scratch/$USER
+    job-extra-directives:
+      - --qos=site-qos
+  htcondor:
+    disk: 7GiB
+    memory: 3GiB
+    cores: 1
+    job-extra-directives:
+      environment: '"SITE_VAR=1"'
+      +AccountingGroup: '"group_site"'
+"""
+
+_PRINT_JOB_SCRIPTS = """\
+import sys
+from coffea_sonic.facility.cluster import make_cluster
+for kind in ("slurm", "htcondor"):
+    options = dict(queue=sys.argv[1]) if len(sys.argv) > 1 else {}
+    with make_cluster(kind, workers=0, loopback=True, **options) as cluster:
+        print(cluster.job_script())
+        print("=====")
+"""
+
+
+def _site_job_scripts(tmp_path, *arguments: str) -> tuple[str, str]:
+    """Job scripts made in a fresh process whose Dask reads the site's jobqueue.yaml."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site-dask"
+    site.mkdir(exist_ok=True)
+    (site / "jobqueue.yaml").write_text(SITE_JOBQUEUE_YAML)
+    env = {**os.environ, "DASK_CONFIG": str(site)}
+    completed = subprocess.run([sys.executable, "-c", _PRINT_JOB_SCRIPTS, *arguments],
+                               capture_output=True, text=True, timeout=120, env=env)
+    assert completed.returncode == 0, completed.stderr
+    slurm, htcondor, _ = completed.stdout.split("=====\n")
+    return slurm, htcondor
+
+
+def test_site_jobqueue_yaml_shapes_the_slurm_job_script(facility_env, tmp_path):
+    script, _ = _site_job_scripts(tmp_path)
+    for directive in ("#SBATCH -p site-partition", "#SBATCH -A site-account",
+                      "#SBATCH -t 03:00:00", "#SBATCH --qos=site-qos", "#SBATCH --export=ALL",
+                      "#SBATCH --cpus-per-task=4"):
+        assert directive in script, script
+    assert "--nworkers 2" in script and "#SBATCH --mem=" in script
+    lines = script.splitlines()
+    site_line = lines.index("module load site-python/3.11")
+    ours = lines.index("export COFFEA_SONIC_MODEL_JET_TAGGER=triton+grpc://gpu1.example.org:8001/jet_tagger")
+    assert site_line < lines.index("export SITE_SCRATCH=/scratch/$USER") < ours
+    assert TOKEN not in script
+
+
+def test_arguments_given_win_over_the_site_and_the_rest_stays_the_sites(facility_env, tmp_path):
+    script, _ = _site_job_scripts(tmp_path, "express")
+    assert "#SBATCH -p express" in script and "site-partition" not in script
+    assert "#SBATCH -t 03:00:00" in script and "module load site-python/3.11" in script
+
+
+def test_site_htcondor_environment_and_disk_are_kept(facility_env, tmp_path):
+    _, submit = _site_job_scripts(tmp_path)
+    environment = next(line for line in submit.splitlines() if line.startswith("environment ="))
+    assert "SITE_VAR=1" in environment and "SONIC_TOKEN='$ENV(SONIC_TOKEN)'" in environment
+    assert '+AccountingGroup = "group_site"' in submit
+    assert "MY.DaskWorkerDisk = 7516192768" in submit
+    assert "+MaxRuntime" not in submit  # no walltime asked, none invented
+
+
+def test_without_site_configuration_workers_are_single_core_jobs_of_batch_memory(facility_env):
+    from coffea_sonic.facility.cluster import BATCH_MEMORY
+
+    with dask.config.set({"jobqueue.slurm.cores": None, "jobqueue.slurm.memory": None,
+                          "jobqueue.slurm.processes": None}):
+        with make_cluster("slurm", workers=0, loopback=True) as cluster:
+            script = cluster.job_script()
+    assert "#SBATCH --cpus-per-task=1" in script and "--nthreads 1" in script
+    assert "--nworkers" not in script  # one worker process per job
+    assert f"--memory-limit {BATCH_MEMORY.replace('GiB', '.00GiB')}" in script
+    assert "#SBATCH -t 00:30:00" in script  # dask-jobqueue's own default, not one of ours

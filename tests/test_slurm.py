@@ -209,3 +209,26 @@ def test_facility_notebook_runs_on_slurm_against_the_embedded_server(slurm, tmp_
     assert "6000 events in" in text and "QUEUE us/EXEC" in text
     assert "0 rejected" in text
     assert (tmp_path / "facility.png").stat().st_size > 10_000
+
+
+def test_site_jobqueue_yaml_reaches_a_real_slurm_worker_job(slurm, tmp_path, monkeypatch):
+    """A site's jobqueue.yaml (partition, walltime, prologue) read by Dask's own loader: the job
+    runs in that partition with that time limit and the site's prologue ran before the worker."""
+    import dask.config
+
+    (tmp_path / "jobqueue.yaml").write_text(
+        "jobqueue:\n  slurm:\n    queue: debug\n    walltime: '00:17:00'\n"
+        "    job-script-prologue:\n      - export SITE_PROLOGUE_RAN=yes-$SLURM_JOB_PARTITION\n")
+    monkeypatch.setenv("COFFEA_SONIC_SERVERS", "gpu-site.example.org:8001")
+    loaded = dask.config.collect(paths=[str(tmp_path)], env={})["jobqueue"]["slurm"]
+    site = {f"jobqueue.slurm.{key}": value for key, value in loaded.items()}
+    with dask.config.set(site), make_cluster("slurm", workers=1, timeout_s=120) as cluster:
+        script = cluster.job_script()
+        (job_id,) = cluster.worker_jobs().values()
+        seen = cluster.client.run(lambda: (os.environ.get("SITE_PROLOGUE_RAN"),
+                                           os.environ.get("COFFEA_SONIC_SERVERS")))
+        listing = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%P %l"],
+                                 capture_output=True, text=True, timeout=20).stdout.split()
+    assert "#SBATCH -p debug" in script and "#SBATCH -t 00:17:00" in script
+    assert list(seen.values()) == [("yes-debug", "gpu-site.example.org:8001")]
+    assert listing == ["debug", "17:00"]

@@ -14,7 +14,7 @@ import sys
 
 from ..cliargs import add_json_option, print_json
 
-__all__ = ["add_subparsers", "run_check", "run_monitor"]
+__all__ = ["add_batch_options", "add_subparsers", "batch_options", "run_check", "run_monitor"]
 
 _CHECK_HELP = """\
 Check, from this machine, every Triton server a worker would use, through the workers' own client
@@ -41,6 +41,7 @@ examples:
                      --protocol-key-env TRITON_KEY      # a server started with ...:k=VALUE
   coffea-sonic check gpu1:8001 gpu2:8001 --pings 20     # several servers, more latency samples
   coffea-sonic check --on-workers slurm                 # run the check inside a SLURM job
+  coffea-sonic check --on-workers slurm --queue short --account cms --walltime 00:10:00
 """
 
 _MONITOR_HELP = """\
@@ -96,6 +97,7 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                        help="run the check on one Dask worker of this cluster instead: local, "
                             "slurm, htcondor or a scheduler address (the token variable is "
                             "forwarded by name)")
+    add_batch_options(check)
     check.add_argument("--no-color", action="store_true", help="plain text even on a terminal")
     add_json_option(check)
     check.set_defaults(func=run_check)
@@ -124,6 +126,29 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     monitor.set_defaults(func=run_monitor)
 
 
+def add_batch_options(parser: argparse.ArgumentParser) -> None:
+    """``--queue/--account/--walltime/--memory`` of batch workers (slurm, htcondor); left out,
+    the site's dask-jobqueue configuration (``jobqueue.yaml``) decides."""
+    group = parser.add_argument_group(
+        "batch workers (slurm, htcondor)",
+        "left out: the site's dask-jobqueue configuration (jobqueue.yaml) decides")
+    group.add_argument("--queue", metavar="NAME",
+                       help="SLURM partition / HTCondor JobFlavour")
+    group.add_argument("--account", metavar="NAME", help="SLURM account to charge")
+    group.add_argument("--walltime", metavar="HH:MM:SS", help="run time limit of each worker job")
+    group.add_argument("--memory", metavar="SIZE", help="memory of each worker job, e.g. 4GiB")
+
+
+def batch_options(args: argparse.Namespace) -> dict[str, str]:
+    """The :func:`add_batch_options` values that were given, as ``make_cluster`` keywords.
+
+    >>> batch_options(argparse.Namespace(queue="short", account=None, walltime=None, memory="4GiB"))
+    {'queue': 'short', 'memory': '4GiB'}
+    """
+    return {name: getattr(args, name) for name in ("queue", "account", "walltime", "memory")
+            if getattr(args, name, None) is not None}
+
+
 def run_check(args: argparse.Namespace) -> int:
     from ..errors import SonicError
     from .check import CheckOptions, check_on_workers, check_servers, render_reports
@@ -141,7 +166,8 @@ def run_check(args: argparse.Namespace) -> int:
             from .cluster import make_cluster
 
             forwarded = [name for name in (args.token_env, args.protocol_key_env) if name] or None
-            with make_cluster(args.on_workers, workers=1, env=forwarded) as cluster:
+            with make_cluster(args.on_workers, workers=1, env=forwarded,
+                              **batch_options(args)) as cluster:
                 by_worker = check_on_workers(cluster.client, args.urls or None, options)
             reports = [report for reports in by_worker.values() for report in reports]
         else:

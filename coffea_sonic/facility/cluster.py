@@ -265,46 +265,97 @@ def _jobqueue_cluster_class(kind: str) -> type:
     return {"slurm": dask_jobqueue.SLURMCluster, "htcondor": dask_jobqueue.HTCondorCluster}[kind]
 
 
-def _batch_options(kind: str, environment: WorkerEnvironment, *, cores: int, memory: str | int,
-                   walltime: str | None, queue: str | None, account: str | None,
-                   log_directory: str | None, loopback: bool, kw: dict[str, Any]) -> dict[str, Any]:
-    options: dict[str, Any] = dict(cores=cores, processes=1, memory=memory,
-                                   log_directory=log_directory)
+def site_setting(kind: str, key: str, default: Any = None) -> Any:
+    """The site's dask-jobqueue setting ``jobqueue.<kind>.<key>`` (its ``jobqueue.yaml``, or
+    ``DASK_JOBQUEUE__...`` variables), else ``default``.
+
+    >>> import dask.config
+    >>> with dask.config.set({"jobqueue.slurm.queue": "short"}):
+    ...     site_setting("slurm", "queue"), site_setting("slurm", "account", "none")
+    ('short', 'none')
+    """
+    import dask.config
+
+    value = dask.config.get(f"jobqueue.{kind}.{key}", None)
+    return default if value is None else value
+
+
+def _batch_options(kind: str, environment: WorkerEnvironment, *, cores: int | None,
+                   processes: int | None, memory: str | int | None, walltime: str | None,
+                   queue: str | None, account: str | None, log_directory: str | None,
+                   loopback: bool, kw: dict[str, Any]) -> dict[str, Any]:
+    """dask-jobqueue keywords: what was asked, None for the rest so the site's ``jobqueue.yaml``
+    applies; list and mapping options the site sets are extended, not replaced."""
+    options: dict[str, Any] = dict(
+        # dask-jobqueue refuses a job without cores and memory: ours when neither says
+        cores=cores if cores is not None else (None if site_setting(kind, "cores") else 1),
+        memory=memory if memory is not None else (
+            None if site_setting(kind, "memory") else BATCH_MEMORY),
+        log_directory=log_directory)
+    if processes is not None:
+        options["processes"] = processes
     if loopback:
-        options["scheduler_options"] = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0",
-                                        **kw.pop("scheduler_options", {})}
-        options["worker_extra_args"] = ["--host", "127.0.0.1", *kw.pop("worker_extra_args", [])]
+        options["scheduler_options"] = {
+            **site_setting(kind, "scheduler-options", {}), "host": "127.0.0.1",
+            "dashboard_address": "127.0.0.1:0", **kw.pop("scheduler_options", {})}
+        options["worker_extra_args"] = [
+            *kw.pop("worker_extra_args", site_setting(kind, "worker-extra-args", [])),
+            "--host", "127.0.0.1"]
     if kind == "slurm":
         options.update(walltime=walltime, queue=queue, account=account)
-        options["job_script_prologue"] = [*environment.slurm_prologue(),
-                                          *kw.pop("job_script_prologue", [])]
-        directives = list(kw.pop("job_extra_directives", []))
-        if environment.forwarded:
-            # the default, made explicit: sites that set SBATCH_EXPORT=NONE would drop the secrets
-            directives.append("--export=ALL")
-        options["job_extra_directives"] = directives
+        options.update(_slurm_lists(environment, kw))
     else:
-        directives = dict(kw.pop("job_extra_directives", {}))
-        if environment.values or environment.forwarded:
-            directives.setdefault("environment", environment.htcondor_environment())
-        if walltime:
-            hours, minutes, seconds = (int(part) for part in walltime.split(":"))
-            directives.setdefault("+MaxRuntime", hours * 3600 + minutes * 60 + seconds)
-        if queue:
-            directives.setdefault("+JobFlavour", f'"{queue}"')
-        options["job_extra_directives"] = directives
-        options["disk"] = kw.pop("disk", "1GiB")
+        options.update(_htcondor_directives(environment, walltime=walltime, queue=queue, kw=kw))
     options.update(kw)
     return options
+
+
+def _slurm_lists(environment: WorkerEnvironment, kw: dict[str, Any]) -> dict[str, list[str]]:
+    """The prologue and directives: the site's (or the caller's) lines, then the workers' settings."""
+    prologue = kw.pop("job_script_prologue", None)
+    if prologue is None:
+        prologue = site_setting("slurm", "job-script-prologue", [])
+    directives = kw.pop("job_extra_directives", None)
+    if directives is None:
+        directives = site_setting("slurm", "job-extra-directives", [])
+    directives = list(directives)
+    if environment.forwarded and "--export=ALL" not in directives:
+        # the default, made explicit: sites that set SBATCH_EXPORT=NONE would drop the secrets
+        directives.append("--export=ALL")
+    return {"job_script_prologue": [*prologue, *environment.slurm_prologue()],
+            "job_extra_directives": directives}
+
+
+def _htcondor_directives(environment: WorkerEnvironment, *, walltime: str | None,
+                         queue: str | None, kw: dict[str, Any]) -> dict[str, Any]:
+    """Submit-description lines: the site's (or the caller's), the workers' environment merged
+    into the site's ``environment``, run time and flavour when asked."""
+    given = kw.pop("job_extra_directives", None)
+    directives = dict(site_setting("htcondor", "job-extra-directives", {}) if given is None
+                      else given)
+    if environment.values or environment.forwarded:
+        ours = environment.htcondor_environment()
+        site = str(directives.get("environment", "")).strip().strip('"').strip()
+        directives["environment"] = f'"{site} {ours.strip(chr(34))}"' if site else ours
+    if walltime:
+        hours, minutes, seconds = (int(part) for part in walltime.split(":"))
+        directives.setdefault("+MaxRuntime", hours * 3600 + minutes * 60 + seconds)
+    if queue:
+        directives.setdefault("+JobFlavour", f'"{queue}"')
+    result: dict[str, Any] = {"job_extra_directives": directives}
+    if kw.get("disk") is None and not site_setting("htcondor", "disk"):
+        kw["disk"] = "1GiB"  # dask-jobqueue refuses a job without disk
+    return result
 
 
 def make_cluster(
     kind: str = "local",
     workers: int = 2,
     *,
-    cores_per_worker: int = 1,
+    cores_per_worker: int | None = None,
+    processes: int | None = None,
     memory: str | int | None = None,
-    walltime: str | None = "01:00:00",
+    walltime: str | None = None,
     env: Mapping[str, str] | Iterable[str] | None = None,
     queue: str | None = None,
     account: str | None = None,
@@ -315,18 +366,24 @@ def make_cluster(
     timeout_s: float = DEFAULT_WAIT_S,
     **kw: Any,
 ) -> FacilityCluster:
-    """Start (or connect to) a Dask cluster with ``workers`` single-core workers and return it.
+    """Start (or connect to) a Dask cluster with ``workers`` workers and return it.
 
-    ``kind``: ``"local"`` (processes on this machine), ``"slurm"`` / ``"htcondor"`` (one batch job
-    per worker through dask-jobqueue), or a scheduler address (``"tcp://host:8786"``, as given by
+    ``kind``: ``"local"`` (processes on this machine), ``"slurm"`` / ``"htcondor"`` (batch jobs
+    through dask-jobqueue), or a scheduler address (``"tcp://host:8786"``, as given by
     coffea-casa or a facility's Dask gateway). ``env``: plain variables for the workers (mapping)
     or names of secret variables to forward from this environment (iterable); coffea-sonic's own
     settings are included unless ``include_settings=False``. ``loopback`` binds scheduler and
     workers to 127.0.0.1 (default: for local, and for SLURM when its only node is this host).
     ``workers=0`` builds the cluster without submitting jobs (e.g. to inspect ``job_script()``).
-    ``memory``: per worker (``"6GiB"`` or bytes); None: local workers share this machine's memory
-    (:func:`local_worker_memory`), batch jobs ask for ``BATCH_MEMORY``. Other keywords go to the
-    cluster class.
+
+    Batch jobs follow the site: every option left None (``queue``, ``account``, ``walltime``,
+    ``memory``, ``cores_per_worker``, ``processes``, ``disk``, ``log_directory``) is the site's
+    ``jobqueue.yaml`` value, and its ``job_script_prologue`` / ``job_extra_directives`` are
+    extended with what the workers need (their settings), not replaced. Where the site sets no
+    cores, memory or disk: 1 core, ``BATCH_MEMORY``, 1 GiB. Local workers: ``cores_per_worker``
+    threads each (default 1) and this machine's memory shared (:func:`local_worker_memory`) unless
+    ``memory`` says otherwise; there ``processes=False`` keeps the workers in this process
+    (LocalCluster's meaning). Other keywords go to the cluster class.
 
     >>> with make_cluster("local", workers=1, processes=False) as cluster:
     ...     cluster.client.submit(sum, [1, 2]).result()
@@ -336,52 +393,22 @@ def make_cluster(
     for name in environment.missing_here():
         logger.warning("%s is to be forwarded to the workers but is not set here; export it "
                        "before starting the cluster", name)
-    from distributed import Client
-
     if kind == "local":
-        from distributed import LocalCluster
-
-        if memory is None:
-            memory = local_worker_memory(max(workers, 1))
-            logger.info("local Dask workers: %.2f GiB each (this machine's memory less a reserve, "
-                        "shared by %d)", memory / 2**30, max(workers, 1))
-        options: dict[str, Any] = dict(n_workers=workers, threads_per_worker=cores_per_worker,
-                                       memory_limit=memory)
-        if kw.get("processes", True):
-            # in-process workers share this environment; worker processes get the values here
-            options["env"] = dict(environment.values)
-            if loopback is not False:
-                options["host"] = "127.0.0.1"
-        options["dashboard_address"] = kw.pop("dashboard_address", ":0")
-        options.update(kw)
-        cluster = LocalCluster(**options)
-        client = Client(cluster)
+        if processes is not None:
+            kw["processes"] = bool(processes)
+        cluster, client = _local_cluster(workers, cores_per_worker or 1, memory, environment,
+                                         loopback, kw)
     elif kind in ("slurm", "htcondor"):
-        cluster_class = _jobqueue_cluster_class(kind)
         if loopback is None:
             loopback = kind == "slurm" and slurm_is_single_node_here()
         options = _batch_options(
-            kind, environment, cores=cores_per_worker,
-            memory=BATCH_MEMORY if memory is None else memory, walltime=walltime,
-            queue=queue, account=account,
+            kind, environment, cores=cores_per_worker, processes=processes, memory=memory,
+            walltime=walltime, queue=queue, account=account,
             log_directory=os.fspath(log_directory) if log_directory is not None else None,
             loopback=bool(loopback), kw=kw)
-        cluster = cluster_class(**options)
-        client = Client(cluster)
-        if workers:
-            cluster.scale(workers)
+        cluster, client = _batch_cluster(kind, workers, options)
     elif _is_address(kind):
-        if kw:
-            raise ConfigurationError(f"connecting to scheduler {kind} takes no cluster options, "
-                                     f"got {sorted(kw)}")
-        cluster = None
-        try:
-            client = Client(kind, timeout=f"{min(timeout_s, 60):.0f}s")
-        except (OSError, TimeoutError) as error:
-            raise ClusterStartError(
-                f"cannot reach the Dask scheduler at {kind}: {error}. Check the address (coffea-"
-                f"casa shows it in its Dask panel; a gateway gives it with cluster.scheduler_address)"
-            ) from None
+        cluster, client = None, _scheduler_client(kind, timeout_s, kw)
         # Settings reach running workers by plugin; secrets are never sent over Dask.
         deliver_settings(client, env, include_settings=include_settings)
     else:
@@ -393,11 +420,62 @@ def make_cluster(
     logger.info("Dask %s cluster: scheduler %s, dashboard %s", facility_cluster.kind,
                 client.scheduler.address, facility_cluster.dashboard_link)
     if wait and workers:
-        started = time.monotonic()
-        try:
-            facility_cluster.wait_for_workers(workers, timeout_s)
-        except ClusterStartError:
-            facility_cluster.close()
-            raise
-        logger.info("%d workers connected after %.1f s", workers, time.monotonic() - started)
+        _wait_or_close(facility_cluster, workers, timeout_s)
     return facility_cluster
+
+
+def _local_cluster(workers: int, threads: int, memory: str | int | None,
+                   environment: WorkerEnvironment, loopback: bool | None,
+                   kw: dict[str, Any]) -> tuple[Any, Any]:
+    from distributed import Client, LocalCluster
+
+    if memory is None:
+        memory = local_worker_memory(max(workers, 1))
+        logger.info("local Dask workers: %.2f GiB each (this machine's memory less a reserve, "
+                    "shared by %d)", memory / 2**30, max(workers, 1))
+    options: dict[str, Any] = dict(n_workers=workers, threads_per_worker=threads,
+                                   memory_limit=memory)
+    if kw.get("processes", True):
+        # in-process workers share this environment; worker processes get the values here
+        options["env"] = dict(environment.values)
+        if loopback is not False:
+            options["host"] = "127.0.0.1"
+    options["dashboard_address"] = kw.pop("dashboard_address", ":0")
+    options.update(kw)
+    cluster = LocalCluster(**options)
+    return cluster, Client(cluster)
+
+
+def _batch_cluster(kind: str, workers: int, options: dict[str, Any]) -> tuple[Any, Any]:
+    from distributed import Client
+
+    cluster = _jobqueue_cluster_class(kind)(**options)
+    client = Client(cluster)
+    if workers:
+        cluster.scale(workers)
+    return cluster, client
+
+
+def _scheduler_client(address: str, timeout_s: float, kw: dict[str, Any]) -> Any:
+    from distributed import Client
+
+    if kw:
+        raise ConfigurationError(f"connecting to scheduler {address} takes no cluster options, "
+                                 f"got {sorted(kw)}")
+    try:
+        return Client(address, timeout=f"{min(timeout_s, 60):.0f}s")
+    except (OSError, TimeoutError) as error:
+        raise ClusterStartError(
+            f"cannot reach the Dask scheduler at {address}: {error}. Check the address (coffea-"
+            f"casa shows it in its Dask panel; a gateway gives it with cluster.scheduler_address)"
+        ) from None
+
+
+def _wait_or_close(cluster: FacilityCluster, workers: int, timeout_s: float) -> None:
+    started = time.monotonic()
+    try:
+        cluster.wait_for_workers(workers, timeout_s)
+    except ClusterStartError:
+        cluster.close()
+        raise
+    logger.info("%d workers connected after %.1f s", workers, time.monotonic() - started)

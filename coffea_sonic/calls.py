@@ -1,8 +1,10 @@
 """The bookkeeping of one ``TritonModel`` call: pieces (requests), the call, its handle, the window.
 
-Kept apart from :mod:`coffea_sonic.model` so each stays readable: a call is split into pieces
-(rows ``start:stop`` plus padding), each piece is one request in flight at a time, and a bounded
-window (:class:`Window`) decides how many are in flight.
+A call is split into pieces (rows ``start:stop`` plus padding), each piece is one request in
+flight at a time, and a bounded window (:class:`Window`) decides how many are in flight. What
+moves them is :class:`~coffea_sonic.dispatch.CallRunner`; the caller holds an
+:class:`InferenceHandle`, which talks to the runner through its public methods (``count``,
+``assemble``, ``cancel``).
 
 >>> window = Window(2, start=lambda piece: None)
 >>> window.limit, window.in_flight
@@ -17,14 +19,28 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
 from .core.tensors import ModelInfo
-from .errors import InferenceError
 
-__all__ = ["Call", "InferenceHandle", "Piece", "Window"]
+__all__ = ["Call", "CallControl", "InferenceHandle", "Piece", "Window"]
+
+
+class CallControl(Protocol):
+    """What a handle asks of the machinery that runs its call."""
+
+    model_name: str
+
+    def count(self, **counts: float) -> None:
+        """Add to the model's statistics."""
+
+    def assemble(self, call: "Call") -> dict[str, np.ndarray]:
+        """The outputs of a finished call, in input order."""
+
+    def cancel(self, call: "Call", error: BaseException | None = None) -> None:
+        """Fail the call and cancel its requests in flight."""
 
 
 @dataclass(eq=False)
@@ -43,7 +59,8 @@ class Piece:
     busy_attempts: int = 0
     deadline: float = 0.0
     first_try: float = 0.0
-    endpoint: Endpoint | None = None
+    #: the server (:class:`~coffea_sonic.endpoints.Endpoint`) of the last send
+    endpoint: Any = None
     last_address: str = ""
     avoid: frozenset[str] = frozenset()
     #: the piece's input arrays (views of the call's), kept for retries
@@ -65,6 +82,7 @@ class Call:
     call_id: int
     arrays: dict[str, np.ndarray]
     rows: int
+    #: the :class:`~coffea_sonic.dispatch.CallRunner` that runs it
     runtime: Any
     info: ModelInfo
     pieces: list[Piece] = field(default_factory=list)
@@ -83,6 +101,8 @@ class Call:
     caller: int | None = None
     #: some rows were computed by the in-process fallback engine
     fallback: bool = False
+    #: per-call metadata for the call hooks (:class:`~coffea_sonic.dispatch.CallHooks`)
+    context: dict[str, Any] = field(default_factory=dict)
 
 
 class InferenceHandle:
@@ -92,8 +112,8 @@ class InferenceHandle:
     error that failed the call. A call gets all its outputs or raises: never partial outputs.
     """
 
-    def __init__(self, model: Any, call: Call) -> None:
-        self._model = model
+    def __init__(self, control: CallControl, call: Call) -> None:
+        self._control = control
         self._call = call
         self._assembled: dict[str, np.ndarray] | None = call.outputs
 
@@ -107,27 +127,26 @@ class InferenceHandle:
         if not call.done.is_set():
             began = time.perf_counter()
             finished = call.done.wait(timeout)
-            self._model._add_stats(wait_s=time.perf_counter() - began)
+            self._control.count(wait_s=time.perf_counter() - began)
             if not finished:
                 raise TimeoutError(
-                    f"model {self._model.model_name!r}: {call.rows} rows not answered within "
+                    f"model {self._control.model_name!r}: {call.rows} rows not answered within "
                     f"{timeout} s (requests still running)")
         if call.error is not None:
             raise call.error
         if self._assembled is None:
-            self._assembled = self._model._assemble(call)
+            self._assembled = self._control.assemble(call)
         return self._assembled
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The error that failed the call, or None once it succeeded."""
         if not self._call.done.wait(timeout):
-            raise TimeoutError(f"model {self._model.model_name!r}: call not done within {timeout} s")
+            raise TimeoutError(f"model {self._control.model_name!r}: call not done within {timeout} s")
         return self._call.error
 
     def cancel(self) -> None:
         """Stop sending this call's remaining requests; ``result()`` then raises."""
-        self._model._fail(self._call, InferenceError(
-            f"model {self._model.model_name!r}: call cancelled by the caller"))
+        self._control.cancel(self._call)
 
 
 class Window:

@@ -59,7 +59,7 @@ def test_without_cuda_auto_keeps_a_gpu_model_on_system_shared_memory(triton_serv
     (endpoint,) = router.endpoints
     usable, why = probe_cuda_shared_memory(endpoint.control)
     assert not usable and "no CUDA" in why
-    with caplog.at_level(logging.INFO, logger="coffea_sonic.routing"):
+    with caplog.at_level(logging.INFO, logger="coffea_sonic.transport.choice"):
         transport = router.data_transport(endpoint, gpu_model=True)
     assert transport.name == "shm" and "no CUDA" in endpoint.cuda_off
     assert "system shared memory (this process has no CUDA" in caplog.text

@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import os
 import threading
@@ -23,13 +24,14 @@ from typing import Any
 from ..core.endpoint import ServerSettings
 from ..errors import ConfigurationError
 from .base import Transport
+from .kinds import KINDS as _TABLE
 
 __all__ = ["KINDS", "close_all_transports", "open_transport"]
 
 logger = logging.getLogger(__name__)
 
-#: transport kinds a TritonModel can ask for by name ("auto" picks one per server)
-KINDS = ("grpc", "shm", "cuda", "http")
+#: transport kinds made from server settings (:mod:`.kinds`)
+KINDS = tuple(name for name, kind in _TABLE.items() if kind.factory)
 
 _transports: dict[tuple[Any, ...], Transport] = {}
 _lock = threading.Lock()
@@ -50,23 +52,11 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _make(settings: ServerSettings, kind: str) -> Transport:
-    if kind == "grpc":
-        from .grpc import GrpcTransport
-
-        return GrpcTransport(settings)
-    if kind == "http":
-        from .http import HttpTransport
-
-        return HttpTransport(settings)
-    if kind == "shm":
-        from .shm import SystemShmTransport
-
-        return SystemShmTransport(settings)
-    if kind == "cuda":
-        from .shm import CudaShmTransport
-
-        return CudaShmTransport(settings)
-    raise ConfigurationError(f"transport kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    entry = _TABLE.get(kind)
+    if entry is None or not entry.factory:
+        raise ConfigurationError(f"transport kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    module, _, name = entry.factory.partition(":")
+    return getattr(importlib.import_module(module), name)(settings)
 
 
 def open_transport(settings: ServerSettings, kind: str) -> Transport:

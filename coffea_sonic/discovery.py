@@ -1,0 +1,216 @@
+"""What each server serves, and whether they agree about a model: :class:`Discovery`.
+
+Each server's repository index says which models and versions it serves; a request only goes
+to a server that serves its model and version. Servers that restrict the repository protocol
+(PyTriton's default, ``--grpc-restricted-protocol=model-repository...``) are asked per model
+instead (metadata and readiness stay open there). Every server holding a model must declare the
+same signature (checksum), checked again when a quarantined server is re-admitted.
+
+>>> from coffea_sonic.core.endpoint import ServerSettings
+>>> from coffea_sonic.endpoints import Endpoint
+>>> discovery = Discovery([Endpoint(ServerSettings("127.0.0.1:1"))], connect_timeout_s=1.0,
+...                       mark_failed=lambda endpoint, detail: None,
+...                       describe=lambda model="", version="": "")
+>>> discovery.discover([])  # nothing pending: nothing asked
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
+
+from .core.tensors import ModelInfo
+from .endpoints import Endpoint
+from .errors import InferenceError, ModelNotFoundError, ServerUnavailableError
+from .transport.errors import TransportError, to_sonic_error
+
+__all__ = ["Discovery"]
+
+logger = logging.getLogger(__name__)
+
+
+class Discovery:
+    """Discovery and signatures of the servers of one router (see the module docstring).
+
+    ``mark_failed(endpoint, detail)`` quarantines a server that cannot be reached;
+    ``describe(model, version)`` states every server for error messages.
+    """
+
+    def __init__(self, endpoints: Sequence[Endpoint], *, connect_timeout_s: float,
+                 mark_failed: Callable[[Endpoint, str], None],
+                 describe: Callable[..., str]) -> None:
+        self._endpoints = list(endpoints)
+        self._connect_timeout_s = connect_timeout_s
+        self._mark_failed = mark_failed
+        self._describe = describe
+        #: (model, version) -> reference checksum, checked on every (re-)admitted server
+        self._signatures: dict[tuple[str, str], str] = {}
+        self._infos: dict[tuple[str, str, str], ModelInfo] = {}
+
+    def discover(self, endpoints: Sequence[Endpoint] | None = None, *, force: bool = False) -> None:
+        """Ask servers not yet discovered what they serve (all at once, in parallel).
+
+        A server that cannot be reached within the connect timeout is quarantined; one that
+        restricts its repository index is asked model by model later (:meth:`learn`).
+        """
+        pending = [e for e in (self._endpoints if endpoints is None else endpoints) if force or e.served is None]
+        if not pending:
+            return
+        with ThreadPoolExecutor(len(pending), thread_name_prefix="csonic-discover") as pool:
+            answers = list(pool.map(self._index, pending))
+        for endpoint, answer in zip(pending, answers):
+            if isinstance(answer, TransportError):
+                if answer.kind == "restricted":
+                    endpoint.index_restricted, endpoint.served = True, {}
+                    logger.info("coffea-sonic: %s restricts its repository index; asking for "
+                                "each model instead", endpoint.address)
+                elif answer.outcome == "other":  # it answered: e.g. our token was refused
+                    raise to_sonic_error(answer, model="(repository index)",
+                                         address=endpoint.address)
+                else:
+                    self._mark_failed(endpoint, answer.describe())
+                continue
+            endpoint.index_restricted, endpoint.served = False, answer
+
+    def _index(self, endpoint: Endpoint) -> dict[str, tuple[str, ...]] | TransportError:
+        try:
+            return endpoint.transports.control().model_index(self._connect_timeout_s)
+        except TransportError as error:
+            return error
+        except Exception as error:  # noqa: BLE001 - e.g. unreadable TLS files
+            return TransportError("down", f"{type(error).__name__}: {error}",
+                                  address=endpoint.address)
+
+    def learn(self, endpoint: Endpoint, model: str, timeout_s: float) -> None:
+        """Fill ``endpoint.served[model]`` from the model's metadata (restricted index)."""
+        if not endpoint.index_restricted or endpoint.served is None or model in endpoint.served:
+            return
+        try:
+            info = self._info(endpoint, model, "", timeout_s)
+        except TransportError as error:
+            if error.kind == "not_found":
+                endpoint.served[model] = ()
+            elif error.outcome == "other":
+                raise to_sonic_error(error, model=model, address=endpoint.address) from None
+            else:
+                self._mark_failed(endpoint, error.describe())
+            return
+        endpoint.served[model] = info.versions
+
+    def _info(self, endpoint: Endpoint, model: str, version: str, timeout_s: float,
+              refresh: bool = False) -> ModelInfo:
+        key = (endpoint.address, model, version)
+        info = None if refresh else self._infos.get(key)
+        if info is None:
+            control = endpoint.transports.control()
+            info = self._infos[key] = control.model_info(model, version, timeout_s)
+        return info
+
+    def model_info(self, model: str, version: str, *,
+                   timeout_s: float, expected_checksum: str | None = None) -> tuple[ModelInfo, str]:
+        """The model's signature and the version requests will carry, checked on every server.
+
+        Unpinned (``version == ""``): the highest version any reachable server has, so every chunk
+        of the run uses the same model. Raises ``ModelNotFoundError`` if no reachable server
+        serves it, ``InferenceError`` if two servers (or a server and ``expected_checksum``)
+        disagree about its signature.
+        """
+        self.discover()
+        for endpoint in self._endpoints:
+            if endpoint.healthy:
+                self.learn(endpoint, model, timeout_s)
+        reachable = [e for e in self._endpoints if e.served is not None and e.healthy]
+        if not reachable:
+            raise ServerUnavailableError(
+                f"model {model!r}: no server reachable within {self._connect_timeout_s:g} s "
+                "(is the server running, and are the address and TLS setting right?); "
+                + self._describe(model, version))
+        if not version:
+            version = _latest_version(model, reachable)
+        holders = [e for e in reachable if e.serves(model, version)]
+        if not holders:
+            what = f"model {model!r}" + (f" version {version}" if version else "")
+            raise ModelNotFoundError(f"no server serves {what}: {_listing(model, reachable)}")
+        reference = self._agreed_info(holders, model, version, timeout_s, expected_checksum)
+        self._signatures[(model, version)] = reference.checksum
+        return reference, version
+
+    def _agreed_info(self, holders: Sequence[Endpoint], model: str, version: str,
+                     timeout_s: float, expected_checksum: str | None) -> ModelInfo:
+        """The signature every server of ``holders`` that answers declares (and
+        ``expected_checksum``, if given, agrees with)."""
+        reference: ModelInfo | None = None
+        reference_address = ""
+        for endpoint in holders:
+            info = self.fetch_info(endpoint, model, version, timeout_s)
+            if info is None:
+                continue
+            if expected_checksum and info.checksum != expected_checksum:
+                raise InferenceError(
+                    f"model {model!r} at {endpoint.address} has signature checksum "
+                    f"{info.checksum}, expected {expected_checksum}: the served model is not the "
+                    f"one this analysis was written for ({info.describe()})")
+            if reference is None:
+                reference, reference_address = info, endpoint.address
+            elif info.checksum != reference.checksum:
+                raise InferenceError(
+                    f"servers disagree about model {model!r} version {version or 'latest'}: "
+                    f"{reference_address} serves {reference.describe()} (checksum "
+                    f"{reference.checksum}) but {endpoint.address} serves {info.describe()} "
+                    f"(checksum {info.checksum}); deploy the same model everywhere")
+        if reference is None:
+            raise ServerUnavailableError(
+                f"model {model!r}: every server holding it failed to describe it; "
+                + self._describe(model, version))
+        return reference
+
+    def fetch_info(self, endpoint: Endpoint, model: str, version: str,
+                   timeout_s: float, refresh: bool = False) -> ModelInfo | None:
+        try:
+            return self._info(endpoint, model, version, timeout_s, refresh)
+        except TransportError as error:
+            if error.outcome == "other":
+                raise to_sonic_error(error, model=model, version=version,
+                                     address=endpoint.address) from None
+            self._mark_failed(endpoint, error.describe())
+            return None
+
+    def compatible(self, endpoint: Endpoint, timeout_s: float) -> bool:
+        """Re-check the signatures of the models in use on a re-admitted server."""
+        for (model, version), checksum in list(self._signatures.items()):
+            try:
+                self.learn(endpoint, model, timeout_s)
+            except Exception:  # noqa: BLE001 - treated as not serving it
+                continue
+            if not endpoint.serves(model, version):
+                continue
+            info = self.fetch_info(endpoint, model, version, timeout_s, refresh=True)
+            if info is None:
+                return False
+            if info.checksum != checksum:
+                reason = (f"serves a different {model!r} (checksum {info.checksum}, expected "
+                          f"{checksum}: {info.describe()})")
+                endpoint.incompatible[model] = reason
+                logger.error("coffea-sonic: server %s %s; not using it for %s",
+                             endpoint.address, reason, model)
+        return True
+
+
+def _latest_version(model: str, reachable: Sequence[Endpoint]) -> str:
+    """The highest numbered version of ``model`` any of ``reachable`` serves ("" if none)."""
+    latest = [max((v for v in (e.served or {}).get(model, ()) if v.isdigit()), key=int, default="")
+              for e in reachable]
+    return max((v for v in latest if v), key=int, default="")
+
+
+def _listing(model: str, reachable: Sequence[Endpoint]) -> str:
+    """What each server serves, for the error of a model none of them serves."""
+    def serves(endpoint: Endpoint) -> str:
+        served = endpoint.served or {}
+        if endpoint.index_restricted and not served.get(model):
+            return "(its repository index is restricted)"
+        return ", ".join(f"{name} (versions {', '.join(v) or '?'})"
+                         for name, v in served.items() if v) or "nothing"
+
+    return "; ".join(f"{e.address} serves {serves(e)}" for e in reachable)

@@ -1,0 +1,493 @@
+"""The per-call machinery of a ``TritonModel`` in one process: :class:`CallRunner`.
+
+A call is validated, split into pieces (one request each), sent through a bounded in-flight
+window (:class:`~coffea_sonic.calls.Window`), retried where a failure is transient, and its
+answers are checked and put back together in input order. The model
+(:class:`~coffea_sonic.model.TritonModel`) holds the configuration and the model's signature;
+the runner reads them through :class:`CallOwner`, and the call's handle
+(:class:`~coffea_sonic.calls.InferenceHandle`) talks to the runner through :meth:`count`,
+:meth:`assemble` and :meth:`cancel`.
+
+A piece's life: :meth:`CallRunner.send` plans the pieces, the window starts each
+(``_start_piece``: a server from the router, the transport the router chose for it, the
+request), the answer comes back in a transport thread (``_on_answer``) and is checked and
+recorded, or the failure decided on (``_on_transport_error``): retried after a backoff,
+elsewhere if possible (``_retry``), handed to the in-process fallback, or the call failed with
+every server's error.
+
+Extension points (:class:`CallHooks`; a model's ``call_hooks`` are asked in order):
+
+* ``on_call(call)``: a call was validated and split, before anything is sent; ``call.context``
+  holds per-call metadata (e.g. a W3C ``traceparent`` made once per call).
+* ``lookup(piece)``: answer a piece without a server (e.g. a client-side result cache); its
+  outputs are checked like a server's and the piece is never sent.
+* ``decorate(piece, request)``: the request about to be sent, returned as it should go (e.g. a
+  header per call such as ``traceparent``, or the gRPC compression to use).
+* ``on_answer(answer)``: a piece's checked outputs with where they came from
+  (:class:`PieceAnswer`: server address, model, version, rows): e.g. a per-chunk provenance
+  record, storing into a cache, or shadow validation of a fraction of the rows on a reference
+  engine. An exception raised here fails the call.
+
+How failures are treated is decided in one place, ``_on_transport_error``, from the transport's
+classification (:class:`~coffea_sonic.transport.errors.TransportError`): ``down`` quarantines
+the server and retries elsewhere, ``busy`` (queue full, ``RESOURCE_EXHAUSTED``) halves the window
+and deprioritises the server for a backoff without quarantining it and without counting an
+attempt (bounded by the retry policy's ``total_s``), anything not retryable fails the call.
+
+>>> CallHooks().lookup(None) is None
+True
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from . import fallback as fallback_module
+from . import ragged as ragged_module
+from .answers import assemble, check_outputs, check_version, preallocate
+from .calls import Call, InferenceHandle, Piece, Window
+from .core.tensors import ModelInfo
+from .errors import InferenceError, ModelNotFoundError, ServerUnavailableError
+from .retry import RetryPolicy, call_later
+from .routing import Router
+from .stats import InferenceStats
+from .transport.base import InferAnswer, InferRequest
+from .transport.errors import TransportError, to_sonic_error
+from .transport.kinds import transport_kind
+from .validation import NonFinitePolicy, empty_outputs, piece_arrays, plan_pieces, validate_inputs
+
+__all__ = ["CallHooks", "CallOwner", "CallRunner", "PieceAnswer"]
+
+logger = logging.getLogger(__name__)
+
+_call_ids = itertools.count(1)
+
+
+class CallOwner(Protocol):
+    """What the runner reads from its model (``TritonModel``'s public configuration)."""
+
+    model_name: str
+    timeout_s: float
+    retry: RetryPolicy
+    fallback: Any
+    priority: int | None
+    max_in_flight: int | None
+    max_request_bytes: int | None
+    nonfinite: NonFinitePolicy
+    call_hooks: Sequence["CallHooks"]
+    stats: InferenceStats
+
+
+@dataclass(frozen=True)
+class PieceAnswer:
+    """A piece's checked outputs and where they came from (for :meth:`CallHooks.on_answer`)."""
+
+    piece: Piece
+    outputs: Mapping[str, np.ndarray]
+    #: the server's ``host:port``, ``"fallback engine"``, or ``"hook"`` (a hook's lookup)
+    source: str
+    model: str
+    #: the version that answered (the requested one where the answer does not say)
+    version: str
+
+    @property
+    def rows(self) -> int:
+        return self.piece.rows
+
+
+class CallHooks:
+    """Extension points of the call machinery (see the module docstring); each does nothing
+    here. Hooks run in transport threads: keep them quick and thread-safe."""
+
+    def on_call(self, call: Call) -> None:
+        """A call was validated and split; nothing is sent yet."""
+
+    def lookup(self, piece: Piece) -> Mapping[str, Any] | None:
+        """Outputs for ``piece`` without a server (rows ``piece.start:piece.stop`` plus
+        ``piece.pad`` padding rows), or None to send it."""
+        return None
+
+    def decorate(self, piece: Piece, request: InferRequest) -> InferRequest:
+        """The request for ``piece`` as it should be sent."""
+        return request
+
+    def on_answer(self, answer: PieceAnswer) -> None:
+        """A piece's outputs were checked and are about to be recorded."""
+
+
+class CallRunner:
+    """One model's calls in one process: window, pieces, retries, reassembly, statistics.
+
+    ``router``: the servers (shared with every model of this process on them). ``info`` and
+    ``version`` are set by the model once it knows them (:attr:`TritonModel.info`).
+    """
+
+    def __init__(self, owner: CallOwner, router: Router, *, version: str,
+                 stats_lock: threading.Lock) -> None:
+        self.owner = owner
+        self.router = router
+        self.pid = os.getpid()
+        #: what the servers declare for the model, and the version every request names
+        self.info: ModelInfo | None = None
+        self.version = version
+        #: the in-flight window, and the transport kind whose defaults sized it
+        self.window: Window | None = None
+        self.kind = ""
+        self.lock = threading.Lock()
+        self._stats_lock = stats_lock
+
+    @property
+    def model_name(self) -> str:
+        return self.owner.model_name
+
+    # -- the public interface of calls and handles ----------------------------------------------
+
+    def count(self, **counts: float) -> None:
+        """Add ``counts`` to the model's :class:`~coffea_sonic.stats.InferenceStats`."""
+        stats = self.owner.stats
+        with self._stats_lock:
+            for name, value in counts.items():
+                setattr(stats, name, getattr(stats, name) + value)
+
+    def submit(self, info: ModelInfo, inputs: Mapping[str, Any], counts: Any,
+               caller_waits: bool) -> InferenceHandle:
+        """Validate ``inputs`` (:meth:`validate`), count the call and send it (:meth:`send`)."""
+        arrays, rows, ragged = self.validate(info, inputs, counts)
+        self.count(calls=1)
+        return self.send(info, arrays, rows, ragged, caller_waits)
+
+    def validate(self, info: ModelInfo, inputs: Mapping[str, Any], counts: Any
+                 ) -> tuple[dict[str, np.ndarray], int, Any]:
+        """``(arrays, rows, ragged)``: the call's inputs checked against ``info`` (``counts``
+        given: a ragged call, :class:`~coffea_sonic.ragged.RaggedCall`, whose rows are events)."""
+        if counts is None:
+            ragged_module.check_plain_call(info, inputs)
+            arrays, rows = validate_inputs(info, inputs, self.owner.nonfinite)
+            return arrays, rows, None
+        ragged = ragged_module.RaggedCall.build(info, inputs, counts, self.owner.nonfinite)
+        return ragged.arrays, ragged.events, ragged
+
+    def send(self, info: ModelInfo, arrays: dict[str, np.ndarray], rows: int, ragged: Any,
+             caller_waits: bool) -> InferenceHandle:
+        """Split validated ``arrays`` into requests and start sending them; the call's handle.
+        ``caller_waits``: the calling thread only waits for the answer, so a one-request call
+        may be sent and answered in it (no hand-off to other threads)."""
+        call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=self, info=info,
+                    ragged=ragged, caller=threading.get_ident() if caller_waits else None)
+        if rows == 0:
+            call.outputs = empty_outputs(info) if ragged is None else ragged.empty_outputs()
+            call.done.set()
+            return InferenceHandle(self, call)
+        window, kind = self.sized_window()
+        cap = self.owner.max_request_bytes or transport_kind(kind).max_request_bytes
+        plan = plan_pieces(info, arrays, rows, cap) if ragged is None else ragged.plan(cap)
+        call.pieces = [Piece(call, index, start, stop, pad)
+                       for index, (start, stop, pad) in enumerate(plan)]
+        call.results = [None] * len(call.pieces)
+        call.remaining = len(call.pieces)
+        call.out = preallocate(info, rows) if ragged is None else None
+        for hook in self.owner.call_hooks:
+            hook.on_call(call)
+        window.submit([piece for piece in call.pieces if not self._looked_up(piece)])
+        return InferenceHandle(self, call)
+
+    def assemble(self, call: Call) -> dict[str, np.ndarray]:
+        """The outputs of a finished call in input order (its pieces' bytes are let go)."""
+        spans = [(piece.start, piece.stop) for piece in call.pieces]
+        if call.ragged is not None:  # per-object and per-event outputs, checked there
+            outputs = call.ragged.assemble(spans, call.results)
+        else:
+            outputs = assemble(self.model_name, call.info, call.rows, spans, call.results,
+                               call.out)
+        call.results, call.arrays = [], {}
+        return outputs
+
+    def cancel(self, call: Call, error: BaseException | None = None) -> None:
+        """Fail ``call`` (cancelled by its caller unless ``error`` says otherwise) and cancel its
+        requests in flight; its handle's ``result()`` raises the error."""
+        self.fail(call, error or InferenceError(
+            f"model {self.model_name!r}: call cancelled by the caller"))
+
+    def fail(self, call: Call, error: BaseException) -> None:
+        """Fail ``call`` with ``error`` (the first error wins) and cancel its requests."""
+        with call.lock:
+            if call.error is not None or call.done.is_set():
+                return
+            call.error = error
+        for piece in call.pieces:
+            future = piece.future
+            if future is not None and not future.done():
+                future.cancel()
+        call.done.set()
+
+    # -- the window and its transport ------------------------------------------------------------
+
+    def sized_window(self) -> tuple[Window, str]:
+        """The in-flight window, sized by the transport of the first usable server, and that
+        transport's kind (whose defaults also cap a request's bytes)."""
+        if self.window is None:
+            with self.lock:
+                if self.window is None:
+                    kind = self.current_kind()
+                    limit = self.owner.max_in_flight or transport_kind(kind).max_in_flight
+                    self.kind = kind
+                    self.window = Window(limit, self._start_piece)
+        if self.kind == "shm" and self.on_gpu:
+            self.kind = self.current_kind()  # known only once the model's info is
+        return self.window, self.kind
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the server runs this model on its GPU 0 only (from its config; False if
+        unknown): where CUDA shared memory may carry its tensors."""
+        return bool(self.info is not None and self.info.on_gpu_zero)
+
+    def current_kind(self) -> str:
+        """The transport kind of requests to the first usable server ("grpc" if none is)."""
+        endpoint = next((e for e in self.router.endpoints if e.healthy), None)
+        if endpoint is None:
+            return "grpc"
+        return endpoint.transports.kind(self.on_gpu)
+
+    # -- one piece's life ------------------------------------------------------------------------
+
+    def _looked_up(self, piece: Piece) -> bool:
+        """Whether a hook answered ``piece`` (then recorded, never sent)."""
+        for hook in self.owner.call_hooks:
+            produced = hook.lookup(piece)
+            if produced is not None:
+                try:
+                    self._accept(piece, produced, "hook", self.version)
+                except Exception as error:  # noqa: BLE001 - the call must learn about it
+                    self.fail(piece.call, error)
+                return True
+        return False
+
+    def _request(self, piece: Piece) -> InferRequest:
+        """The request of ``piece`` (its tensors cut from the call's once, kept for retries)."""
+        call = piece.call
+        if piece.tensors is None:
+            piece.tensors = _piece_tensors(piece)
+            piece.bytes_sent = sum(array.nbytes for array in piece.tensors.values())
+        ragged = call.ragged  # one batch item per group; outputs shaped by its events
+        request = InferRequest(
+            self.model_name, self.version, piece.tensors,
+            call.info.outputs if ragged is None else ragged.request_outputs(piece.start,
+                                                                            piece.stop),
+            rows=piece.rows + piece.pad if call.info.batching and ragged is None else None,
+            timeout_s=self.owner.timeout_s, request_id=f"{call.call_id}.{piece.index}",
+            out=({name: array[piece.start:piece.stop] for name, array in call.out.items()}
+                 if call.out is not None else None), priority=self.owner.priority or 0,
+            # started by the thread of a __call__ that only waits for this one request
+            caller_waits=len(call.pieces) == 1 and call.caller == threading.get_ident())
+        for hook in self.owner.call_hooks:
+            request = hook.decorate(piece, request)
+        return request
+
+    def _start_piece(self, piece: Piece) -> None:
+        call, window = piece.call, self.window
+        if call.error is not None:  # the call already failed: don't send the rest
+            window.release()
+            return
+        now = time.monotonic()
+        if not piece.first_try:
+            piece.first_try, piece.deadline = now, now + self.owner.retry.total_s
+        endpoint = self.router.acquire(self.model_name, self.version, piece.avoid)
+        if endpoint is None:
+            window.release(pump=False)
+            self._no_server(piece)
+            return
+        try:
+            transport = endpoint.transports.data_transport(call.info.on_gpu_zero)
+            request = self._request(piece)
+            if piece.last_address and piece.last_address != endpoint.address:
+                self.count(failovers=1)
+            piece.attempts += 1
+            piece.endpoint, piece.last_address, piece.transport = endpoint, endpoint.address, transport
+            piece.sent_at = time.perf_counter()
+            future = transport.submit(request)
+        except Exception as error:  # noqa: BLE001 - any failure to send fails the call
+            self.router.release(endpoint, "other")
+            window.release()
+            self.fail(call, error)
+            return
+        piece.future = future
+        future.add_done_callback(lambda done, piece=piece: self._on_answer(piece, done))
+
+    def _on_answer(self, piece: Piece, future: Any) -> None:
+        endpoint, window = piece.endpoint, self.window
+        # the slot is freed before the caller is woken, so its next call starts in its own thread
+        window.release(pump=False)
+        try:
+            if future.cancelled():
+                self.router.release(endpoint, "other")
+                return  # cancelled by fail(): the call already carries its error
+            latency = time.perf_counter() - piece.sent_at
+            error = future.exception()
+            if error is None:
+                self.router.release(endpoint, "ok")
+                window.answered(overloaded=False)
+                answer: InferAnswer = future.result()
+                check_version(self.model_name, self.version, answer.model_version,
+                              endpoint.address)
+                self._accept(piece, answer.outputs, endpoint.address,
+                             answer.model_version or self.version, answer.delivered,
+                             requests=1, bytes_sent=piece.bytes_sent,
+                             bytes_received=answer.nbytes, latency_s=latency)
+            elif not isinstance(error, TransportError):  # e.g. a malformed answer: never retried
+                self.router.release(endpoint, "other")
+                self.fail(piece.call, error)
+            else:
+                self._on_transport_error(piece, error)
+        except Exception as error:  # noqa: BLE001 - never lose an error in a transport thread
+            self.fail(piece.call, error)
+        finally:
+            window.pump()
+
+    def _on_transport_error(self, piece: Piece, error: TransportError) -> None:
+        """Decide on a failed request: resend it plainly, retry it, or fail the call."""
+        endpoint, window = piece.endpoint, self.window
+        if error.kind == "shm_region" and piece.transport.name in ("shm", "cuda"):
+            # the server does not know our region (a balancer sent the request elsewhere,
+            # or it restarted): this server gets plain requests from now on; not a failure
+            self.router.release(endpoint, "other")
+            endpoint.transports.disable_shm(error.describe())
+            piece.attempts -= 1
+            window.submit_front(piece)
+            return
+        detail = error.describe()
+        self.router.release(endpoint, error.outcome, detail)
+        piece.errors[endpoint.address] = detail
+        self.count(failed_requests=1)
+        if not error.retryable:
+            self.fail(piece.call, to_sonic_error(error, model=self.model_name,
+                                                 version=self.version, address=endpoint.address))
+            return
+        if error.outcome == "busy":
+            window.answered(overloaded=True)
+            # overload is not the server failing: bounded by time, not by attempts
+            piece.busy_attempts += 1
+            piece.attempts -= 1
+        self._retry(piece)
+
+    def _accept(self, piece: Piece, produced: Mapping[str, Any], source: str, version: str,
+                delivered: frozenset[str] = frozenset(), **counts: float) -> None:
+        """Check ``produced`` against the piece's request, count it (with ``counts``), tell the
+        hooks, record it."""
+        call = piece.call
+        if call.ragged is not None:
+            outputs = call.ragged.check(piece.start, piece.stop, produced, source)
+        else:
+            outputs = check_outputs(self.model_name, call.info, produced,
+                                    rows=piece.rows + piece.pad, source=source,
+                                    delivered=delivered)
+        self.count(rows=piece.rows, **counts)
+        for hook in self.owner.call_hooks:
+            hook.on_answer(PieceAnswer(piece, outputs, source, self.model_name, version))
+        self._record(piece, outputs)
+
+    def _record(self, piece: Piece, outputs: dict[str, np.ndarray]) -> None:
+        call = piece.call
+        with call.lock:
+            if call.results[piece.index] is not None:  # a late duplicate answer: keep the first
+                return
+            if call.out is not None:
+                for name, array in outputs.items():
+                    target = call.out[name][piece.start:piece.stop]
+                    if array is not target and not np.shares_memory(array, target):
+                        np.copyto(target, array[: piece.rows], casting="safe")
+            call.results[piece.index] = outputs
+            call.remaining -= 1
+            finished = call.remaining == 0 and call.error is None
+        piece.tensors = None  # the request's bytes are no longer needed
+        if finished:
+            call.done.set()
+
+    # -- retries, no server, fallback ------------------------------------------------------------
+
+    def _retry(self, piece: Piece) -> None:
+        """Send ``piece`` again after a backoff, elsewhere if possible; or give it up."""
+        policy = self.owner.retry
+        if piece.attempts >= policy.max_attempts or time.monotonic() >= piece.deadline:
+            self._give_up(piece, f"{piece.attempts + piece.busy_attempts} attempt(s) failed")
+            return
+        piece.avoid = frozenset({piece.last_address})
+        self.count(retries=1)
+        delay = policy.backoff_s(max(1, piece.attempts + piece.busy_attempts))
+        logger.info("coffea-sonic: retrying %s rows %d-%d in %.2f s (attempt %d failed at %s: %s)",
+                    self.model_name, piece.start, piece.stop, delay, piece.attempts,
+                    piece.last_address, piece.errors.get(piece.last_address, "?"))
+        call_later(delay, lambda: self.window.submit_front(piece))
+
+    def _what(self) -> str:
+        return f"model {self.model_name!r}" + (f" version {self.version}" if self.version else "")
+
+    def _no_server(self, piece: Piece) -> None:
+        """No healthy server serves the model right now: fall back, wait for one, or give up."""
+        router = self.router
+        if not router.could_serve(self.model_name, self.version):
+            self.fail(piece.call, ModelNotFoundError(
+                f"no server serves {self._what()} any more; "
+                f"{router.describe(self.model_name, self.version)}"))
+            return
+        if self.owner.fallback is not None:
+            self._run_fallback(piece, router.describe(self.model_name, self.version))
+            return
+        left = piece.deadline - time.monotonic()
+        if left <= 0:
+            self._give_up(piece, "no healthy server left")
+            return
+        # wait for the health thread to re-admit a server (or for the deadline)
+        wait = min(left, max(router.seconds_until_probe(), self.owner.retry.backoff_s(1)) + 0.05)
+        call_later(wait, lambda: self.window.submit_front(piece))
+
+    def _give_up(self, piece: Piece, why: str) -> None:
+        call = piece.call
+        servers = self.router.describe(self.model_name, self.version)
+        if self.owner.fallback is not None:
+            self._run_fallback(piece, f"{why}; {servers}")
+            return
+        elapsed = time.monotonic() - piece.first_try if piece.first_try else 0.0
+        errors = "; ".join(f"{address}: {error}" for address, error in piece.errors.items())
+        self.fail(call, ServerUnavailableError(
+            f"{self._what()}: no server could serve rows {piece.start}-{piece.stop} of a "
+            f"{call.rows}-row call ({why}, {elapsed:.1f} s); {servers}"
+            + (f"; last errors: {errors}" if errors else "")
+            + ". Start or fix a server, or enable the in-process fallback with fallback='cpu' "
+              "(or COFFEA_SONIC_FALLBACK=cpu)"))
+
+    def _run_fallback(self, piece: Piece, reason: str) -> None:
+        call = piece.call
+        if call.error is not None:
+            return
+        choice = self.owner.fallback
+        call.fallback = True  # e.g. the inference cache does not store its outputs
+        fallback_module.warn_fallback(self.model_name, piece.rows, reason)
+
+        def work() -> None:
+            try:
+                engine = fallback_module.fallback_engine(choice, self.model_name)
+                produced = engine(_piece_tensors(piece))
+                self._accept(piece, produced, "fallback engine", self.version,
+                             fallback_calls=1, fallback_rows=piece.rows)
+            except Exception as error:  # noqa: BLE001 - the call must learn about it
+                self.fail(call, error)
+
+        fallback_module.submit(work)
+
+
+def _piece_tensors(piece: Piece) -> dict[str, np.ndarray]:
+    """The input tensors of ``piece``: its rows (plus padding), or its group of ragged events."""
+    call = piece.call
+    if call.ragged is not None:
+        return call.ragged.tensors(piece.start, piece.stop)
+    return piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
+

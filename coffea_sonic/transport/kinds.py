@@ -1,0 +1,56 @@
+"""The transport kinds, in one table: what each is, how it is made, and its client defaults.
+
+``max_request_bytes`` caps one request's tensor bytes (a call is split by rows to stay under
+it) and ``max_in_flight`` is how many requests of one model a process keeps in flight, unless
+the model is given its own. Why these values: benchmarks/RESULTS.md, "What sets each default"
+(message-size costs of gRPC; fewer, larger batches through shared memory; one whole chunk per
+request through CUDA shared memory).
+
+>>> transport_kind("shm").max_request_bytes == 9 * 2**20, transport_kind("shm").max_in_flight
+(True, 2)
+>>> transport_kind("a-custom-transport").name  # a factory's transport: gRPC's defaults
+'grpc'
+>>> REQUESTABLE
+('auto', 'grpc', 'shm', 'cuda', 'http')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["KINDS", "REQUESTABLE", "TransportKind", "transport_kind"]
+
+
+@dataclass(frozen=True)
+class TransportKind:
+    """One transport kind and its defaults."""
+
+    name: str
+    max_request_bytes: int
+    max_in_flight: int
+    #: ``module:Class`` of its :class:`~coffea_sonic.transport.base.Transport`, built from
+    #: ``ServerSettings`` ("" where it is made by hand, e.g. the in-memory transport of tests)
+    factory: str
+    what: str
+
+
+KINDS: dict[str, TransportKind] = {kind.name: kind for kind in (
+    TransportKind("grpc", 4 * 2**20, 4, "coffea_sonic.transport.grpc:GrpcTransport",
+                  "Triton's gRPC API"),
+    TransportKind("shm", 9 * 2**20, 2, "coffea_sonic.transport.shm:SystemShmTransport",
+                  "system shared memory (/dev/shm) to a server on this host"),
+    TransportKind("cuda", 32 * 2**20, 2, "coffea_sonic.transport.shm:CudaShmTransport",
+                  "CUDA shared memory to a server on this host"),
+    TransportKind("http", 4 * 2**20, 4, "coffea_sonic.transport.http:HttpTransport",
+                  "Triton's HTTP API with binary tensors"),
+    TransportKind("memory", 4 * 2**20, 4, "", "in-process models (unit tests)"),
+)}
+
+#: what ``TritonModel(transport=...)`` takes by name ("auto" picks one per server)
+REQUESTABLE: tuple[str, ...] = ("auto",) + tuple(name for name, kind in KINDS.items()
+                                                 if kind.factory)
+
+
+def transport_kind(name: str) -> TransportKind:
+    """The kind called ``name``; gRPC's defaults for a transport of another name (a factory's)."""
+    return KINDS.get(name) or KINDS["grpc"]

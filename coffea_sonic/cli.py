@@ -31,6 +31,7 @@ _SUBCOMMAND_MODULES = (
     "coffea_sonic.bench.cli",
     "coffea_sonic.data.cli",
     "coffea_sonic.facility.cli",
+    "coffea_sonic.config_cli",
 )
 
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  coffea-sonic demo             # sample data + local server + Dask + plot, < 5 min\n"
             "  coffea-sonic serve            # a real Triton server with the model zoo\n"
             "  coffea-sonic bench suite --quick   # CPU vs served vs coffea's triton_wrapper\n"
+            "  coffea-sonic config           # every setting, its value and where it came from\n"
             "  coffea-sonic SUBCOMMAND --help"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,

@@ -1,7 +1,8 @@
 """Where models are served and how to reach them: one place that reads every source of settings.
 
 A processor declares models by URL; at run time the same code can be pointed at another facility's
-servers without edits. Sources, first match wins:
+servers without edits. Sources of a model's URLs, first match wins (:func:`resolve_model` says
+which one gave them):
 
 1. environment ``COFFEA_SONIC_MODEL_<NAME>`` (upper case; comma-separated URLs),
 2. Dask config ``coffea_sonic.models.<name>`` (so ``dask.config.set`` or
@@ -12,9 +13,10 @@ servers without edits. Sources, first match wins:
    ``host:port`` put in place of the declared URL's server (model name and version are kept),
 5. the URL declared in code.
 
-Other settings (``setting("fallback")`` …) follow the same order under their own names; they are
-read by :mod:`coffea_sonic.core.settings` (re-exported here), below the URL parser of
-:mod:`coffea_sonic.core.endpoint` that :func:`replace_server` uses.
+Other settings (``setting("fallback")`` …) are listed in :data:`SETTINGS` and read in the order
+argument, environment, Dask config, endpoints file, default by
+:mod:`coffea_sonic.core.settings` (re-exported here; :func:`effective_settings` resolves them
+all, as ``coffea-sonic config`` prints them).
 
 >>> import os
 >>> os.environ["COFFEA_SONIC_SERVERS"] = "gpu1.example.org:8001,gpu2.example.org:8001"
@@ -31,14 +33,16 @@ import os
 from typing import Sequence
 
 from .core.endpoint import DEFAULT_GRPC_PORT, DEFAULT_HTTP_PORT, parse_address, parse_model_url
-from .core.settings import DASK_PREFIX, ENV_PREFIX, config_file, setting
+from .core.settings import (DASK_PREFIX, ENV_PREFIX, SETTINGS, SOURCES, Resolved, Setting,
+                            config_file, resolve, setting, spec)
 from .core.settings import as_list as _as_list
 from .core.settings import dask_setting as _dask_setting
 from .core.settings import file_settings as _file_settings
 from .errors import ConfigurationError
 
-__all__ = ["DASK_PREFIX", "ENV_PREFIX", "config_file", "configured_models", "configured_servers",
-           "model_urls", "replace_server", "setting"]
+__all__ = ["DASK_PREFIX", "ENV_PREFIX", "SETTINGS", "SOURCES", "Resolved", "Setting", "config_file",
+           "configured_models", "configured_servers", "effective_settings", "model_urls",
+           "replace_server", "resolve", "resolve_model", "setting", "spec"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,27 +78,53 @@ def model_urls(name: str, declared: str | Sequence[str] | None = None) -> list[s
     >>> model_urls("jet_tagger", "triton+grpc://localhost:8001/jet_tagger")
     ['triton+grpc://localhost:8001/jet_tagger']
     """
-    env_urls = _as_list(os.environ.get(f"{ENV_PREFIX}MODEL_{name.upper()}"))
-    if env_urls:
-        return env_urls
-    dask_urls = _as_list(_dask_setting(f"models.{name}"))
-    if dask_urls:
-        return dask_urls
-    file_settings = _file_settings()
-    file_urls = _as_list(file_settings.get("models", {}).get(name))
-    if file_urls:
-        return file_urls
-    declared_urls = _as_list(declared)
-    servers = _as_list(os.environ.get(ENV_PREFIX + "SERVERS") or _dask_setting("servers")
-                       or file_settings.get("servers"))
-    if servers and declared_urls:
-        return [replace_server(declared_urls[0], server) for server in servers]
-    if not declared_urls:
+    resolved = resolve_model(name, declared)
+    if not resolved.value:
         raise ConfigurationError(
             f"no server is configured for model {name!r}: declare a URL in the processor, or set "
             f"COFFEA_SONIC_MODEL_{name.upper()}, dask config {DASK_PREFIX}.models.{name}, or "
             f"[models] {name} in {config_file()}")
-    return declared_urls
+    return resolved.value
+
+
+def resolve_model(name: str, declared: str | Sequence[str] | None = None) -> Resolved:
+    """Model ``name``'s URLs and where they came from: ``COFFEA_SONIC_MODEL_<NAME>``, Dask config
+    ``coffea_sonic.models.<name>``, the endpoints file's ``[models]``, the ``servers`` setting put
+    into the declared URL, or the URL declared in code (source ``argument``); value ``[]`` if none.
+
+    >>> resolve_model("jet_tagger", "triton+grpc://localhost:8001/jet_tagger").source
+    'argument'
+    """
+    variable = f"{ENV_PREFIX}MODEL_{name.upper()}"
+    env_urls = _as_list(os.environ.get(variable))
+    if env_urls:
+        return Resolved(f"models.{name}", env_urls, "environment", variable)
+    dask_urls = _as_list(_dask_setting(f"models.{name}"))
+    if dask_urls:
+        return Resolved(f"models.{name}", dask_urls, "dask config", f"{DASK_PREFIX}.models.{name}")
+    file_urls = _as_list(_file_settings().get("models", {}).get(name))
+    if file_urls:
+        return Resolved(f"models.{name}", file_urls, "endpoints file", f"{config_file()} [models]")
+    declared_urls = _as_list(declared)
+    servers = resolve("servers")
+    if _as_list(servers.value) and declared_urls:
+        urls = [replace_server(declared_urls[0], server) for server in _as_list(servers.value)]
+        where = f"servers ({servers.where or servers.source}) in the declared URL"
+        return Resolved(f"models.{name}", urls, servers.source, where)
+    return Resolved(f"models.{name}", declared_urls, "argument" if declared_urls else "default",
+                    "declared in code" if declared_urls else "")
+
+
+def effective_settings(arguments: dict[str, object] | None = None) -> list[Resolved]:
+    """Every documented setting (:data:`SETTINGS`) resolved, ``arguments`` taken as passed in code.
+
+    >>> [entry.name for entry in effective_settings()][:3]
+    ['config', 'servers', 'transport']
+    """
+    arguments = dict(arguments or {})
+    for name in arguments:
+        spec(name)  # an unknown name is an error that lists the known ones
+    return [resolve(entry.name, arguments.get(entry.name)) for entry in SETTINGS]
 
 
 def configured_models() -> dict[str, list[str]]:
@@ -131,5 +161,4 @@ def configured_servers() -> list[str]:
     ['gpu1:8001', 'gpu2:8001']
     >>> del os.environ["COFFEA_SONIC_SERVERS"]
     """
-    return _as_list(os.environ.get(ENV_PREFIX + "SERVERS") or _dask_setting("servers")
-                    or _file_settings().get("servers"))
+    return _as_list(resolve("servers").value)

@@ -26,7 +26,7 @@ def facility_env(monkeypatch):
         if name.startswith("COFFEA_SONIC_"):
             monkeypatch.delenv(name)
     monkeypatch.setenv("COFFEA_SONIC_MODEL_JET_TAGGER", "triton+grpc://gpu1.example.org:8001/jet_tagger")
-    monkeypatch.setenv("COFFEA_SONIC_SSL_CA", "/etc/grid-security/ca.pem")
+    monkeypatch.setenv("COFFEA_SONIC_CA_FILE", "/etc/grid-security/ca.pem")
     monkeypatch.setenv("SONIC_TOKEN", TOKEN)
     monkeypatch.setenv("COFFEA_SONIC_TOKEN_ENV", "SONIC_TOKEN")
     with dask.config.set({"coffea_sonic.models.particlenet_lite": ["triton+grpc://gpu2:8001/particlenet_lite"]}):
@@ -36,7 +36,7 @@ def facility_env(monkeypatch):
 def test_worker_environment_splits_plain_settings_from_secret_names(facility_env):
     env = worker_environment()
     assert env.values["COFFEA_SONIC_MODEL_JET_TAGGER"] == "triton+grpc://gpu1.example.org:8001/jet_tagger"
-    assert env.values["COFFEA_SONIC_SSL_CA"] == "/etc/grid-security/ca.pem"
+    assert env.values["COFFEA_SONIC_CA_FILE"] == "/etc/grid-security/ca.pem"
     assert env.values["DASK_COFFEA_SONIC__MODELS__PARTICLENET_LITE"] == \
         "['triton+grpc://gpu2:8001/particlenet_lite']"
     assert env.forwarded == ("SONIC_TOKEN",)

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("top", ("coffea_sonic.zoo", "coffea_sonic.engines", "coffea_sonic.server",
              "coffea_sonic.data", "coffea_sonic.examples", "coffea_sonic.demo",
              "coffea_sonic.bench", "coffea_sonic.facility", "coffea_sonic.cli",
-             "coffea_sonic.netlab", "coffea_sonic.cliargs")),
+             "coffea_sonic.netlab", "coffea_sonic.cliargs", "coffea_sonic.config_cli")),
 ]
 
 

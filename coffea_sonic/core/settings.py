@@ -1,16 +1,24 @@
-"""The sources of run-time settings, first match wins: environment, Dask config, facility file.
+"""Every run-time setting: one name each, one order of sources, and where a value came from.
 
-1. environment ``COFFEA_SONIC_<NAME>``,
-2. Dask config ``coffea_sonic.<name>`` (so ``dask.config.set`` or ``DASK_COFFEA_SONIC__<NAME>``
-   reach every Dask worker),
-3. the facility file (``$COFFEA_SONIC_CONFIG``, else ``~/.config/coffea-sonic/endpoints.toml``).
+A setting ``name`` is read from, first match wins:
 
-Here, below :mod:`.endpoint` (whose ``configured_*`` settings read them), so that
-:mod:`coffea_sonic.config` (model endpoints, server overrides) can parse URLs with
-:mod:`.endpoint` without an import cycle. Use them through :mod:`coffea_sonic.config`.
+1. an **argument** the code passes (``TritonModel(url, transport="grpc")``),
+2. the **environment**, ``COFFEA_SONIC_<NAME>``,
+3. **Dask config** ``coffea_sonic.<name>`` (so ``dask.config.set`` or
+   ``DASK_COFFEA_SONIC__<NAME>`` reach every Dask worker),
+4. the **endpoints file** (``$COFFEA_SONIC_CONFIG``, else ``~/.config/coffea-sonic/endpoints.toml``),
+   key ``name`` at its top level,
+5. the **default**.
+
+:data:`SETTINGS` lists them (``coffea-sonic config`` prints each with its value and source).
+Model endpoints (``models.<name>``, ``servers``) follow the same order, with one difference kept in
+:mod:`coffea_sonic.config`: the URL written in a processor comes *last*, so a facility re-points
+models without code edits.
 
 >>> setting("no_such_setting", 3)
 3
+>>> resolve("transport").source
+'default'
 >>> as_list("gpu1:8001, gpu2:8001"), as_list(None)
 (['gpu1:8001', 'gpu2:8001'], [])
 """
@@ -19,13 +27,15 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
 
-__all__ = ["DASK_PREFIX", "ENV_PREFIX", "as_list", "config_file", "dask_setting", "file_settings",
-           "setting"]
+__all__ = ["DASK_PREFIX", "ENV_PREFIX", "SETTINGS", "SOURCES", "Resolved", "Setting", "as_list",
+           "config_file", "dask_setting", "file_settings", "resolve", "setting", "spec"]
 
 ENV_PREFIX = "COFFEA_SONIC_"
 DASK_PREFIX = "coffea_sonic"
@@ -71,12 +81,119 @@ def as_list(value: Any) -> list[str]:
     return [str(part) for part in value]
 
 
-def setting(name: str, default: Any = None) -> Any:
-    """A setting from the environment (``COFFEA_SONIC_<NAME>``), Dask config, the file, or default."""
-    env_value = os.environ.get(ENV_PREFIX + name.upper())
+#: Where a value can come from, highest precedence first.
+SOURCES: tuple[str, ...] = ("argument", "environment", "dask config", "endpoints file", "default")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One documented setting: its name, default, meaning, and the sources it is read from."""
+
+    name: str
+    default: Any
+    help: str
+    sources: tuple[str, ...] = SOURCES
+    #: computes the default when it depends on the machine (paths under $HOME)
+    default_factory: Callable[[], Any] | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def dask_key(self) -> str:
+        return f"{DASK_PREFIX}.{self.name}"
+
+    def default_value(self) -> Any:
+        return self.default_factory() if self.default_factory else self.default
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A setting's effective value, its source (one of :data:`SOURCES`) and where exactly
+    (the variable, the Dask key, the file)."""
+
+    name: str
+    value: Any
+    source: str
+    where: str = ""
+
+
+def _default_cache() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "coffea-sonic")
+
+
+_ENV_ONLY = ("argument", "environment", "default")
+SETTINGS: tuple[Setting, ...] = (
+    Setting("config", None, "the endpoints file (TOML: [models], servers, any setting below)",
+            sources=_ENV_ONLY, default_factory=lambda: str(config_file())),
+    Setting("servers", None, "host:port list put in place of every declared URL's server"),
+    Setting("transport", "auto", "auto, grpc, shm or http: how TritonModel sends tensors"),
+    Setting("fallback", "off", "off, local or cpu: where inference goes when every server fails"),
+    Setting("fallback_repository", None, "Triton repository that fallback='local' serves"),
+    Setting("ca_file", None, "PEM bundle of the CA(s) to trust for triton+grpcs:// servers"),
+    Setting("cert_file", None, "client certificate for mutual TLS"),
+    Setting("key_file", None, "client private key for mutual TLS"),
+    Setting("server_name", None, "name to verify the server certificate against (tunnels)"),
+    Setting("token_env", None, "name of the variable holding the bearer token (never its value)"),
+    Setting("token_file", None, "file holding the bearer token"),
+    Setting("protocol_key_name", None, "key of a server's --grpc-restricted-protocol"),
+    Setting("protocol_key_env", None, "variable holding that key's value"),
+    Setting("protocol_key_file", None, "file holding that key's value"),
+    Setting("inference_cache", None, "directory of the persistent inference cache (off when unset)"),
+    Setting("inference_cache_size", 20 * 10**9, "size limit of that cache (bytes or e.g. 20GiB)"),
+    Setting("cache", None, "where generated zoo models and downloaded tools are kept",
+            sources=_ENV_ONLY, default_factory=_default_cache),
+    Setting("perf_analyzer", None, "folder holding NVIDIA's perf_analyzer (bench reference)",
+            sources=_ENV_ONLY),
+)
+_BY_NAME: Mapping[str, Setting] = {entry.name: entry for entry in SETTINGS}
+
+
+def spec(name: str) -> Setting:
+    """The documented :class:`Setting` called ``name``; a ConfigurationError lists the names.
+
+    >>> spec("transport").env
+    'COFFEA_SONIC_TRANSPORT'
+    """
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ConfigurationError(f"no setting named {name!r}; the settings are "
+                                 f"{', '.join(_BY_NAME)}") from None
+
+
+_UNSET: Any = object()
+
+
+def resolve(name: str, argument: Any = None, *, default: Any = _UNSET) -> Resolved:
+    """Setting ``name``'s value and source, in the order of the module docstring.
+
+    ``argument``: what the code passed (None: not passed). ``default`` overrides the documented
+    default. An undocumented name is read the same way (all sources).
+
+    >>> resolve("transport", "grpc")
+    Resolved(name='transport', value='grpc', source='argument', where='')
+    """
+    entry = _BY_NAME.get(name) or Setting(name, None, "")
+    if argument is not None:
+        return Resolved(name, argument, "argument")
+    env_value = os.environ.get(entry.env)
     if env_value is not None:
-        return env_value
-    dask_value = dask_setting(name)
-    if dask_value is not None:
-        return dask_value
-    return file_settings().get(name, default)
+        return Resolved(name, env_value, "environment", entry.env)
+    if "dask config" in entry.sources:
+        dask_value = dask_setting(name)
+        if dask_value is not None:
+            return Resolved(name, dask_value, "dask config", entry.dask_key)
+    if "endpoints file" in entry.sources:
+        file_value = file_settings().get(name)
+        if file_value is not None:
+            return Resolved(name, file_value, "endpoints file", str(config_file()))
+    return Resolved(name, entry.default_value() if default is _UNSET else default, "default")
+
+
+def setting(name: str, default: Any = _UNSET) -> Any:
+    """Setting ``name``'s value (see :func:`resolve`); ``default``, if given, instead of the
+    documented default when no source sets it."""
+    return resolve(name, default=default).value

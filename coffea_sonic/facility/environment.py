@@ -31,7 +31,7 @@ from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from ..config import DASK_PREFIX, ENV_PREFIX
+from ..config import DASK_PREFIX, ENV_PREFIX, setting
 from ..errors import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -177,7 +177,8 @@ def worker_environment(
                 forward(name)
             else:
                 values[name] = value
-        token_variable = os.environ.get(ENV_PREFIX + "TOKEN_ENV")
+        # the token variable named by the token_env setting (any source) travels by name
+        token_variable = setting("token_env")
         if token_variable:
             forward(token_variable)
         values.update(_dask_settings_as_env())

@@ -134,6 +134,22 @@ class ServerStatistics:
     compute_input_ns: int = 0
     compute_infer_ns: int = 0
     compute_output_ns: int = 0
+    #: requests answered from Triton's response cache, and looked up there in vain (and the time
+    #: those lookups took); zero where the model has no response cache
+    cache_hit_count: int = 0
+    cache_miss_count: int = 0
+    cache_hit_ns: int = 0
+    cache_miss_ns: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Share of cache lookups that hit (0 without lookups).
+
+        >>> ServerStatistics(cache_hit_count=9, cache_miss_count=1).cache_hit_rate
+        0.9
+        """
+        lookups = self.cache_hit_count + self.cache_miss_count
+        return self.cache_hit_count / lookups if lookups else 0.0
 
     @property
     def queue_s(self) -> float:
@@ -177,7 +193,7 @@ class ServerStatistics:
         out: dict[str, float] = dataclasses.asdict(self)
         out.update(queue_s=self.queue_s, compute_input_s=self.compute_input_s,
                    compute_infer_s=self.compute_infer_s, compute_output_s=self.compute_output_s,
-                   average_batch=self.average_batch)
+                   average_batch=self.average_batch, cache_hit_rate=self.cache_hit_rate)
         return out
 
     @classmethod
@@ -193,5 +209,8 @@ class ServerStatistics:
                 queue_ns=int(stats.queue.ns), compute_input_ns=int(stats.compute_input.ns),
                 compute_infer_ns=int(stats.compute_infer.ns),
                 compute_output_ns=int(stats.compute_output.ns),
+                cache_hit_count=int(stats.cache_hit.count),
+                cache_miss_count=int(stats.cache_miss.count),
+                cache_hit_ns=int(stats.cache_hit.ns), cache_miss_ns=int(stats.cache_miss.ns),
             )
         return total

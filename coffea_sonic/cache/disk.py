@@ -55,7 +55,7 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def parse_size(value: int | str) -> int:
+def parse_size(value: int | str, what: str = "inference cache size") -> int:
     """Bytes from ``1000000``, ``"500MB"``, ``"2 GiB"``.
 
     >>> parse_size("2 GiB"), parse_size("500MB"), parse_size(10)
@@ -68,10 +68,10 @@ def parse_size(value: int | str) -> int:
         unit = match.group(2).lower() if match else ""
         if not match or unit not in _UNITS:
             raise ConfigurationError(
-                f"inference cache size {value!r} is not a size such as 500MB, 20GB or 2GiB")
+                f"{what} {value!r} is not a size such as 500MB, 20GB or 2GiB")
         size = int(float(match.group(1)) * _UNITS[unit])
     if size <= 0:
-        raise ConfigurationError(f"inference cache size must be > 0 bytes, not {value!r}")
+        raise ConfigurationError(f"{what} must be > 0 bytes, not {value!r}")
     return size
 
 

@@ -92,6 +92,8 @@ class ModelInfo:
     ragged_outputs: tuple[str, ...] = ()
     #: the GPUs (the server's numbering) its ``KIND_GPU`` instance groups run on; empty: CPU
     gpus: tuple[int, ...] = ()
+    #: the config enables Triton's response cache (``response_cache { enable: true }``)
+    response_cache: bool = False
 
     def __post_init__(self) -> None:
         if not self.checksum:
@@ -106,12 +108,21 @@ class ModelInfo:
 
     @property
     def on_gpu_zero(self) -> bool:
-        """Whether every GPU instance runs on the server's GPU 0 (where a client on the same
-        host puts CUDA shared memory: ``transport="auto"`` then hands tensors over on the GPU).
-        With instances on several GPUs the others would copy every input over from GPU 0: on
-        2x H200, emtrk_cnn from 28 processes, 1.84x one GPU that way against 2.10x through
-        system memory (benchmarks/RESULTS.md)."""
-        return set(self.gpus) == {0}
+        """Whether CUDA shared memory may carry this model's tensors: every GPU instance runs on
+        the server's GPU 0 (where a client on the same host puts CUDA shared memory:
+        ``transport="auto"`` then hands tensors over on the GPU), and the model has no response
+        cache (Triton hashes only inputs in CPU memory: requests from CUDA memory would always
+        run the model). With instances on several GPUs the others would copy every input over
+        from GPU 0: on 2x H200, emtrk_cnn from 28 processes, 1.84x one GPU that way against
+        2.10x through system memory (benchmarks/RESULTS.md).
+
+        >>> x = (TensorInfo("x", "FP32", (2,)),)
+        >>> ModelInfo("m", ("1",), "onnx", 8, x, x, gpus=(0,)).on_gpu_zero
+        True
+        >>> ModelInfo("m", ("1",), "onnx", 8, x, x, gpus=(0,), response_cache=True).on_gpu_zero
+        False
+        """
+        return set(self.gpus) == {0} and not self.response_cache
 
     @property
     def batching(self) -> bool:

@@ -12,7 +12,9 @@ model and version:
   scales out when ``rate(queue_us) / (rate(exec_count) * 1000)``, i.e. this in ms, passes a
   threshold, 100 by default);
 * failures (``nv_inference_request_failure``, all reasons), pending requests;
-* per GPU (where the server exports it): utilisation and memory; the server's CPU utilisation.
+* per GPU (where the server exports it): utilisation and memory; the server's CPU utilisation;
+* the response cache's hit rate, ``Δnv_cache_num_hits_per_model`` over all lookups (models
+  whose config enables Triton's response cache, :mod:`coffea_sonic.server.response_cache`).
 
 A Triton URL instead (``triton+grpc://host:8001[/model[/version]]``, ``triton+http://...``) reads
 the same counters from Triton's statistics API through the client's transports (the one statistics
@@ -72,6 +74,8 @@ _COUNTERS = {
     "nv_inference_compute_output_duration_us": "compute_output_us",
     "nv_inference_request_duration_us": "request_us",
     "nv_inference_pending_request_count": "pending",
+    "nv_cache_num_hits_per_model": "cache_hits",
+    "nv_cache_num_misses_per_model": "cache_misses",
 }
 _GPU_GAUGES = {
     "nv_gpu_utilization": "utilization",
@@ -126,6 +130,9 @@ class ModelCounters:
     compute_output_us: float = 0.0
     request_us: float = 0.0
     pending: float = 0.0
+    #: lookups in Triton's response cache that hit / missed (0 where the model has none)
+    cache_hits: float = 0.0
+    cache_misses: float = 0.0
 
 
 @dataclass
@@ -207,7 +214,8 @@ def counters_from_statistics(model: str, version: str, stats: ServerStatistics) 
         failures=float(stats.fail_count), queue_us=stats.queue_ns / 1e3,
         compute_input_us=stats.compute_input_ns / 1e3,
         compute_infer_us=stats.compute_infer_ns / 1e3,
-        compute_output_us=stats.compute_output_ns / 1e3, request_us=math.nan, pending=math.nan)
+        compute_output_us=stats.compute_output_ns / 1e3, request_us=math.nan, pending=math.nan,
+        cache_hits=float(stats.cache_hit_count), cache_misses=float(stats.cache_miss_count))
 
 
 def read_statistics(url: str, timeout_s: float = 5.0) -> Snapshot:
@@ -269,6 +277,8 @@ class ModelFigures:
     queue_us_per_execution: float | None
     failures: float
     pending: float
+    #: share of response-cache lookups that hit in the window (None: no lookups, no cache)
+    cache_hit_rate: float | None = None
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:
@@ -297,6 +307,9 @@ def figures(previous: Snapshot | None, current: Snapshot) -> list[ModelFigures]:
             queue_us_per_execution=_ratio(now.queue_us - before.queue_us, executions),
             failures=now.failures - before.failures,
             pending=now.pending,
+            cache_hit_rate=_ratio(now.cache_hits - before.cache_hits,
+                                  (now.cache_hits - before.cache_hits)
+                                  + (now.cache_misses - before.cache_misses)),
         ))
     return results
 
@@ -312,7 +325,7 @@ def _number(value: float | None, digits: int = 1) -> str:
 
 
 _COLUMNS = ("MODEL", "VER", "INF/S", "REQ/S", "AVG BATCH", "QUEUE us/REQ", "COMPUTE us/REQ",
-            "QUEUE us/EXEC", "FAILED", "PENDING")
+            "QUEUE us/EXEC", "FAILED", "PENDING", "CACHE HIT")
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -350,7 +363,9 @@ def render_frame(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *, color: bo
                          _number(figure.average_batch), _number(figure.queue_us_per_request),
                          _number(figure.compute_us_per_request),
                          _number(figure.queue_us_per_execution),
-                         _number(figure.failures, 0), _number(figure.pending, 0)])
+                         _number(figure.failures, 0), _number(figure.pending, 0),
+                         "-" if figure.cache_hit_rate is None
+                         else f"{100 * figure.cache_hit_rate:.0f}%"])
         if len(rows) == 1:
             lines.append("  (no models reported)")
         else:

@@ -61,6 +61,11 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                        help="GPUs to serve on (default: every visible GPU, each with --instances "
                             "model instances)")
     serve.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS")
+    serve.add_argument("--response-cache", metavar="SIZE",
+                       help="Triton's response cache of SIZE (e.g. 512MB): identical requests are "
+                            "answered without running the model; the zoo's models use it, a "
+                            "repository's models where their config says response_cache { enable: "
+                            "true } (models add --response-cache). Default: off")
     serve.set_defaults(func=run_serve)
 
     models = subparsers.add_parser(
@@ -151,6 +156,9 @@ def _add_models_add(actions: argparse._SubParsersAction) -> None:
     add.add_argument("--checksum", action="store_true",
                      help="write a checksum repository agent block (MD5 of the version's files), "
                           "verified before the model loads by the official container and by serve")
+    add.add_argument("--response-cache", action="store_true",
+                     help="enable Triton's response cache for the model (response_cache { enable: "
+                          "true }); the server needs one: serve --response-cache SIZE")
     add.add_argument("--force", action="store_true",
                      help="replace an existing version folder / rewrite a differing config")
     add.set_defaults(func=run_models_add)
@@ -233,7 +241,7 @@ def run_serve(args: argparse.Namespace) -> int:
         models=args.models, repository=args.repository, device=args.device,
         grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
         host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout,
-        skip_unservable=args.skip_unservable, gpus=args.gpus)
+        skip_unservable=args.skip_unservable, gpus=args.gpus, response_cache=args.response_cache)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -252,6 +260,8 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"  gRPC     {server.grpc_address}", flush=True)
         print(f"  HTTP     {server.http_address}", flush=True)
         print(f"  metrics  {server.metrics_url}", flush=True)
+        if server.response_cache is not None:
+            print(f"  response cache  {server.response_cache / 1e6:.0f} MB", flush=True)
         if args.repository:
             for name, versions in _served_models(server.http_address):
                 print(f"  model    {server.url(name)}  (versions {', '.join(versions)})", flush=True)
@@ -327,7 +337,8 @@ def run_models_add(args: argparse.Namespace) -> int:
             max_queue_delay_us=args.max_queue_delay_us, instances=args.instances,
             device=args.device, inputs=[parse_tensor_spec(t) for t in args.input],
             outputs=[parse_tensor_spec(t) for t in args.output], version=args.version,
-            example_input=args.example_input, force=args.force, checksum=args.checksum)
+            example_input=args.example_input, force=args.force, checksum=args.checksum,
+            response_cache=args.response_cache)
     except SonicError as error:
         print(f"coffea-sonic models add: {error}", file=sys.stderr)
         return 1

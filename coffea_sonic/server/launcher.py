@@ -39,6 +39,7 @@ from typing import Iterable, Literal, Sequence
 
 from ..errors import ConfigurationError, MissingDependencyError, ServerStartError
 from .pipelines import write_models
+from .response_cache import server_flags
 from .served import install_adapters, prepare_repository
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def _cache_bytes(size: int | str | None) -> int | None:
+    """Bytes of a response-cache size given as an int or text ("512MB"), None for off."""
+    if size is None:
+        return None
+    from ..cache import parse_size
+
+    return parse_size(size, "response cache size")
 
 
 def _pytriton_server_dir() -> Path:
@@ -280,6 +290,7 @@ class LocalTritonServer:
         die_with_parent: bool = True,
         skip_unservable: bool = False,
         gpus: Sequence[int] | None = None,
+        response_cache: int | str | None = None,
     ) -> None:
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigurationError(f"device must be auto, cpu or gpu, not {device!r}")
@@ -297,6 +308,10 @@ class LocalTritonServer:
         self.keep_workdir = keep_workdir
         self.log_verbose = log_verbose
         self.repository_options = dict(repository_options or {})
+        #: bytes of Triton's response cache (None: off); zoo models are served with it enabled
+        self.response_cache = _cache_bytes(response_cache)
+        if self.response_cache is not None:
+            self.repository_options.setdefault("response_cache", True)
         # Linux delivers the parent-death signal when the starting *thread* exits: start a
         # long-lived server from the main thread (or a long-lived one), or pass False.
         self.die_with_parent = die_with_parent
@@ -372,6 +387,7 @@ class LocalTritonServer:
             # A stub busy with a large CPU batch on a loaded machine must not be declared dead
             # (Triton 2.51 does not restart it; the model would fail until the server restarts).
             "--backend-config=python,stub-timeout-seconds=120",
+            *(server_flags(self.response_cache) if self.response_cache is not None else ()),
             *self.extra_args,
         ]
 

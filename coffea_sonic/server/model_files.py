@@ -260,7 +260,8 @@ def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike,
               max_queue_delay_us: int | None = None, instances: int = 1, device: Device = "cpu",
               inputs: Sequence[TensorInfo] = (), outputs: Sequence[TensorInfo] = (),
               version: int = 1, example_input: str | os.PathLike | None = None,
-              force: bool = False, checksum: bool = False) -> AddedModel:
+              force: bool = False, checksum: bool = False,
+              response_cache: bool = False) -> AddedModel:
     """Write ``repository/name/config.pbtxt`` and ``repository/name/<version>/model.*`` for ``file``.
 
     ``inputs``/``outputs`` (``TensorInfo``, e.g. from :func:`parse_tensor_spec`) override what the
@@ -270,6 +271,8 @@ def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike,
     written and ``ConfigurationError`` lists every problem. ``checksum=True`` adds the version's
     files to a checksum repository agent block (:mod:`~coffea_sonic.server.agents`), which the
     official container verifies before loading, and so does ``coffea-sonic serve``.
+    ``response_cache=True`` enables Triton's response cache for the model (in the config, so for
+    every version; the server needs ``--response-cache SIZE``).
     """
     source, repository = Path(file), Path(repository)
     if not source.is_file():
@@ -328,6 +331,8 @@ def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike,
         _copy_onnx(source, model_path)
     else:
         shutil.copyfile(source, model_path)
+    if response_cache:
+        config.response_cache.enable = True
     if checksum:
         digests = {f"{version}/{p.name}": file_digest(p) for p in sorted(version_dir.iterdir())}
         checksum_config(digests, config)

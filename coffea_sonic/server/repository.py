@@ -100,6 +100,7 @@ def model_config(
     default_priority_level: int | None = None,
     queue_policies: Mapping[int, QueuePolicy] | None = None,
     rate_limiter_resources: Mapping[str, int] | None = None,
+    response_cache: bool = False,
 ) -> model_config_pb2.ModelConfig:
     """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device.
 
@@ -129,6 +130,8 @@ def model_config(
     * ``rate_limiter_resources``: ``{name: count}`` each instance needs to execute; with
       tritonserver ``--rate-limit=execution_count --rate-limit-resource=NAME:N`` at most ``N``
       such executions run at once, however many instances wait (Triton's rate limiter).
+    * ``response_cache``: ``response_cache { enable: true }``: identical requests answered from
+      the server's cache (the server needs one: :mod:`coffea_sonic.server.response_cache`).
 
     >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
     >>> config.platform, config.instance_group[0].kind == config.instance_group[0].KIND_GPU
@@ -192,6 +195,8 @@ def model_config(
     group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
     for name, count in (rate_limiter_resources or {}).items():
         group.rate_limiter.resources.add(name=name, count=int(count))
+    if response_cache:
+        config.response_cache.enable = True
     return config
 
 

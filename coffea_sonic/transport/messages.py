@@ -63,7 +63,8 @@ def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
                          for gpu in (group.gpus or [0])}))
     return ModelInfo(name=metadata.name, versions=tuple(metadata.versions), platform=platform,
                      max_batch_size=int(declared.max_batch_size), inputs=inputs, outputs=outputs,
-                     ragged_inputs=ragged_inputs, ragged_outputs=ragged_outputs, gpus=gpus)
+                     ragged_inputs=ragged_inputs, ragged_outputs=ragged_outputs, gpus=gpus,
+                     response_cache=bool(declared.response_cache.enable))
 
 
 def models_in_index(index: Any) -> dict[str, tuple[str, ...]]:

@@ -387,7 +387,8 @@ class LocalTritonServer:
             # A stub busy with a large CPU batch on a loaded machine must not be declared dead
             # (Triton 2.51 does not restart it; the model would fail until the server restarts).
             "--backend-config=python,stub-timeout-seconds=120",
-            *(server_flags(self.response_cache) if self.response_cache is not None else ()),
+            *(server_flags(self.response_cache, server_binary()) if self.response_cache is not None
+              else ()),
             *self.extra_args,
         ]
 

@@ -12,9 +12,8 @@ Inputs that arrive in CUDA shared memory are not hashed by Triton, so such reque
 the model: with the cache on, ``transport="auto"`` sends through system shared memory or gRPC
 instead (``ModelInfo.response_cache``, read from the served config).
 
->>> flags = server_flags(256 * 2**20)
->>> flags[-1]
-'--cache-config=local,size=268435456'
+>>> cache_directory(Path("/opt/tritonserver/bin/tritonserver"))
+PosixPath('/opt/tritonserver/caches')
 """
 
 from __future__ import annotations
@@ -26,16 +25,14 @@ from ..errors import MissingDependencyError
 __all__ = ["cache_directory", "server_flags"]
 
 
-def cache_directory() -> Path:
-    """The bundled server's cache implementations (``<server>/caches``)."""
-    from .launcher import server_binary
-
-    return server_binary().parent.parent / "caches"
+def cache_directory(binary: Path) -> Path:
+    """The cache implementations beside the tritonserver ``binary`` (``<server>/caches``)."""
+    return binary.parent.parent / "caches"
 
 
-def server_flags(size_bytes: int) -> list[str]:
+def server_flags(size_bytes: int, binary: Path) -> list[str]:
     """tritonserver's options for a local response cache of ``size_bytes``."""
-    directory = cache_directory()
+    directory = cache_directory(binary)
     if not (directory / "local").is_dir():
         raise MissingDependencyError(
             f"the response cache needs Triton's local cache library, not found in {directory} "

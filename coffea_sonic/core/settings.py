@@ -147,6 +147,8 @@ SETTINGS: tuple[Setting, ...] = (
             sources=_ENV_ONLY, default_factory=_default_cache),
     Setting("perf_analyzer", None, "folder holding NVIDIA's perf_analyzer (bench reference)",
             sources=_ENV_ONLY),
+    Setting("malloc_tuning", "1", "0 leaves glibc's malloc thresholds alone in gRPC clients",
+            sources=_ENV_ONLY),
 )
 _BY_NAME: Mapping[str, Setting] = {entry.name: entry for entry in SETTINGS}
 

@@ -32,7 +32,7 @@ from ...errors import InferenceError
 from ...stats import ServerStatistics
 from ..base import InferAnswer, InferRequest, Transport, TransportFuture
 from ..errors import TransportError, from_grpc
-from ..grpc.transport import GrpcTransport
+from ..grpc.transport import GrpcTransport, sender_pool
 from .pool import Slot, SlotPool
 from .regions import align
 
@@ -170,16 +170,19 @@ class SlotTransport(Transport):
             message = self._message(request, slot, layout)
             if request.priority:
                 message.parameters["priority"].uint64_param = request.priority
-            call = self.grpc.connection.stub.ModelInfer.future(
-                message, timeout=request.timeout_s, metadata=self.grpc.metadata)
+            self.grpc.connection
         except Exception as error:  # noqa: BLE001 - the server never saw it: the slot is clean
             self.pool.release(slot)
             return failed(error, self.address)
         self._count("shm_requests")
         self._count("shm_bytes", sum(nbytes for _, nbytes in layout.inputs.values()))
-        future = TransportFuture(on_cancel=call.cancel)
-        call.add_done_callback(
-            lambda done: self._finish(done, future, request, slot, layout, context))
+        future = TransportFuture()
+        # a blocking call (in the caller's thread when it waits, else on a sender thread):
+        # half the client CPU of gRPC's future calls (see GrpcTransport.submit)
+        if request.caller_waits:
+            self._call(message, future, request, slot, layout, context)
+        else:
+            sender_pool().submit(self._call, message, future, request, slot, layout, context)
         return future
 
     def _inline(self, request: InferRequest, context: Any) -> TransportFuture:
@@ -192,14 +195,17 @@ class SlotTransport(Transport):
               context: Any) -> InferAnswer:
         raise NotImplementedError
 
-    def _finish(self, call: Any, future: TransportFuture, request: InferRequest, slot: Slot,
-                layout: Layout, context: Any) -> None:
-        if call.cancelled():  # the server may still write into the slot: never reuse it
-            self.pool.drop(slot)
-            future.fail(TransportError("cancelled", "request cancelled", address=self.address))
+    def _call(self, message: Any, future: TransportFuture, request: InferRequest, slot: Slot,
+              layout: Layout, context: Any) -> None:
+        """Make the request's call and resolve ``future``. A request cancelled while queued is
+        never sent; one cancelled in flight is answered first, so its slot is clean either way."""
+        if future.done():
+            self.pool.release(slot)
             return
-        error = call.exception()
-        if error is not None:  # a timed-out request may still be written, a restart forgot it
+        try:
+            response = self.grpc.connection.stub.ModelInfer(message, timeout=request.timeout_s,
+                                                            metadata=self.grpc.metadata)
+        except Exception as error:  # noqa: BLE001 - a timed-out request may still be written
             self.pool.drop(slot)
             failure = from_grpc(error, self.address)
             if failure.kind == "shm_region":
@@ -207,12 +213,12 @@ class SlotTransport(Transport):
                 self.pool.retire()  # the server forgot one region: it may have forgotten them all
             future.fail(failure)
             return
-        if future.cancelled():  # answered as it was cancelled: the slot is clean
+        if future.done():  # cancelled while in flight, now answered: the slot is clean
             self.pool.release(slot)
             return
         try:
-            answer = self._read(call.result(), request, slot, layout, context)
-        except Exception as failure:  # noqa: BLE001 - never lose an error in a gRPC thread
+            answer = self._read(response, request, slot, layout, context)
+        except Exception as failure:  # noqa: BLE001 - never lose an error in a sender thread
             self.pool.release(slot)
             future.fail(failure if isinstance(failure, InferenceError) else InferenceError(
                 f"model {request.model!r} at {self.address}: cannot read the answer "

@@ -52,17 +52,27 @@ def certificates(tmp_path_factory):
     return {"ca": str(ca), "cert": str(cert), "key": str(key)}
 
 
-@pytest.fixture(params=["grpc", "shm"])
-def each_transport(request, monkeypatch):
-    """Runs a client-level test once per wire a server can be reached by: plain gRPC (what a
-    remote GPU server gets) and shared memory (a server on this host). The setting reaches every
-    TritonModel made without an explicit ``transport=``, Dask workers started by the test too."""
-    from coffea_sonic.routing import clear_routers
+@pytest.fixture(scope="module", params=["grpc", "shm"])
+def each_transport(request):
+    """Runs a client-level module once per wire a server can be reached by: plain gRPC (what a
+    remote GPU server gets) and shared memory (a server on this host).
 
-    monkeypatch.setenv("COFFEA_SONIC_TRANSPORT", request.param)
-    clear_routers()
-    yield request.param
-    clear_routers()
+    Module-scoped, so the setting is in place before any model of the module is built (a model
+    fixes its transport when it is made): module fixtures that build models or start Dask
+    workers depend on this one, and are made again for the next transport. The setting reaches
+    every TritonModel made without an explicit ``transport=``, Dask workers started by the
+    module too. Transports of this process are closed between runs, so a ``[grpc]`` run starts
+    with no shared-memory region of ours registered on any server."""
+    from coffea_sonic.routing import clear_routers
+    from coffea_sonic.transport.registry import close_all_transports
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COFFEA_SONIC_TRANSPORT", request.param)
+        clear_routers()
+        close_all_transports()
+        yield request.param
+        clear_routers()
+        close_all_transports()
 
 
 def pytest_configure(config):

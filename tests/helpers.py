@@ -34,6 +34,38 @@ def grpc_reference(address: str, name: str, inputs: dict) -> dict:
     return decode_response(response)
 
 
+def our_registered_regions(grpc_address: str) -> set[str]:
+    """Names of the system shared-memory regions that live processes of this package have
+    registered on the server at ``grpc_address``, as the server's own status lists them."""
+    import tritonclient.grpc as grpcclient
+
+    from coffea_sonic.transport.shm.regions import PREFIX, pid_alive, pid_of
+
+    client = grpcclient.InferenceServerClient(grpc_address)
+    try:
+        status = client.get_system_shared_memory_status(as_json=True)
+    finally:
+        client.close()
+    names = set(status.get("regions", {}))
+    return {name for name in names if name.startswith(PREFIX)
+            and (pid := pid_of(name)) is not None and pid_alive(pid)}
+
+
+def assert_sent_over(transport: str, grpc_address: str, call: Callable[[], T]) -> T:
+    """Run ``call`` (which sends to the server at ``grpc_address``) and check, from the server's
+    shared-memory status while our transports are still open, that it went over ``transport``:
+    no region of ours registered for "grpc", at least one for "shm". Returns what ``call`` did."""
+    result = call()
+    regions = our_registered_regions(grpc_address)
+    if transport == "grpc":
+        assert not regions, f"a [grpc] run registered shared memory on the server: {regions}"
+    elif transport == "shm":
+        assert regions, "a [shm] run registered no shared-memory region on the server"
+    else:
+        raise ValueError(f"no wire check for transport {transport!r}")
+    return result
+
+
 def wait_for(predicate: Callable[[], T], timeout: float, what: str | Callable[[], str], *,
              interval: float = 0.05, ignoring: tuple[type[BaseException], ...] = ()) -> T:
     """Poll ``predicate`` until it returns something truthy, and return that.

@@ -1,6 +1,10 @@
-"""The bad-input matrix on the real server: each mistake gets its clear error, or the right result.
+"""The bad-input matrix: each mistake gets its clear error, or the right result.
 
 Every error must name the model and the tensor, and say what was expected and what was given.
+Mistakes found before anything is sent are checked once, on the in-memory transport serving the
+zoo's declarations (which a test below compares with what the real server declares), and the
+transport must see no request; everything that reaches a server runs on the real one, once per
+transport (``each_transport``: gRPC, shared memory).
 """
 
 from __future__ import annotations
@@ -14,20 +18,51 @@ from coffea_sonic.engines import CpuEngine
 from coffea_sonic.errors import (InferenceError, InputValidationError, ModelNotFoundError,
                                  ServerUnavailableError)
 from coffea_sonic.model import TritonModel
+from coffea_sonic.routing import clear_routers
 from coffea_sonic.server.launcher import free_port
+from coffea_sonic.transport.memory import MemoryTransport
+from helpers import assert_sent_over
 
-# client-level suite: every test runs over gRPC and over shared memory
-pytestmark = pytest.mark.usefixtures("each_transport")
+#: the zoo models the matrix uses
+NAMES = ("jet_tagger", "particlenet_lite")
+
+
+def _never_served(inputs):
+    raise AssertionError("a refused input reached the wire")
 
 
 @pytest.fixture(scope="module")
-def jet_model(triton_server):
-    return TritonModel(triton_server.url("jet_tagger"))
+def memory_server():
+    """An in-memory server declaring the zoo's signatures; it must never get a request."""
+    transport = MemoryTransport({name: (zoo.declared_info(name), _never_served) for name in NAMES},
+                                address="memory:1")
+    yield transport
+    assert transport.requests == 0
+    transport.close()
+
+
+@pytest.fixture
+def offline(memory_server):
+    """``offline(name, **options)``: a model of the in-memory server (validation only)."""
+    clear_routers()
+
+    def make(name: str, **options) -> TritonModel:
+        return TritonModel(f"triton+grpc://memory:1/{name}",
+                           transport=MemoryTransport.factory({"memory:1": memory_server}), **options)
+
+    yield make
+    assert memory_server.requests == 0
+    clear_routers()
 
 
 @pytest.fixture(scope="module")
-def pnet_model(triton_server):
-    return TritonModel(triton_server.url("particlenet_lite"))
+def jet_model(triton_server, each_transport):
+    return TritonModel(triton_server.url("jet_tagger"), transport=each_transport)
+
+
+@pytest.fixture(scope="module")
+def pnet_model(triton_server, each_transport):
+    return TritonModel(triton_server.url("particlenet_lite"), transport=each_transport)
 
 
 def _features(rows: int = 5) -> np.ndarray:
@@ -40,7 +75,8 @@ def _message(error_type, call) -> str:
     return str(caught.value)
 
 
-def test_unsafe_dtype_cast_is_refused_with_both_dtypes(jet_model):
+def test_unsafe_dtype_cast_is_refused_with_both_dtypes(offline):
+    jet_model = offline("jet_tagger")
     text = _message(InputValidationError,
                     lambda: jet_model({"features": _features().astype(np.float64)}))
     for word in ("'jet_tagger'", "'features'", "float32", "float64", "astype"):
@@ -48,23 +84,27 @@ def test_unsafe_dtype_cast_is_refused_with_both_dtypes(jet_model):
     assert jet_model.stats.requests == 0  # nothing was sent
 
 
+@pytest.mark.usefixtures("each_transport")
 def test_safe_dtype_cast_gives_the_same_result(jet_model):
     integers = np.arange(30, dtype=np.int16).reshape(5, 6)
     expected = jet_model({"features": integers.astype(np.float32)})["probs"]
     np.testing.assert_array_equal(jet_model({"features": integers})["probs"], expected)
 
 
-def test_wrong_rank_names_expected_and_actual_shape(jet_model):
+def test_wrong_rank_names_expected_and_actual_shape(offline):
+    jet_model = offline("jet_tagger")
     text = _message(InputValidationError, lambda: jet_model({"features": _features()[0]}))
     assert "expected rank 2 [N, 6]" in text and "got rank 1 shape [6]" in text
 
 
-def test_wrong_fixed_dim_names_the_dim(jet_model):
+def test_wrong_fixed_dim_names_the_dim(offline):
+    jet_model = offline("jet_tagger")
     text = _message(InputValidationError, lambda: jet_model({"features": _features()[:, :5]}))
     assert "'features'" in text and "[N, 6]" in text and "[5, 5]" in text and "must be 6" in text
 
 
-def test_missing_and_extra_inputs_are_listed_with_the_declaration(pnet_model):
+def test_missing_and_extra_inputs_are_listed_with_the_declaration(offline):
+    pnet_model = offline("particlenet_lite")
     inputs = zoo.example_inputs("particlenet_lite", 3)
     del inputs["pf_mask"]
     inputs["pf_charge"] = np.zeros((3, 32), np.float32)
@@ -73,19 +113,22 @@ def test_missing_and_extra_inputs_are_listed_with_the_declaration(pnet_model):
     assert "pf_points [N, 2, 32] FP32" in text
 
 
-def test_inputs_with_different_row_counts_are_refused(pnet_model):
+def test_inputs_with_different_row_counts_are_refused(offline):
+    pnet_model = offline("particlenet_lite")
     inputs = zoo.example_inputs("particlenet_lite", 4)
     inputs["pf_mask"] = inputs["pf_mask"][:3]
     text = _message(InputValidationError, lambda: pnet_model(inputs))
     assert "'pf_mask' has 3 rows" in text and "has 4" in text
 
 
-def test_jagged_columns_are_refused_with_a_hint(jet_model):
+def test_jagged_columns_are_refused_with_a_hint(offline):
+    jet_model = offline("jet_tagger")
     jagged = ak.Array([[1.0] * 6, [2.0] * 5])
     text = _message(InputValidationError, lambda: jet_model({"features": jagged}))
     assert "'features'" in text and "jagged" in text
 
 
+@pytest.mark.usefixtures("each_transport")
 def test_nan_and_inf_pass_through_by_default_like_in_process(jet_model):
     features = _features(4)
     features[1, 0], features[2, 3] = np.nan, np.inf
@@ -97,7 +140,8 @@ def test_nan_and_inf_pass_through_by_default_like_in_process(jet_model):
     assert "2 NaN/inf" in text and "'features'" in text
 
 
-def test_events_with_zero_objects_give_empty_typed_outputs(jet_model):
+def test_events_with_zero_objects_give_empty_typed_outputs(offline):
+    jet_model = offline("jet_tagger")
     jets_per_event = ak.Array([[], [], []])  # three events without a single jet
     flat = np.asarray(ak.flatten(jets_per_event), dtype=np.float32).reshape(0, 6)
     outputs = jet_model({"features": flat})
@@ -105,6 +149,7 @@ def test_events_with_zero_objects_give_empty_typed_outputs(jet_model):
     assert ak.unflatten(outputs["probs"], ak.num(jets_per_event)).tolist() == [[], [], []]
 
 
+@pytest.mark.usefixtures("each_transport")
 def test_call_larger_than_one_request_is_split_and_complete(triton_server):
     model = TritonModel(triton_server.url("jet_tagger"), max_request_bytes=4096)
     features = _features(2000)
@@ -114,6 +159,7 @@ def test_call_larger_than_one_request_is_split_and_complete(triton_server):
         outputs, CpuEngine("jet_tagger", threads=1)({"features": features})["probs"], atol=1e-5)
 
 
+@pytest.mark.usefixtures("each_transport")
 def test_unknown_model_lists_what_the_server_serves(triton_server):
     model = TritonModel(triton_server.url("no_such_tagger"))
     text = _message(ModelNotFoundError, lambda: model({"features": _features()}))
@@ -121,12 +167,14 @@ def test_unknown_model_lists_what_the_server_serves(triton_server):
     assert triton_server.grpc_address in text
 
 
+@pytest.mark.usefixtures("each_transport")
 def test_unknown_version_names_the_versions_served(triton_server):
     model = TritonModel(triton_server.url("jet_tagger", 7))
     text = _message(ModelNotFoundError, lambda: model({"features": _features()}))
     assert "'jet_tagger' version 7" in text and "versions 1" in text
 
 
+@pytest.mark.usefixtures("each_transport")
 def test_unreachable_server_is_named_with_a_hint():
     address = f"127.0.0.1:{free_port()}"
     model = TritonModel(f"triton+grpc://{address}/jet_tagger", connect_timeout_s=0.5)
@@ -134,14 +182,30 @@ def test_unreachable_server_is_named_with_a_hint():
     assert address in text and "is the server running" in text
 
 
-def test_non_mapping_inputs_are_refused(jet_model):
+def test_non_mapping_inputs_are_refused(offline):
+    jet_model = offline("jet_tagger")
     text = _message(InputValidationError, lambda: jet_model(_features()))
     assert "takes a dict" in text and "['features']" in text
 
 
+@pytest.mark.usefixtures("each_transport")
 def test_signature_checksum_mismatch_is_a_clear_error(triton_server, jet_model):
     served = jet_model.info.checksum
     assert TritonModel(jet_model.url, expected_checksum=served)({"features": _features()})
     wrong = TritonModel(jet_model.url, expected_checksum="0123456789abcdef")
     text = _message(InferenceError, lambda: wrong({"features": _features()}))
     assert served in text and "0123456789abcdef" in text and "jet_tagger" in text
+
+
+@pytest.mark.usefixtures("each_transport")
+def test_in_memory_declarations_equal_what_the_server_declares(jet_model, pnet_model):
+    for model in (jet_model, pnet_model):
+        declared = zoo.declared_info(model.info.name)
+        assert (model.info.inputs, model.info.outputs, model.info.max_batch_size) == (
+            declared.inputs, declared.outputs, declared.max_batch_size)
+
+
+def test_each_transport_case_sends_over_its_wire(jet_model, each_transport, triton_server):
+    outputs = assert_sent_over(each_transport, triton_server.grpc_address,
+                               lambda: jet_model({"features": _features()}))
+    assert outputs["probs"].shape == (5, 3) and jet_model.transport_kind == each_transport

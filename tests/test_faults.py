@@ -20,7 +20,7 @@ from coffea_sonic.model import TritonModel
 from coffea_sonic.server import LocalTritonServer, free_port
 from coffea_sonic.server.repository import config_text, model_config
 from coffea_sonic.core import Secret
-from helpers import CheckedThread, wait_for
+from helpers import CheckedThread, assert_sent_over, wait_for
 
 # client-level suite: every test runs over gRPC and over shared memory
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -301,3 +301,10 @@ def test_fallback_to_a_local_server_or_a_custom_engine_when_no_server_answers(ch
     custom = TritonModel(dead, fallback=factory, connect_timeout_s=1)
     _assert_same([custom(chunks[0])["probs"]], [expected])
     assert used == ["jet_tagger"] and custom.stats.fallback_calls == 1
+
+
+def test_each_transport_case_sends_over_its_wire(jet_tagger_server, chunks, engine, each_transport):
+    model = TritonModel(jet_tagger_server.url("jet_tagger"))
+    outputs = assert_sent_over(each_transport, jet_tagger_server.grpc_address,
+                               lambda: _run(model, chunks[:2]))
+    _assert_same(outputs, [engine(chunk)["probs"] for chunk in chunks[:2]])

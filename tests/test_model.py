@@ -1,4 +1,5 @@
-"""TritonModel against the real embedded tritonserver (session fixture ``triton_server``)."""
+"""TritonModel against the real embedded tritonserver (session fixture ``triton_server``), once
+per transport (``each_transport``: gRPC, shared memory)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from coffea_sonic import zoo
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.model import TritonModel
 from coffea_sonic.transport.grpc import channel
-from helpers import pickled_class_names, run_in_threads, wait_for
+from helpers import assert_sent_over, pickled_class_names, run_in_threads, wait_for
+
+# client-level suite: every test runs over gRPC and over shared memory
+pytestmark = pytest.mark.usefixtures("each_transport")
 
 TOLERANCE = 1e-5
 
@@ -158,3 +162,12 @@ def test_unpickled_model_works_in_another_process(triton_server, start_method):
     # the parent's channel still works after the child used its own
     np.testing.assert_array_equal(model(zoo.example_inputs("jet_tagger", 4, seed=9))["probs"],
                                   expected)
+
+
+def test_each_transport_case_sends_over_its_wire(triton_server, each_transport):
+    model = TritonModel(triton_server.url("jet_tagger"))
+    inputs = zoo.example_inputs("jet_tagger", 300)
+    outputs = assert_sent_over(each_transport, triton_server.grpc_address, lambda: model(inputs))
+    np.testing.assert_allclose(outputs["probs"], CpuEngine("jet_tagger")(inputs)["probs"],
+                               atol=TOLERANCE)
+    assert model.transport_kind == each_transport

@@ -19,7 +19,7 @@ from coffea_sonic.data.real import fetch_coffea_test_samples
 from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
-from helpers import pickled_class_names
+from helpers import assert_sent_over, pickled_class_names
 
 # client-level suite: every test runs over gRPC and over shared memory
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -57,18 +57,25 @@ def _jet_tagger_requests(url):
 
 
 @pytest.fixture(scope="module")
-def iterative_output(sample, server_url):
+def iterative_output(sample, server_url, each_transport):
     return _run(processor.IterativeExecutor(), sample, server_url)
 
 
-def test_outputs_are_identical_under_iterative_futures_and_dask_executors(sample, server_url,
-                                                                           iterative_output):
+@pytest.fixture(scope="module")
+def dask_client(each_transport):
+    """Two Dask worker processes, started with this module's transport setting."""
     from distributed import Client, LocalCluster
 
-    futures_output = _run(processor.FuturesExecutor(workers=2), sample, server_url)
     with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        dask_output = _run(processor.DaskExecutor(client=client), sample, server_url)
+        yield client
+
+
+def test_outputs_are_identical_under_iterative_futures_and_dask_executors(sample, server_url,
+                                                                           iterative_output,
+                                                                           dask_client):
+    futures_output = _run(processor.FuturesExecutor(workers=2), sample, server_url)
+    dask_output = _run(processor.DaskExecutor(client=dask_client), sample, server_url)
     for other in (futures_output, dask_output):
         assert other["cutflow"] == iterative_output["cutflow"]
         for dataset in sample:
@@ -155,9 +162,8 @@ def test_example_runs_unchanged_on_real_cms_nanoaod(server_url):
     np.testing.assert_allclose(ak.to_numpy(ak.flatten(served)), local, atol=1e-5)
 
 
-def test_model_pickled_to_a_dask_worker_works_there_without_grpc_in_the_pickle(server_url):
-    from distributed import Client, LocalCluster
-
+def test_model_pickled_to_a_dask_worker_works_there_without_grpc_in_the_pickle(server_url,
+                                                                              dask_client):
     model = TritonModel(f"{server_url}/jet_tagger")
     inputs = zoo.example_inputs("jet_tagger", 50)
     local = model(inputs)["probs"]  # the driver holds a live connection now
@@ -166,7 +172,22 @@ def test_model_pickled_to_a_dask_worker_works_there_without_grpc_in_the_pickle(s
     assert not [name for name in pickled_class_names(payload)
                 if name.split(" ")[0].startswith(("grpc", "tritonclient"))
                 or "Transport" in name or "Connection" in name]
-    with LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1",
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        remote = client.submit(lambda m, x: m(x)["probs"], model, inputs).result()
+    remote = dask_client.submit(lambda m, x: m(x)["probs"], model, inputs).result()
     np.testing.assert_array_equal(remote, local)
+
+
+def test_each_transport_case_sends_over_its_wire(triton_server, server_url, dask_client,
+                                                 each_transport):
+    # from the Dask workers, whose transports stay open between tasks
+    model = TritonModel(f"{server_url}/jet_tagger")
+    inputs = zoo.example_inputs("jet_tagger", 300)
+
+    def on_every_worker():
+        return dask_client.run(lambda: (model(inputs)["probs"], model.transport_kind))
+
+    answers = assert_sent_over(each_transport, triton_server.grpc_address, on_every_worker)
+    expected = CpuEngine("jet_tagger")(inputs)["probs"]
+    assert len(answers) == 2
+    for probs, kind in answers.values():
+        np.testing.assert_allclose(probs, expected, atol=1e-5)
+        assert kind == each_transport

@@ -17,16 +17,16 @@ from coffea_sonic.routing import Endpoint, RetryPolicy, Router
 from coffea_sonic.server import LocalTritonServer, write_repository
 from coffea_sonic.core.endpoint import ServerSettings
 from coffea_sonic.core.tensors import ModelInfo, TensorInfo
-from helpers import wait_for
+from helpers import assert_sent_over, wait_for
 
 # client-level suite: every test runs over gRPC and over shared memory
 pytestmark = pytest.mark.usefixtures("each_transport")
 
 
 @pytest.fixture(scope="module")
-def jet_only_server():
-    with LocalTritonServer(models=["jet_tagger"], device="cpu") as server:
-        yield server
+def jet_only_server(jet_tagger_server):
+    """A second server, serving only jet_tagger (the session's)."""
+    return jet_tagger_server
 
 
 @pytest.fixture(scope="module")
@@ -203,3 +203,17 @@ def test_endpoint_state_explains_why_a_server_is_not_used():
     assert endpoint.state("m", "2") == "does not serve m version 2 (has versions ['1'])"
     assert endpoint.state("x") == "does not serve x"
     assert endpoint.state("m", "1") == "healthy"
+
+
+def test_each_transport_case_sends_over_its_wire(triton_server, jet_only_server, each_transport):
+    model = TritonModel([triton_server.url("jet_tagger"), jet_only_server.url("jet_tagger")],
+                        max_request_bytes=24 * 100)
+    inputs = zoo.example_inputs("jet_tagger", 2000)
+
+    def on_both():  # 20 requests over the two servers: both get some, on the same wire
+        return assert_sent_over(each_transport, jet_only_server.grpc_address,
+                                lambda: model(inputs))
+
+    outputs = assert_sent_over(each_transport, triton_server.grpc_address, on_both)
+    np.testing.assert_allclose(outputs["probs"], CpuEngine("jet_tagger", threads=1)(inputs)["probs"],
+                               atol=1e-5)

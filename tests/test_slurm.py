@@ -17,13 +17,13 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from coffea_sonic.errors import ClusterStartError
 from coffea_sonic.facility.check import CheckOptions, check_on_workers
 from coffea_sonic.facility.cluster import make_cluster
 from coffea_sonic.facility.gateway import TokenGateway
+from test_dask_failover import _assert_same_histograms
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "coffea-sonic-slurm-tests"
@@ -99,18 +99,17 @@ def _run_analysis(client, fileset, server_base: str, *, with_token: bool) -> dic
     # the synthetic files have no leptons: quiet NanoAODSchema's cross-reference warnings
     schema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
     runner = processor.Runner(
-        executor=processor.DaskExecutor(client=client, status=False, retries=3),
+        # no task retries: a lost chunk must fail the run, not be redone behind the client's back
+        executor=processor.DaskExecutor(client=client, status=False, retries=0),
         schema=schema, chunksize=CHUNKSIZE, savemetrics=False)
     return runner(fileset, processor_instance=analysis, treename="Events")
 
 
-def _comparable(output: dict) -> dict:
-    """Exact, order-independent content of an output: cutflow and histogram bin counts."""
-    return {"cutflow": output["cutflow"],
-            **{name: np.asarray(histogram.values(flow=True)).tolist()
-               for name, histogram in sorted(output["histograms"].items())
-               if name != "particlenet_b"},
-            "particlenet_b_entries": float(output["histograms"]["particlenet_b"].sum(flow=True))}
+def _assert_same_output(got: dict, want: dict) -> None:
+    """The same cutflow, and every bin (values and variances) of every histogram, particlenet's
+    scores too: equal, not close."""
+    assert got["cutflow"] == want["cutflow"]
+    _assert_same_histograms(got, want)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +133,7 @@ def test_slurm_workers_run_example_analysis_with_forwarded_token_like_local_clus
         # the check, run from inside a SLURM job, sees the same healthy path
         reports = check_on_workers(cluster.client, [gateway.url("jet_tagger")],
                                    CheckOptions(token_env=TOKEN_ENV, pings=2))
-    assert _comparable(output) == _comparable(local_reference)
+    _assert_same_output(output, local_reference)
     assert sum(entry["events"] for entry in output["cutflow"].values()) == 2 * EVENTS_PER_DATASET
     assert gateway.accepted > 0
     assert all(report.ok for per_worker in reports.values() for report in per_worker), reports
@@ -177,7 +176,7 @@ def test_scancelled_worker_job_loses_nothing(slurm, sample, triton_server, local
                                text=True, timeout=30).stdout.strip()
         assert queue in ("", "CANCELLED", "COMPLETING"), f"job {victim} still {queue}"
         assert victim not in cluster.worker_jobs().values(), "the cancelled worker is still there"
-    assert _comparable(result["output"]) == _comparable(local_reference)
+    _assert_same_output(result["output"], local_reference)
 
 
 def test_unstartable_workers_raise_cluster_start_error_with_queue_state(slurm):

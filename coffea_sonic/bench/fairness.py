@@ -133,8 +133,11 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["FairnessConfig", "GOALS", "PRESETS", "jain", "percentile", "run_fairness"]
 
-#: Goals of issue 12 for the two figures.
-GOALS: dict[str, tuple[str, float]] = {"jain": (">=", 0.9), "light_p95_ratio": ("<=", 1.5)}
+#: What the scenario must reach (checked and recorded by every run; the command exits 1 if one is
+#: missed): Jain's index of goodput, the light users' p95 ratio, and the heavy user, with ten
+#: times the requests in flight, at most twice a fair share (1/users) of the goodput.
+GOALS: dict[str, tuple[str, float]] = {"jain": (">=", 0.9), "light_p95_ratio": ("<=", 1.5),
+                                       "heavy_share_of_goodput": ("<=", 2 / 8)}
 MODEL = "jet_tagger"
 
 

@@ -75,6 +75,20 @@ def each_transport(request):
         close_all_transports()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_routers(request):
+    """In a client-level module, each test starts with no router of an earlier test: servers
+    come and go there, and a port one of them had may be another's now."""
+    if "each_transport" not in request.fixturenames:
+        yield
+        return
+    from coffea_sonic.routing import clear_routers
+
+    clear_routers()
+    yield
+    clear_routers()
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "netlab: hosts in network namespaces (coffea_sonic.netlab; needs root, "

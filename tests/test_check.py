@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -280,7 +279,6 @@ def test_cli_check_on_workers_reports_from_the_worker(gateway, monkeypatch, caps
 
 # -- the deployments of issue 10 ---------------------------------------------------------------
 PROTOCOL_KEY_ENV = "COFFEA_SONIC_CHECK_TEST_PROTOCOL_KEY"
-HAPROXY_START = Path(__file__).resolve().parents[1] / "scripts" / "haproxy" / "start.sh"
 
 
 def _what_a_default_model_does(url: str) -> tuple[str, int]:
@@ -402,8 +400,6 @@ def test_pytriton_defaults_are_reported_and_agree_with_the_client(pytriton_serve
 @pytest.fixture
 def haproxy(triton_server, jet_tagger_server):
     """Debian's haproxy, round robin per gRPC call, over two embedded servers on this host."""
-    if not HAPROXY_START.exists():
-        pytest.skip("scripts/haproxy/ is not in this checkout yet (it comes with main)")
     with HAProxy([triton_server.grpc_address, jet_tagger_server.grpc_address]) as running:
         yield running
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# kubernetes-validate (which brings jsonschema) is declared by the test extra: a missing one fails
+import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
-kubernetes_validate = pytest.importorskip(
-    "kubernetes_validate", reason="kubernetes-validate is in the test extra: pip install -e '.[test]'")
-jsonschema = pytest.importorskip("jsonschema")
-
-from coffea_sonic.facility.autoscaling import DEFAULT_THRESHOLD_MS, supersonic_query  # noqa: E402
+from coffea_sonic.facility.autoscaling import DEFAULT_THRESHOLD_MS, supersonic_query
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")

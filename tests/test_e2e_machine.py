@@ -11,10 +11,8 @@ import json
 
 import pytest
 
-pytest.importorskip("coffea")
-
-from coffea_sonic.bench.e2e_machine import run_machine_e2e, write_results  # noqa: E402
-from coffea_sonic.server.launcher import gpu_count  # noqa: E402
+from coffea_sonic.bench.e2e_machine import run_machine_e2e, write_results
+from coffea_sonic.server.launcher import gpu_count
 
 
 @pytest.mark.skipif(gpu_count() > 0, reason="the GPU machines run the full scenario instead")

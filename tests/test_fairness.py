@@ -138,4 +138,4 @@ def test_fairness_scenario_serves_every_user_completely_and_records_its_goals(tm
             "met": figures[name] >= bound if op == ">=" else figures[name] <= bound}, name
     assert figures["met"] == all(goal["met"] for goal in figures["goals"].values())
     assert code == (0 if figures["met"] else 1), printed
-    assert "fairness (quick, policy fair) finished in" in printed
+    assert "bench fairness (quick, policy fair) finished in" in printed

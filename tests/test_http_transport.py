@@ -12,6 +12,7 @@ import socket
 import ssl
 import threading
 import time
+from concurrent.futures import CancelledError
 from pathlib import Path
 
 import numpy as np
@@ -205,10 +206,29 @@ def test_concurrent_requests_share_a_bounded_pool(server, info):
 
 def test_cancel_before_answer(transport, info, data):
     inputs, reference = data
-    future = transport.submit(request_of(info, zoo.example_inputs(MODEL, 60_000, 1)))
-    if future.cancel():
-        assert future.cancelled()
+    # the real server may answer first: either way the future says what happened
+    big = zoo.example_inputs(MODEL, 60_000, 1)
+    future = transport.submit(request_of(info, big))
+    cancelled = future.cancel()
+    assert future.cancelled() is cancelled and future.done()
+    if not cancelled:
+        assert_close(future.result(timeout=60).outputs, CpuEngine(MODEL)(big))
     assert_close(transport.infer(request_of(info, inputs)).outputs, reference)
+    # a server that takes the request and never answers: the cancel must win, and it aborts the
+    # connection (the server sees it closed) instead of leaving a pool thread waiting for ever
+    with socket.create_server(("127.0.0.1", 0)) as silent, HttpTransport(
+            ServerSettings(f"127.0.0.1:{silent.getsockname()[1]}", protocol="http")) as held:
+        future = held.submit(request_of(info, inputs))
+        silent.settimeout(30)
+        connection, _ = silent.accept()
+        with connection:
+            connection.settimeout(30)
+            assert connection.recv(65536).startswith(b"POST ")  # the request is on the wire
+            assert future.cancel() and future.cancelled()
+            while connection.recv(65536):  # the rest of the request, then the client's close
+                pass
+        with pytest.raises(CancelledError):
+            future.result(timeout=0)
 
 
 def test_stale_pooled_connection_is_replaced(server, info, data):

@@ -11,6 +11,7 @@ import pytest
 from coffea_sonic.errors import ConfigurationError
 
 from coffea_sonic.share import YieldGate
+from helpers import wait_for
 
 
 @dataclass
@@ -55,14 +56,20 @@ def test_the_cap_follows_the_others_rows():
 
 
 def test_no_cap_while_nobody_else_is_served_or_without_statistics():
-    server = _FakeServer(others_rows_per_s=0)
+    server = _FakeServer(others_rows_per_s=50_000)
     with YieldGate(server, share=0.25, burst_rows=1000, poll_s=0.05) as gate:
-        time.sleep(0.2)
-        assert gate.cap_rows_per_s is None
+        # a cap while the others are served, so that each "no cap" below is a change
+        wait_for(lambda: gate.cap_rows_per_s is not None, timeout=10, what="a cap")
+        server.others_rows_per_s = 0  # nobody else served any more
+        wait_for(lambda: gate.cap_rows_per_s is None, timeout=10,
+                 what=lambda: f"no cap while nobody else is served, not {gate.cap_rows_per_s}")
         assert _rate(gate, server, 1000, 0.2) > 1_000_000
-        server.others_rows_per_s, server.fail = 10_000, True
-        time.sleep(0.2)
-        assert gate.cap_rows_per_s is None
+        server.others_rows_per_s = 50_000
+        wait_for(lambda: gate.cap_rows_per_s is not None, timeout=10, what="a cap again")
+        server.fail = True  # the statistics go away while the others are still served
+        wait_for(lambda: gate.cap_rows_per_s is None, timeout=10,
+                 what=lambda: f"no cap without statistics, not {gate.cap_rows_per_s}")
+        assert _rate(gate, server, 1000, 0.2) > 1_000_000
 
 
 def test_acquire_gives_up_at_its_deadline():

@@ -61,8 +61,17 @@ _PORT_TAKEN = re.compile(r"Socket '[^']*:(\d+)' already in use")
 def gpu_count() -> int:
     """How many CUDA GPUs are visible (the lines ``nvidia-smi -L`` lists; 0 without nvidia-smi).
 
-    >>> gpu_count() >= 0
-    True
+    >>> import tempfile; from unittest import mock
+    >>> folder = tempfile.mkdtemp(); smi = os.path.join(folder, "nvidia-smi")
+    >>> with open(smi, "w") as script:  # what nvidia-smi -L prints on a 2-GPU node
+    ...     _ = script.write("#!/bin/sh\\necho 'GPU 0: NVIDIA H100'\\necho 'GPU 1: NVIDIA H100'\\n")
+    >>> os.chmod(smi, 0o755)
+    >>> with mock.patch.dict(os.environ, {"PATH": folder}):
+    ...     gpu_count()
+    2
+    >>> with mock.patch.dict(os.environ, {"PATH": "/nonexistent"}):
+    ...     gpu_count()
+    0
     """
     smi = shutil.which("nvidia-smi")
     if not smi:
@@ -79,8 +88,10 @@ def gpu_count() -> int:
 def gpu_available() -> bool:
     """Whether a CUDA GPU is visible (``nvidia-smi -L`` lists one).
 
-    >>> isinstance(gpu_available(), bool)
-    True
+    >>> from unittest import mock
+    >>> with mock.patch.dict(os.environ, {"PATH": "/nonexistent"}):  # no nvidia-smi
+    ...     gpu_available()
+    False
     """
     return gpu_count() > 0
 

@@ -49,7 +49,49 @@ def certificates(tmp_path_factory):
     extensions.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
              "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(extensions))
-    return {"ca": str(ca), "cert": str(cert), "key": str(key)}
+    # a client identity signed by the same CA, for mutual TLS
+    client_key, client_csr, client_cert = (directory / name for name in
+                                           ("client.key", "client.csr", "client.pem"))
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(client_key), "-out",
+             str(client_csr), "-subj", "/CN=coffea-sonic test client")
+    _openssl("x509", "-req", "-in", str(client_csr), "-CA", str(ca), "-CAkey", str(ca_key),
+             "-CAcreateserial", "-out", str(client_cert), "-days", "2")
+    return {"ca": str(ca), "cert": str(cert), "key": str(key), "client_cert": str(client_cert),
+            "client_key": str(client_key)}
+
+
+def tls_arguments(certificates: dict, *, mutual: bool = False) -> list[str]:
+    """tritonserver's arguments for gRPC over TLS with the test CA's server certificate (and, with
+    ``mutual``, a client certificate required)."""
+    return ["--grpc-use-ssl=true", f"--grpc-server-cert={certificates['cert']}",
+            f"--grpc-server-key={certificates['key']}", f"--grpc-root-cert={certificates['ca']}",
+            *(["--grpc-use-ssl-mutual=true"] if mutual else [])]
+
+
+@pytest.fixture(scope="session")
+def tls_server(certificates):
+    """A real Triton serving jet_tagger over gRPC with TLS only."""
+    with LocalTritonServer(models=["jet_tagger"], device="cpu",
+                           extra_args=tls_arguments(certificates)) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def restriction():
+    """The key of :func:`restricted_tritonserver`'s restricted protocols."""
+    from interop_servers import RestrictionKey
+
+    return RestrictionKey("k", "restriction-key-that-must-never-be-printed")
+
+
+@pytest.fixture(scope="session")
+def restricted_tritonserver(restriction):
+    """tritonserver started with --grpc-restricted-protocol=model-repository,shared-memory,
+    statistics:k=VALUE (and the same --http-restricted-api), serving jet_tagger."""
+    from interop_servers import restricted_server
+
+    with restricted_server(restriction) as server:
+        yield server
 
 
 @pytest.fixture(scope="module", params=["grpc", "shm"])

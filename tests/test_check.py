@@ -25,23 +25,12 @@ from coffea_sonic.facility.check import (CheckOptions, check_on_workers, check_s
                                          render_reports)
 from coffea_sonic.facility.cluster import make_cluster
 from coffea_sonic.facility.gateway import TokenGateway
-from coffea_sonic.server import LocalTritonServer, free_port
+from coffea_sonic.server import free_port
 from helpers import CheckedThread, wait_for
-from interop_servers import (HAProxy, PyTritonJetTagger, RESTRICTED_GROUPS, RestrictionKey,
-                             restricted_server)
+from interop_servers import HAProxy, PyTritonJetTagger, RESTRICTED_GROUPS
 
 TOKEN_ENV = "COFFEA_SONIC_CHECK_TEST_TOKEN"
 TOKEN = "t0ken-value-that-must-never-be-printed"
-
-
-@pytest.fixture(scope="module")
-def tls_server(certificates):
-    """A real Triton serving jet_tagger over gRPC with TLS only."""
-    with LocalTritonServer(models=["jet_tagger"], device="cpu", extra_args=[
-            "--grpc-use-ssl=true", f"--grpc-server-cert={certificates['cert']}",
-            f"--grpc-server-key={certificates['key']}",
-            f"--grpc-root-cert={certificates['ca']}"]) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -297,19 +286,6 @@ def _assert_agrees_with_the_client(report, url: str) -> None:
     transport, rows = _what_a_default_model_does(url)
     assert rows == 257
     assert report.transport == transport, render_reports([report])
-
-
-@pytest.fixture(scope="module")
-def restriction() -> RestrictionKey:
-    return RestrictionKey("k", "check-test-key-that-must-never-be-printed")
-
-
-@pytest.fixture(scope="module")
-def restricted_tritonserver(restriction):
-    """tritonserver started with --grpc-restricted-protocol=model-repository,shared-memory,
-    statistics:k=VALUE (and the same --http-restricted-api)."""
-    with restricted_server(restriction) as server:
-        yield server
 
 
 def test_direct_server_uses_shared_memory_like_the_workers(triton_server):

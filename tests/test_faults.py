@@ -226,26 +226,22 @@ def test_restarted_server_is_readmitted(chunks):
 
 # -- security -----------------------------------------------------------------------------------
 
-def test_tls_server_is_served_over_grpcs_with_the_right_ca(certificates, engine):
-    with LocalTritonServer(models=["jet_tagger"], device="cpu", extra_args=[
-            "--grpc-use-ssl=true", f"--grpc-server-cert={certificates['cert']}",
-            f"--grpc-server-key={certificates['key']}",
-            f"--grpc-root-cert={certificates['ca']}"]) as server:
-        url = server.url("jet_tagger").replace("triton+grpc://", "triton+grpcs://")
-        inputs = zoo.example_inputs("jet_tagger", 50)
-        model = TritonModel(url, ssl={"root_certificates": certificates["ca"]})
-        np.testing.assert_allclose(model(inputs)["probs"], engine(inputs)["probs"], atol=TOLERANCE)
-        with pytest.MonkeyPatch.context() as patch:  # the CA from the settings, as on workers
-            patch.setenv("COFFEA_SONIC_CA_FILE", certificates["ca"])
-            assert TritonModel(url)(inputs)["probs"].shape == (50, 3)
-        # pickles carry the CA's path, and a copy connects by itself
-        assert pickle.loads(pickle.dumps(model))(inputs)["probs"].shape == (50, 3)
-        untrusted = TritonModel(url, connect_timeout_s=2, fallback="off")
-        with pytest.raises(ServerUnavailableError, match=server.grpc_address):
-            untrusted(inputs)
-        plaintext = TritonModel(server.url("jet_tagger"), connect_timeout_s=2, fallback="off")
-        with pytest.raises(ServerUnavailableError):
-            plaintext(inputs)
+def test_tls_server_is_served_over_grpcs_with_the_right_ca(certificates, engine, tls_server):
+    url = tls_server.url("jet_tagger").replace("triton+grpc://", "triton+grpcs://")
+    inputs = zoo.example_inputs("jet_tagger", 50)
+    model = TritonModel(url, ssl={"root_certificates": certificates["ca"]})
+    np.testing.assert_allclose(model(inputs)["probs"], engine(inputs)["probs"], atol=TOLERANCE)
+    with pytest.MonkeyPatch.context() as patch:  # the CA from the settings, as on workers
+        patch.setenv("COFFEA_SONIC_CA_FILE", certificates["ca"])
+        assert TritonModel(url)(inputs)["probs"].shape == (50, 3)
+    # pickles carry the CA's path, and a copy connects by itself
+    assert pickle.loads(pickle.dumps(model))(inputs)["probs"].shape == (50, 3)
+    untrusted = TritonModel(url, connect_timeout_s=2, fallback="off")
+    with pytest.raises(ServerUnavailableError, match=tls_server.grpc_address):
+        untrusted(inputs)
+    plaintext = TritonModel(tls_server.url("jet_tagger"), connect_timeout_s=2, fallback="off")
+    with pytest.raises(ServerUnavailableError):
+        plaintext(inputs)
 
 
 TOKEN_ENV = "COFFEA_SONIC_FAULTS_TEST_TOKEN"

@@ -37,8 +37,7 @@ from coffea_sonic.engines import CpuEngine
 from coffea_sonic.server import LocalTritonServer
 
 from interop_servers import (MODEL, PYTRITON_TOKEN_KEY, HAProxy, PyTritonJetTagger,
-                             RestrictionKey, ServedRequests, new_restriction_key,
-                             restricted_server, wait_until)
+                             RestrictionKey, ServedRequests, wait_until)
 
 TOLERANCE = 1e-5
 #: Rows of one call against (a) and (b): odd, and more than PyTriton's max_batch_size (4096), so
@@ -71,18 +70,6 @@ def pytriton_server(tmp_path_factory) -> Iterator[PyTritonJetTagger]:
     """(a) PyTriton 0.7 at its defaults (access token on), jet_tagger bound to onnxruntime."""
     server = PyTritonJetTagger(tmp_path_factory.mktemp("pytriton"))
     with server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def restriction() -> RestrictionKey:
-    return new_restriction_key()
-
-
-@pytest.fixture(scope="module")
-def restricted_tritonserver(restriction) -> Iterator[LocalTritonServer]:
-    """(b) our embedded tritonserver restricting model-repository, shared-memory and statistics."""
-    with restricted_server(restriction) as server:
         yield server
 
 

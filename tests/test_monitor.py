@@ -201,15 +201,13 @@ def test_monitor_reads_statistics_over_grpc_while_requests_flow(triton_server):
     assert row.split()[2] not in ("0.0", "-"), out.getvalue()
 
 
-def test_statistics_of_a_restricted_server_say_what_to_do_instead():
-    from interop_servers import new_restriction_key, restricted_server
-
-    key = new_restriction_key()
-    with restricted_server(key) as server:
-        snapshot = scrape(server.url(MODEL))
-        every = scrape(f"triton+grpc://{server.grpc_address}")
-        out = io.StringIO()
-        assert monitor([server.url(MODEL)], interval_s=0.01, once=True, out=out) == 1
+def test_statistics_of_a_restricted_server_say_what_to_do_instead(restricted_tritonserver,
+                                                                  restriction):
+    server, key = restricted_tritonserver, restriction
+    snapshot = scrape(server.url(MODEL))
+    every = scrape(f"triton+grpc://{server.grpc_address}")
+    out = io.StringIO()
+    assert monitor([server.url(MODEL)], interval_s=0.01, once=True, out=out) == 1
     assert "restricted" in snapshot.error and "metrics endpoint" in snapshot.error
     assert "cannot read the statistics" in snapshot.error
     assert "cannot read the repository index" in every.error and "name the model" in every.error

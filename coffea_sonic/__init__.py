@@ -7,8 +7,12 @@ zoo and in-process engines make it runnable anywhere.
 >>> import coffea_sonic
 >>> coffea_sonic.__version__
 '0.1.0'
+>>> [name for name in ("TritonModel", "SonicMixin", "make_cluster") if name in coffea_sonic.__all__]
+['TritonModel', 'SonicMixin', 'make_cluster']
 
-The public names below are imported lazily, so ``import coffea_sonic`` stays fast.
+The public names are what an analysis uses (the client, the processor mixin, the embedded
+server, the facility helpers, settings, errors); they are imported lazily, so
+``import coffea_sonic`` stays fast (it imports neither numpy nor grpc nor dask).
 """
 
 from __future__ import annotations
@@ -24,8 +28,30 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+# What an analysis uses, public name -> module that defines it. Everything else lives in its
+# submodule: transports (coffea_sonic.transport), in-process engines (coffea_sonic.engines),
+# column helpers (coffea_sonic.columns), sample data and the zoo's training (coffea_sonic.data,
+# coffea_sonic.zoo), test gateways (coffea_sonic.facility.gateway), types (coffea_sonic.core,
+# coffea_sonic.stats).
 _EXPORTS: dict[str, str] = {
+    # the client and the processor glue
+    "TritonModel": "coffea_sonic.model",
+    "SonicMixin": "coffea_sonic.processor",
+    "RetryPolicy": "coffea_sonic.routing",
+    "YieldGate": "coffea_sonic.share",
+    "Secret": "coffea_sonic.core",
+    "TlsOptions": "coffea_sonic.core",
+    # a real Triton server on this machine
+    "LocalTritonServer": "coffea_sonic.server",
+    # the facility: workers, checks
+    "make_cluster": "coffea_sonic.facility.cluster",
+    "deliver_settings": "coffea_sonic.facility.cluster",
+    "check_servers": "coffea_sonic.facility.check",
+    # settings (coffea-sonic config prints them)
+    "setting": "coffea_sonic.config",
+    "effective_settings": "coffea_sonic.config",
+    "model_urls": "coffea_sonic.config",
+    # errors
     "SonicError": "coffea_sonic.errors",
     "ConfigurationError": "coffea_sonic.errors",
     "InputValidationError": "coffea_sonic.errors",
@@ -34,45 +60,8 @@ _EXPORTS: dict[str, str] = {
     "ServerUnavailableError": "coffea_sonic.errors",
     "InferenceError": "coffea_sonic.errors",
     "MissingDependencyError": "coffea_sonic.errors",
-    "LocalTritonServer": "coffea_sonic.server",
-    "write_repository": "coffea_sonic.server",
-    "CpuEngine": "coffea_sonic.engines",
-    "GpuEngine": "coffea_sonic.engines",
-    "TritonModel": "coffea_sonic.model",
-    "SonicMixin": "coffea_sonic.processor",
-    "RetryPolicy": "coffea_sonic.routing",
-    "YieldGate": "coffea_sonic.share",
-    "Secret": "coffea_sonic.core",
-    "TlsOptions": "coffea_sonic.core",
-    "ServerSettings": "coffea_sonic.core",
-    "ModelInfo": "coffea_sonic.core",
-    "TensorInfo": "coffea_sonic.core",
-    "Transport": "coffea_sonic.transport",
-    "TransportError": "coffea_sonic.transport",
-    "InferRequest": "coffea_sonic.transport",
-    "InferAnswer": "coffea_sonic.transport",
-    "GrpcTransport": "coffea_sonic.transport.grpc",
-    "MemoryTransport": "coffea_sonic.transport.memory",
-    "InferenceStats": "coffea_sonic.stats",
-    "ServerStatistics": "coffea_sonic.stats",
-    "flatten": "coffea_sonic.columns",
-    "unflatten": "coffea_sonic.columns",
-    "jagged_counts": "coffea_sonic.columns",
-    "jet_features": "coffea_sonic.columns",
-    "jet_constituents": "coffea_sonic.columns",
-    "pad_constituents": "coffea_sonic.columns",
-    "write_sample": "coffea_sonic.data",
-    "draw_labelled_jets": "coffea_sonic.data",
-    "fetch_coffea_test_samples": "coffea_sonic.data",
-    "train_jet_tagger": "coffea_sonic.zoo.train",
     "ClusterStartError": "coffea_sonic.errors",
     "UnservableModelError": "coffea_sonic.errors",
-    "make_cluster": "coffea_sonic.facility.cluster",
-    "check_servers": "coffea_sonic.facility.check",
-    "TokenGateway": "coffea_sonic.facility.gateway",
-    "SystemShmTransport": "coffea_sonic.transport.shm",
-    "CudaShmTransport": "coffea_sonic.transport.shm",
-    "HttpTransport": "coffea_sonic.transport.http",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

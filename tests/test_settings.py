@@ -90,11 +90,16 @@ def test_every_setting_the_package_reads_is_documented():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                     re.fullmatch(r"COFFEA_SONIC_[A-Z0-9_]*", node.value):
                 direct.append((path.name, node.value))
-    assert read - {"no_such_setting"} <= names, sorted(read - names)
+    assert read - {"no_such_setting"} <= names, (
+        f"settings read but not documented: {sorted(read - names)}; add them to SETTINGS in "
+        "coffea_sonic/core/settings.py and to README's settings table")
     documented = {entry.env for entry in SETTINGS}
     undocumented = [(where, name) for where, name in direct if name not in documented
                     and not name.startswith("COFFEA_SONIC_MODEL_") and name != "COFFEA_SONIC_"]
-    assert not undocumented, undocumented
+    assert not undocumented, (
+        f"variables read but not documented: {undocumented}; add them to SETTINGS in "
+        "coffea_sonic/core/settings.py (sources=_ENV_ONLY if read from the environment only) and "
+        "to README's settings table")
 
 
 def test_documented_defaults_are_the_ones_the_code_uses(clean, monkeypatch):

@@ -117,15 +117,18 @@ def _make_connection(address: str, tls: TlsOptions | None) -> Connection:
 
 
 def get_connection(address: str, tls: TlsOptions | None = None,
-                   headers_fingerprint: str = "") -> Connection:
-    """The pooled connection of this process to ``address`` with these settings (made on demand).
+                   headers_fingerprint: str = "", index: int = 0) -> Connection:
+    """The pooled connection ``index`` of this process to ``address`` with these settings (made
+    on demand; each index is its own HTTP/2 connection).
 
     >>> a = get_connection("127.0.0.1:1")
     >>> a is get_connection("127.0.0.1:1") and a.pid == os.getpid()
     True
+    >>> get_connection("127.0.0.1:1", index=1) is a
+    False
     """
     global _pool_pid
-    key = (address, tls.key() if tls is not None else None, headers_fingerprint)
+    key = (address, tls.key() if tls is not None else None, headers_fingerprint, index)
     if _pool_pid != os.getpid():  # forked without the at-fork hook (should not happen)
         _after_fork_in_child()
     connection = _pool.get(key)

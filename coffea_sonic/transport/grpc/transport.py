@@ -11,6 +11,7 @@ GrpcTransport('127.0.0.1:1')
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ from typing import Any
 
 from ...core.endpoint import ServerSettings
 from ...core.tensors import ModelInfo
-from ...errors import InferenceError
+from ...errors import ConfigurationError, InferenceError
 from ...stats import ServerStatistics
 from ..base import InferRequest, Transport, TransportFuture, answer_from
 from ..errors import TransportError, from_grpc
@@ -38,17 +39,21 @@ class GrpcTransport(Transport):
 
     name = "grpc"
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, connections: int | None = None) -> None:
         self.settings = settings
         self.address = settings.address
+        #: HTTP/2 connections requests are spread over (round robin, each made on first use)
+        self.connections = connections or default_connections()
         self._pid = -1
         self._connection: Connection | None = None
         self._metadata: tuple[tuple[str, str], ...] = ()
-        self._framed_infer: Any = None
+        self._framed_infers: list[Any] = []
+        self._turn = itertools.count()
+        self._lock = threading.Lock()
 
     def __reduce__(self):
         # configuration only: every process makes its own channel
-        return (GrpcTransport, (self.settings,))
+        return (GrpcTransport, (self.settings, self.connections))
 
     @property
     def connection(self) -> Connection:
@@ -58,15 +63,22 @@ class GrpcTransport(Transport):
             self._connection = get_connection(self.address, self.settings.tls,
                                               self.settings.fingerprint)
             self._metadata = self.settings.metadata()
-            # ModelInfer taking already serialised requests (see codec.encode_framed)
-            from tritonclient.grpc import service_pb2
-
-            self._framed_infer = self._connection.channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer",
-                request_serializer=_identity,
-                response_deserializer=service_pb2.ModelInferResponse.FromString)
+            self._framed_infers = [_framed_infer(self._connection)] + [None] * (
+                self.connections - 1)
             self._pid = os.getpid()
         return self._connection
+
+    def _next_infer(self) -> Any:
+        """ModelInfer on the next connection in turn (made on first use)."""
+        index = next(self._turn) % self.connections
+        infer = self._framed_infers[index]
+        if infer is None:
+            with self._lock:
+                infer = self._framed_infers[index]
+                if infer is None:
+                    infer = self._framed_infers[index] = _framed_infer(get_connection(
+                        self.address, self.settings.tls, self.settings.fingerprint, index))
+        return infer
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
@@ -112,7 +124,7 @@ class GrpcTransport(Transport):
         if future.done():  # cancelled while queued
             return
         try:
-            response = self._framed_infer(payload, timeout=request.timeout_s,
+            response = self._next_infer()(payload, timeout=request.timeout_s,
                                           metadata=self.metadata)
         except Exception as error:  # noqa: BLE001 - reported through the future
             future.fail(from_grpc(error, self.address))
@@ -176,6 +188,10 @@ class GrpcTransport(Transport):
                 "extensions": list(answer.extensions)}
 
 
+#: gRPC connections per server and process (a bound: each is a socket on the server too)
+MAX_CONNECTIONS = 8
+DEFAULT_CONNECTIONS = 1
+
 #: Threads that make blocking calls for requests sent without a waiting caller, per process:
 #: enough for every model's window to be in flight at once.
 SENDER_THREADS = 16
@@ -206,3 +222,31 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _identity(payload: bytes) -> bytes:
     return payload
+
+
+def _framed_infer(connection: Connection) -> Any:
+    """ModelInfer on ``connection``, taking already serialised requests (codec.encode_framed)."""
+    from tritonclient.grpc import service_pb2
+
+    return connection.channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer", request_serializer=_identity,
+        response_deserializer=service_pb2.ModelInferResponse.FromString)
+
+
+def default_connections() -> int:
+    """Connections per server and process: ``$COFFEA_SONIC_GRPC_CONNECTIONS``, else
+    :data:`DEFAULT_CONNECTIONS`.
+
+    >>> 1 <= default_connections() <= MAX_CONNECTIONS
+    True
+    """
+    text = os.environ.get("COFFEA_SONIC_GRPC_CONNECTIONS", "")
+    try:
+        count = int(text) if text else DEFAULT_CONNECTIONS
+    except ValueError:
+        raise ConfigurationError(
+            f"COFFEA_SONIC_GRPC_CONNECTIONS must be a whole number, not {text!r}") from None
+    if not 1 <= count <= MAX_CONNECTIONS:
+        raise ConfigurationError(f"COFFEA_SONIC_GRPC_CONNECTIONS must be 1 to {MAX_CONNECTIONS}, "
+                                 f"not {count}")
+    return count

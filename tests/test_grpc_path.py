@@ -1,0 +1,64 @@
+"""The gRPC path on a real server: requests spread over several connections, answered exactly."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
+from coffea_sonic.core.endpoint import ServerSettings
+from coffea_sonic.core.tensors import TensorInfo
+from coffea_sonic.errors import ConfigurationError
+from coffea_sonic.model import TritonModel
+from coffea_sonic.server import LocalTritonServer
+from coffea_sonic.transport.base import InferRequest
+from coffea_sonic.transport.grpc import GrpcTransport, channel
+from coffea_sonic.transport.grpc.transport import default_connections
+
+OUTPUT = (TensorInfo("y", "FP32", (2,)),)
+
+
+@pytest.fixture(scope="module")
+def passthrough_server():
+    repository = write_passthrough(Path(tempfile.mkdtemp(prefix="passthrough-")))
+    with LocalTritonServer(repository=repository, device="cpu") as server:
+        yield server
+
+
+def _request(rows: int, seed: int) -> InferRequest:
+    return InferRequest(PASSTHROUGH, "", passthrough_inputs(rows, seed), OUTPUT, rows=rows)
+
+
+def test_requests_are_spread_over_every_connection_and_answered_exactly(passthrough_server):
+    address = passthrough_server.grpc_address
+    transport = GrpcTransport(ServerSettings(address), connections=3)
+    before = {key for key in channel._pool if key[0] == address}
+    futures = [(seed, transport.submit(_request(1000, seed))) for seed in range(6)]
+    for seed, future in futures:
+        expected = passthrough_inputs(1000, seed)["x"][:, :2]
+        np.testing.assert_array_equal(future.result(60).outputs["y"], expected)
+    opened = {key for key in channel._pool if key[0] == address} - before
+    # index 0 may have been opened before, by another test's transport to this server
+    assert {1, 2} <= {key[-1] for key in opened} <= {0, 1, 2}
+
+
+def test_a_model_over_several_connections_returns_every_row(passthrough_server, monkeypatch):
+    monkeypatch.setenv("COFFEA_SONIC_GRPC_CONNECTIONS", "2")
+    model = TritonModel(passthrough_server.url(PASSTHROUGH), transport="grpc",
+                        max_request_bytes=64 * 1000)
+    inputs = passthrough_inputs(10_000, seed=3)
+    np.testing.assert_array_equal(model(inputs)["y"], inputs["x"][:, :2])
+    handles = [model.infer_async(passthrough_inputs(5000, seed)) for seed in range(4)]
+    for seed, handle in enumerate(handles):
+        np.testing.assert_array_equal(handle.result(60)["y"],
+                                      passthrough_inputs(5000, seed)["x"][:, :2])
+
+
+@pytest.mark.parametrize("value", ["0", "9", "two"])
+def test_a_bad_connection_count_is_a_configuration_error(value, monkeypatch):
+    monkeypatch.setenv("COFFEA_SONIC_GRPC_CONNECTIONS", value)
+    with pytest.raises(ConfigurationError, match="COFFEA_SONIC_GRPC_CONNECTIONS"):
+        default_connections()

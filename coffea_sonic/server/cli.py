@@ -60,6 +60,9 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     add_list_option(serve, "--gpus", type=_gpu_index, metavar="GPU",
                        help="GPUs to serve on (default: every visible GPU, each with --instances "
                             "model instances)")
+    serve.add_argument("--torch-ops-library", action="append", default=[], metavar="PATH",
+                       help="with --repository: a shared library of custom TorchScript operators "
+                            "(e.g. torch_sparse's) that models need; repeat per library")
     serve.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS")
     serve.add_argument("--response-cache", metavar="SIZE",
                        help="Triton's response cache of SIZE (e.g. 512MB): identical requests are "
@@ -241,7 +244,8 @@ def run_serve(args: argparse.Namespace) -> int:
         models=args.models, repository=args.repository, device=args.device,
         grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
         host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout,
-        skip_unservable=args.skip_unservable, gpus=args.gpus, response_cache=args.response_cache)
+        skip_unservable=args.skip_unservable, gpus=args.gpus, response_cache=args.response_cache,
+        torch_ops_libraries=args.torch_ops_library)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -302,6 +302,7 @@ class LocalTritonServer:
         skip_unservable: bool = False,
         gpus: Sequence[int] | None = None,
         response_cache: int | str | None = None,
+        torch_ops_libraries: Sequence[str | os.PathLike] = (),
     ) -> None:
         if device not in ("auto", "cpu", "gpu"):
             raise ConfigurationError(f"device must be auto, cpu or gpu, not {device!r}")
@@ -327,6 +328,8 @@ class LocalTritonServer:
         # long-lived server from the main thread (or a long-lived one), or pass False.
         self.die_with_parent = die_with_parent
         self.skip_unservable = skip_unservable
+        #: operator libraries the repository's TorchScript models may need (server/torch_ops.py)
+        self.torch_ops_libraries = tuple(str(Path(p).resolve()) for p in torch_ops_libraries)
         if gpus is not None and (not list(gpus) or not all(
                 isinstance(g, int) and g >= 0 for g in gpus)):
             raise ConfigurationError(f"gpus must be a non-empty list of GPU indices, not {gpus!r}")
@@ -420,7 +423,8 @@ class LocalTritonServer:
             try:  # refusals come before anything starts, and leave nothing behind
                 prepared = prepare_repository(self.repository, workdir / "models",
                                               device=self.device,
-                                              skip_unservable=self.skip_unservable)
+                                              skip_unservable=self.skip_unservable,
+                                              torch_ops_libraries=self.torch_ops_libraries)
             except Exception:
                 if self.workdir is None:
                     shutil.rmtree(workdir, ignore_errors=True)

@@ -237,6 +237,13 @@ def load_torchscript(path: str | os.PathLike) -> Any:
             warnings.filterwarnings("ignore", r"`torch\.jit\.", DeprecationWarning)
             return torch.jit.load(str(path), map_location="cpu")
     except Exception as error:  # noqa: BLE001 (torch raises RuntimeError and others)
+        from .torch_ops import OPTION, missing_operator_name
+
+        operator = missing_operator_name(str(error))
+        if operator is not None:
+            raise ConfigurationError(
+                f"{path} calls operator {operator}, which no loaded library registers: the server "
+                f"needs the library that provides it, {OPTION}") from error
         raise ConfigurationError(
             f"{path} is not a TorchScript file torch.jit.load can read ({error}); the pytorch "
             "backend needs torch.jit.trace(model, example) or torch.jit.script(model), then "

@@ -104,7 +104,8 @@ def _serve_model(model: ServedModel, dest: Path) -> None:
 
 
 def prepare_repository(repository: str | os.PathLike, dest: Path, *, device: str = "cpu",
-                       skip_unservable: bool = False) -> PreparedRepository:
+                       skip_unservable: bool = False,
+                       torch_ops_libraries: tuple[str, ...] = ()) -> PreparedRepository:
     """Plan ``repository`` and build its served mirror in ``dest`` (emptied first).
 
     Raises :class:`~coffea_sonic.errors.UnservableModelError` naming every refused model unless
@@ -112,7 +113,8 @@ def prepare_repository(repository: str | os.PathLike, dest: Path, *, device: str
     when nothing at all can be served.
     """
     repository = Path(repository).resolve()
-    servable, refusals = plan_repository(repository, device=device)
+    servable, refusals = plan_repository(repository, device=device,
+                                         torch_ops_libraries=torch_ops_libraries)
     if refusals and not skip_unservable:
         raise UnservableModelError(refusal_message(repository, refusals), refusals)
     if not servable:

@@ -22,8 +22,9 @@ dependency, incomplete operator coverage, and a different implementation from th
 validated.
 
 It refuses, with the reason and what to do: TensorRT plans, TensorFlow models, custom backends,
-missing or unreadable configs and model files, TorchScript when torch is not importable, ensembles
-whose steps are refused. A refusal names a version when only that version is at fault.
+missing or unreadable configs and model files, TorchScript when torch is not importable or when
+the module calls an operator no loaded library registers (:mod:`.torch_ops`), ensembles whose
+steps are refused. A refusal names a version when only that version is at fault.
 
 Configs are read with tritonclient's ``model_config_pb2`` (Triton's own schema). A model without
 config.pbtxt is handled as Triton's auto-complete would: ONNX signatures are read from the graph
@@ -48,7 +49,7 @@ import importlib.util
 import logging
 import os
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
@@ -217,7 +218,7 @@ def _gpu_groups_to_cpu(config: model_config_pb2.ModelConfig) -> bool:
 
 
 def _version_problem(backend: str, platform: str, config: model_config_pb2.ModelConfig | None,
-                     model_dir: Path, version: int) -> str | None:
+                     model_dir: Path, version: int, ops: Sequence[str] = ()) -> str | None:
     filename = (config.default_model_filename if config is not None else "") or \
         DEFAULT_FILENAMES.get(platform if backend != "python" else "python", "")
     if backend == "ensemble" or not filename:
@@ -225,6 +226,10 @@ def _version_problem(backend: str, platform: str, config: model_config_pb2.Model
     if not (model_dir / str(version) / filename).exists():
         return (f"{model_dir / str(version) / filename} does not exist (platform {platform} loads "
                 f"{filename}{' as default_model_filename says' if config and config.default_model_filename else ''})")
+    if backend == "pytorch":
+        from .torch_ops import torchscript_problem
+
+        return torchscript_problem(model_dir / str(version) / filename, config, ops)
     if backend == "onnxruntime" and config is not None and (config.input or config.output):
         # the official container's onnxruntime backend refuses a config that contradicts the
         # graph; the adapter would run it anyway, so refuse it here the same way
@@ -247,7 +252,8 @@ def _version_problem(backend: str, platform: str, config: model_config_pb2.Model
     return None
 
 
-def _plan_model(model_dir: Path, device: str) -> tuple[ServedModel | None, list[Refusal]]:
+def _plan_model(model_dir: Path, device: str,
+                ops: Sequence[str] = ()) -> tuple[ServedModel | None, list[Refusal]]:
     name = model_dir.name
     config_path = model_dir / "config.pbtxt"
     config = None
@@ -298,7 +304,7 @@ def _plan_model(model_dir: Path, device: str) -> tuple[ServedModel | None, list[
                                             .rstrip()))
     served = []
     for version in selected:
-        problem = _version_problem(backend, platform, config, model_dir, version)
+        problem = _version_problem(backend, platform, config, model_dir, version, ops)
         if problem is None:
             served.append(version)
         else:
@@ -319,6 +325,10 @@ def _plan_model(model_dir: Path, device: str) -> tuple[ServedModel | None, list[
         notes.append(f"model_repository_agents: {len(verified_files(original))} checksum(s) "
                      "verified before start; the served config leaves the block out (the embedded "
                      "server has no repository agents)")
+    if backend == "pytorch" and ops:
+        known = list(config.model_operations.op_library_filename)
+        config.model_operations.op_library_filename.extend(
+            str(Path(p).resolve()) for p in ops if str(Path(p).resolve()) not in known)
     if device == "cpu" and _gpu_groups_to_cpu(config):
         notes.append("instance_group KIND_GPU served as KIND_CPU (no GPU used: device cpu)")
     if device == "gpu" and backend == "onnxruntime" and not _onnxruntime_has_cuda() and (
@@ -364,12 +374,14 @@ def _refuse_broken_ensembles(servable: list[ServedModel], refusals: list[Refusal
                                                           "is not served (refused or missing)"))
 
 
-def plan_repository(repository: str | os.PathLike, *,
-                    device: str = "cpu") -> tuple[list[ServedModel], list[Refusal]]:
+def plan_repository(repository: str | os.PathLike, *, device: str = "cpu",
+                    torch_ops_libraries: Sequence[str | os.PathLike] = ()
+                    ) -> tuple[list[ServedModel], list[Refusal]]:
     """(models the embedded server serves, refusals) for a Triton model repository.
 
     Reads every model folder (hidden folders are left out) and reads nothing else; writes nothing.
     ``device``: ``"cpu"`` serves KIND_GPU instance groups on the CPU, ``"gpu"`` keeps them.
+    ``torch_ops_libraries``: operator libraries TorchScript models may need (:mod:`.torch_ops`).
     A model with some refused versions is servable with the others (the refusals name those).
 
     >>> import tempfile, pathlib
@@ -391,7 +403,7 @@ def plan_repository(repository: str | os.PathLike, *,
         if model_dir.name.startswith("."):
             logger.info("model repository %s: leaving out hidden folder %s", root, model_dir.name)
             continue
-        served, refused = _plan_model(model_dir, device)
+        served, refused = _plan_model(model_dir, device, [str(p) for p in torch_ops_libraries])
         refusals += refused
         if served is not None:
             servable.append(served)

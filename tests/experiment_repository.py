@@ -170,3 +170,37 @@ def ragged_repository(root: Path) -> Path:
     onnx.save(model, str(root / "ragged_io" / "1" / "model.onnx"))
     (root / "ragged_io" / "config.pbtxt").write_text(RAGGED)
     return root
+
+
+def typed_repository(root: Path) -> Path:
+    """FP16 and string (BYTES) ONNX models and a BF16 TorchScript model, official format."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def onnx_model(name: str, node: str, elem: int, type_name: str, dims: int) -> None:
+        graph = helper.make_graph(
+            [helper.make_node(node, ["x", "x"] if node == "Add" else ["x"], ["y"])], name,
+            [helper.make_tensor_value_info("x", elem, ["n", dims])],
+            [helper.make_tensor_value_info("y", elem, ["n", dims])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        (root / name / "1").mkdir(parents=True)
+        onnx.save(model, str(root / name / "1" / "model.onnx"))
+        (root / name / "config.pbtxt").write_text(
+            f'platform: "onnxruntime_onnx"\nmax_batch_size: 256\n'
+            f'input [{{ name: "x" data_type: {type_name} dims: [{dims}] }}]\n'
+            f'output [{{ name: "y" data_type: {type_name} dims: [{dims}] }}]\n')
+
+    onnx_model("half", "Add", TensorProto.FLOAT16, "TYPE_FP16", 4)
+    onnx_model("text", "Identity", TensorProto.STRING, "TYPE_STRING", 1)
+
+    class Double(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    export_torchscript(Double(), root / "brain" / "1" / "model.pt")
+    (root / "brain" / "config.pbtxt").write_text(
+        'platform: "pytorch_libtorch"\nmax_batch_size: 256\n'
+        'input [{ name: "INPUT__0" data_type: TYPE_BF16 dims: [4] }]\n'
+        'output [{ name: "OUTPUT__0" data_type: TYPE_BF16 dims: [4] }]\n')
+    return root

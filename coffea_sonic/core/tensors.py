@@ -31,6 +31,12 @@ _TRITON_TO_NUMPY: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16), "FP32": np.dtype(np.float32), "FP64": np.dtype(np.float64),
     "BYTES": np.dtype(object),
 }
+try:  # numpy has no bfloat16; tritonclient takes ml_dtypes' (its own dependency)
+    import ml_dtypes
+
+    _TRITON_TO_NUMPY["BF16"] = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - an older tritonclient without ml_dtypes
+    pass
 _NUMPY_TO_TRITON: dict[np.dtype, str] = {value: key for key, value in _TRITON_TO_NUMPY.items()}
 
 
@@ -43,7 +49,7 @@ def numpy_dtype(datatype: str) -> np.dtype:
         return _TRITON_TO_NUMPY[name]
     except KeyError:
         raise InferenceError(f"Triton datatype {datatype!r} has no numpy equivalent "
-                             "(BF16 is not supported by this client)") from None
+                             "(BF16 needs the ml_dtypes package)") from None
 
 
 def triton_dtype(dtype: np.dtype) -> str:

@@ -60,9 +60,9 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     add_list_option(serve, "--gpus", type=_gpu_index, metavar="GPU",
                        help="GPUs to serve on (default: every visible GPU, each with --instances "
                             "model instances)")
-    serve.add_argument("--torch-ops-library", action="append", default=[], metavar="PATH",
-                       help="with --repository: a shared library of custom TorchScript operators "
-                            "(e.g. torch_sparse's) that models need; repeat per library")
+    add_list_option(serve, "--torch-ops-library", split_commas=False, metavar="PATH", default=[],
+                    help="with --repository: shared libraries of custom TorchScript operators "
+                         "(e.g. torch_sparse's) that models need")
     serve.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS")
     serve.add_argument("--response-cache", metavar="SIZE",
                        help="Triton's response cache of SIZE (e.g. 512MB): identical requests are "

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
+from .core.process_local import ProcessLocal
 from .errors import ConfigurationError
 
 __all__ = ["BUILTIN", "FallbackChoice", "declared_info", "fallback_engine", "resolve_fallback",
@@ -82,60 +81,33 @@ def resolve_fallback(value: FallbackChoice) -> str | Callable[[str], Engine] | N
         f"not {value!r}")
 
 
-_engines: dict[tuple, Engine] = {}
-_engines_lock = threading.Lock()
-_executor: ThreadPoolExecutor | None = None
-_last_warning: dict[str, float] = {}
-
-
-#: Engines inherited from a parent process: kept referenced so their finalizers never run in a
-#: forked child (one would stop the parent's fallback server; others may wait on the parent's
-#: threads, which do not exist here).
-_inherited_engines: list[dict] = []
-
-
-def _reset_after_fork() -> None:
-    global _engines, _engines_lock, _executor
-    _inherited_engines.append(_engines)
-    _engines = {}
-    _engines_lock = threading.Lock()
-    _executor = None
-    _last_warning.clear()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+#: this process' engines, fallback thread and last warning per model: a forked child makes its
+#: own and never finalizes its parent's (one would stop the parent's fallback server; others may
+#: wait on the parent's threads, which do not exist there)
+_engines: ProcessLocal[tuple, Engine] = ProcessLocal("fallback engines")
+_executors: ProcessLocal[str, ThreadPoolExecutor] = ProcessLocal("fallback thread")
+_last_warning: ProcessLocal[str, float] = ProcessLocal("fallback warnings")
 
 
 def fallback_engine(choice: str | Callable[[str], Engine], model: str) -> Engine:
     """The (cached, per process) engine that runs ``model`` for fallback ``choice``."""
-    key = (choice, model)
-    engine = _engines.get(key)
-    if engine is not None:
-        return engine
-    with _engines_lock:
-        engine = _engines.get(key)
-        if engine is None:
-            engine = _builtin(choice, "engine")(model) if isinstance(choice, str) else choice(model)
-            _engines[key] = engine
-        return engine
+    return _engines.get((choice, model), lambda: (
+        _builtin(choice, "engine")(model) if isinstance(choice, str) else choice(model)))
 
 
 def submit(function: Callable[[], Any]) -> Future:
     """Run ``function`` on this process's fallback thread (never on a gRPC callback thread)."""
-    global _executor
-    with _engines_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="coffea-sonic-fallback")
-        executor = _executor
+    executor = _executors.get("fallback", lambda: ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="coffea-sonic-fallback"))
     return executor.submit(function)
 
 
 def warn_fallback(model: str, rows: int, reason: str) -> None:
     """WARNING for the first fallback of ``model`` in this process, then at most every 30 s."""
     now = time.monotonic()
-    last = _last_warning.get(model)
+    last = _last_warning.peek(model)
     if last is None or now - last > 30.0:
-        _last_warning[model] = now
+        _last_warning.set(model, now)
         logger.warning("coffea-sonic: FALLBACK: running %s in-process for %d rows because no "
                        "server can serve it (%s)", model, rows, reason)
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import random
 import threading
 import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
+from .core.process_local import ProcessLocal
 from .errors import ConfigurationError
 
 __all__ = ["RetryPolicy", "call_later"]
@@ -131,20 +131,10 @@ class _Scheduler:
                 logger.exception("coffea-sonic: scheduled retry failed")
 
 
-_scheduler = _Scheduler()
-#: schedulers inherited from a parent process: kept referenced, never joined in the child
-_inherited: list[_Scheduler] = []
-
-
-def _reset_after_fork() -> None:
-    global _scheduler
-    _inherited.append(_scheduler)
-    _scheduler = _Scheduler()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+#: this process' timer (a forked child starts its own; the parent's is never joined there)
+_schedulers: ProcessLocal[str, _Scheduler] = ProcessLocal("retry timer")
 
 
 def call_later(delay_s: float, function: Callable[[], None]) -> None:
     """Run ``function`` in this process's retry thread after ``delay_s`` seconds."""
-    _scheduler.call_later(delay_s, function)
+    _schedulers.get("timer", _Scheduler).call_later(delay_s, function)

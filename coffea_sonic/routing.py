@@ -44,6 +44,7 @@ import time
 from typing import Any, Sequence
 
 from .core.endpoint import ServerSettings
+from .core.process_local import ProcessLocal
 from .core.tensors import ModelInfo
 from .discovery import Discovery
 from .endpoints import Endpoint
@@ -239,23 +240,8 @@ class Router:
                     endpoint.address, detail, seconds)
 
 
-_routers: dict[tuple, Router] = {}
-_routers_pid = os.getpid()
-_routers_lock = threading.Lock()
-
-
-#: Routers inherited from a parent process: kept referenced so that nothing of the
-#: parent's is finalized (channels closed, threads joined) in a forked child.
-_inherited: list = []
-
-
-def _reset_after_fork() -> None:
-    global _routers, _routers_pid, _routers_lock
-    _inherited.append(_routers)
-    _routers, _routers_pid, _routers_lock = {}, os.getpid(), threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+#: this process' routers (a forked child makes its own; see ProcessLocal)
+_routers: ProcessLocal[tuple, Router] = ProcessLocal("routers")
 
 
 def get_router(servers: Sequence[ServerSettings], *, policy: RetryPolicy,
@@ -263,19 +249,11 @@ def get_router(servers: Sequence[ServerSettings], *, policy: RetryPolicy,
     """This process's router for ``servers`` with these settings (made on first use)."""
     key = (tuple(settings.key() for settings in servers), policy, connect_timeout_s,
            transport if isinstance(transport, str) else id(transport))
-    router = _routers.get(key)
-    if router is not None and router.pid == os.getpid():
-        return router
-    with _routers_lock:
-        router = _routers.get(key)
-        if router is None or router.pid != os.getpid():
-            router = Router(servers, policy=policy, connect_timeout_s=connect_timeout_s,
-                            transport=transport)
-            _routers[key] = router
-        return router
+    return _routers.get(key, lambda: Router(servers, policy=policy,
+                                            connect_timeout_s=connect_timeout_s,
+                                            transport=transport))
 
 
 def clear_routers() -> None:
     """Forget every router of this process (tests; a fresh start after servers were replaced)."""
-    with _routers_lock:
-        _routers.clear()
+    _routers.clear()

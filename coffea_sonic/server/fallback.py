@@ -15,28 +15,16 @@ True
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from pathlib import Path
+
+from ..core.process_local import ProcessLocal
 
 __all__ = ["declared_info", "local_fallback_engine"]
 
 logger = logging.getLogger("coffea_sonic.fallback")
 
-_servers: dict[Path, object] = {}
-_servers_lock = threading.Lock()
-#: Servers inherited from a parent process: kept referenced so their finalizers never run here.
-_inherited: list[dict] = []
-
-
-def _reset_after_fork() -> None:
-    global _servers, _servers_lock
-    _inherited.append(_servers)
-    _servers = {}
-    _servers_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
+#: this process' fallback servers per repository (a forked child never stops its parent's)
+_servers: ProcessLocal[Path, object] = ProcessLocal("fallback servers")
 
 
 def fallback_repository() -> Path | None:
@@ -50,12 +38,12 @@ def fallback_repository() -> Path | None:
 def _repository_server(repository: Path):
     from .launcher import LocalTritonServer
 
-    with _servers_lock:
-        server = _servers.get(repository)
+    with _servers.lock:
+        server = _servers.peek(repository)
         if server is None or not server.running:
             server = LocalTritonServer(repository=repository, device="cpu",
                                        skip_unservable=True).start()
-            _servers[repository] = server
+            _servers.set(repository, server)
             logger.warning("coffea-sonic: started a local fallback Triton server for repository "
                            "%s at %s%s", repository, server.grpc_address,
                            f" (skipped: {server.skipped})" if server.skipped else "")

@@ -17,11 +17,10 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
-import os
-import threading
 from typing import Any
 
 from ..core.endpoint import ServerSettings
+from ..core.process_local import ProcessLocal
 from ..errors import ConfigurationError
 from .base import Transport
 from .kinds import KINDS as _TABLE
@@ -33,22 +32,8 @@ logger = logging.getLogger(__name__)
 #: transport kinds made from server settings (:mod:`.kinds`)
 KINDS = tuple(name for name, kind in _TABLE.items() if kind.factory)
 
-_transports: dict[tuple[Any, ...], Transport] = {}
-_lock = threading.Lock()
-_pid = os.getpid()
-# transports inherited from a parent process: kept referenced, never closed in the child
-_inherited: list[Any] = []
-
-
-def _after_fork_in_child() -> None:
-    global _lock, _pid, _transports
-    _inherited.append(_transports)
-    _transports = {}
-    _lock = threading.Lock()
-    _pid = os.getpid()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+#: this process' transports (a forked child makes its own and never closes its parent's)
+_transports: ProcessLocal[tuple[Any, ...], Transport] = ProcessLocal("transports")
 
 
 def _make(settings: ServerSettings, kind: str) -> Transport:
@@ -61,23 +46,12 @@ def _make(settings: ServerSettings, kind: str) -> Transport:
 
 def open_transport(settings: ServerSettings, kind: str) -> Transport:
     """This process' transport of ``kind`` to the server ``settings`` describe."""
-    key = (settings.key(), kind)
-    transport = _transports.get(key)
-    if transport is not None and _pid == os.getpid():
-        return transport
-    with _lock:
-        transport = _transports.get(key)
-        if transport is None:
-            transport = _transports[key] = _make(settings, kind)
-        return transport
+    return _transports.get((settings.key(), kind), lambda: _make(settings, kind))
 
 
 def close_all_transports() -> None:
     """Close every transport of this process (at interpreter exit, and in tests)."""
-    with _lock:
-        transports = list(_transports.values())
-        _transports.clear()
-    for transport in transports:
+    for transport in _transports.clear():
         try:
             transport.close()
         except Exception:  # noqa: BLE001 - best effort at exit

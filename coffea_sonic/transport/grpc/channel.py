@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core.process_local import ProcessLocal
 from ...core.tls import TlsOptions
 from ...errors import ServerUnavailableError
 
@@ -83,23 +83,8 @@ class Connection:
         self.channel.close()
 
 
-_pool: dict[tuple, Connection] = {}
-_pool_pid = os.getpid()
-_pool_lock = threading.Lock()
-# Channels inherited from a parent process: kept referenced so their finalizers never run here.
-_inherited: list[Connection] = []
-
-
-def _after_fork_in_child() -> None:
-    global _pool, _pool_pid, _pool_lock
-    _inherited.extend(_pool.values())
-    _pool = {}
-    _pool_pid = os.getpid()
-    # the parent's lock may have been held by another thread at fork time
-    _pool_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+#: this process' channels (a forked child opens its own; the parent's are never closed there)
+_pool: ProcessLocal[tuple, Connection] = ProcessLocal("gRPC channels")
 
 
 def _make_connection(address: str, tls: TlsOptions | None) -> Connection:
@@ -127,27 +112,16 @@ def get_connection(address: str, tls: TlsOptions | None = None,
     >>> get_connection("127.0.0.1:1", index=1) is a
     False
     """
-    global _pool_pid
     key = (address, tls.key() if tls is not None else None, headers_fingerprint, index)
-    if _pool_pid != os.getpid():  # forked without the at-fork hook (should not happen)
-        _after_fork_in_child()
-    connection = _pool.get(key)
-    if connection is not None:
-        return connection
-    with _pool_lock:
-        connection = _pool.get(key)
-        if connection is None:
-            connection = _make_connection(address, tls)
-            _pool[key] = connection
-        return connection
+    return _pool.get(key, lambda: _make_connection(address, tls))
 
 
 def drop_connection(connection: Connection) -> None:
     """Forget and close ``connection`` (the next :func:`get_connection` makes a new one)."""
-    with _pool_lock:
-        for key, pooled in list(_pool.items()):
+    with _pool.lock:
+        for key, pooled in _pool.items():
             if pooled is connection:
-                del _pool[key]
+                _pool.pop(key)
     if connection.pid == os.getpid():
         connection.close()
 
@@ -159,8 +133,5 @@ def pool_size() -> int:
 
 def close_all() -> None:
     """Close every channel of this process (e.g. at the end of a worker's life)."""
-    with _pool_lock:
-        connections = list(_pool.values())
-        _pool.clear()
-    for connection in connections:
+    for connection in _pool.clear():
         connection.close()

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ...core.endpoint import ServerSettings
+from ...core.process_local import ProcessLocal
 from ...core.tensors import TensorInfo, triton_dtype
 from ...errors import InferenceError, MissingDependencyError
 from ..base import InferAnswer, InferRequest, TransportFuture
@@ -45,8 +46,8 @@ STAGED_COPY_BYTES = 2 * 2**20
 #: threads (and parts) of one staged copy: one thread's memcpy reaches ~5 GB/s, the DMA from
 #: pinned memory several times that (8 threads were no faster than 4 on an H200 machine)
 STAGED_COPY_THREADS = 4
-_copy_pool: Any = None
-_copy_pool_pid = 0
+#: the staged copies' threads (a forked child has none of its parent's threads)
+_copy_pools: ProcessLocal[int, Any] = ProcessLocal("CUDA staging copy threads")
 
 
 class CudaDriver:
@@ -322,14 +323,10 @@ class CudaShmTransport(SlotTransport):
 
 
 def _staging_pool() -> Any:
-    global _copy_pool, _copy_pool_pid
-    import os
     from concurrent.futures import ThreadPoolExecutor
 
-    if _copy_pool is None or _copy_pool_pid != os.getpid():  # threads do not survive a fork
-        _copy_pool = ThreadPoolExecutor(STAGED_COPY_THREADS, thread_name_prefix="csonic-h2d")
-        _copy_pool_pid = os.getpid()
-    return _copy_pool
+    return _copy_pools.get(STAGED_COPY_THREADS, lambda: ThreadPoolExecutor(
+        STAGED_COPY_THREADS, thread_name_prefix="csonic-h2d"))
 
 
 def copy_host_to_device(source: np.ndarray, target: Any) -> None:

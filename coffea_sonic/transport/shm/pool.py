@@ -37,6 +37,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from ...core.process_local import ProcessLocal
 from ..errors import TransportError
 from .regions import SystemRegion, region_size, sweep_stale_regions
 
@@ -123,7 +124,8 @@ class SlotPool:
 
             raise ConfigurationError(f"max_slots must be an int >= 1, not {max_slots!r}")
         self.grpc, self.kind, self.max_slots = grpc, kind, max_slots
-        self._lock = threading.Lock()
+        #: its lock is this process' own (a forked child gets a fresh one)
+        self._local: ProcessLocal[str, Any] = ProcessLocal("shared-memory slot pool")
         self._pid = os.getpid()
         self._free: list[Slot] = []
         self._busy: set[Slot] = set()
@@ -136,7 +138,11 @@ class SlotPool:
         #: why this pool sends everything inline (None: it does not)
         self.disabled: str | None = None
         self.stats = {"regions_made": 0, "regions_dropped": 0, "all_busy": 0, "retired": 0}
-        _pools.add(self)
+        _pools.set(id(self), self)
+
+    @property
+    def _lock(self) -> threading.Lock:
+        return self._local.lock
 
     def __repr__(self) -> str:
         return (f"SlotPool({self.kind.rpc}, {self.grpc.address!r}, "
@@ -335,27 +341,21 @@ class SlotPool:
         for slot in free:
             if not self._discard(slot, timeout_s):
                 timeout_s = 0  # the server is gone: free the rest without asking it
-        _pools.discard(self)
+        _pools.pop(id(self))
 
 
-# strong references: a pool is closed (its registrations removed) even if its transport is dropped
-_pools: set[SlotPool] = set()
+#: this process' pools, strongly referenced: a pool is closed (its registrations removed) even
+#: if its transport is dropped; a forked child closes only its own
+_pools: ProcessLocal[int, SlotPool] = ProcessLocal("shared-memory slot pools")
 
 
 def close_all_pools() -> None:
     """Close every pool made by this process (runs at interpreter exit)."""
-    for pool in list(_pools):
+    for pool in _pools.values():
         try:
             pool.close()  # in a forked child this only forgets the parent's slots
         except Exception:  # noqa: BLE001 - best effort at exit
             logger.debug("closing %r failed", pool, exc_info=True)
 
 
-def _after_fork_in_child() -> None:
-    # a parent thread may have held a pool's lock at fork time: the child gets fresh ones
-    for pool in list(_pools):
-        pool._lock = threading.Lock()
-
-
 atexit.register(close_all_pools)
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -31,10 +31,9 @@ where its registrations went; if it later moves the connection, the request fail
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from typing import Any
 
+from ...core.process_local import ProcessLocal
 from ...errors import ConfigurationError
 from ..errors import TransportError
 from .regions import SystemRegion, host_of, is_local_host
@@ -56,22 +55,21 @@ def shm_possible(address: str) -> bool:
         return False
 
 
-_probes: dict[tuple, tuple[bool, str]] = {}
-_probes_lock = threading.Lock()
+#: this process' final probe answers per server (a forked child probes for itself)
+_probes: ProcessLocal[tuple, tuple[bool, str]] = ProcessLocal("shared-memory probes")
 
 
 def probe_shared_memory(grpc: Any, *, checks: int = PROBE_CHECKS,
                         timeout_s: float = 5.0) -> tuple[bool, str]:
     """``(usable, why)``: whether the server of ``grpc`` (a GrpcTransport) maps this process'
     shared memory *and* serves this channel's requests from the process that mapped it."""
-    key = (os.getpid(), grpc.settings.key())
-    with _probes_lock:
-        if key in _probes:
-            return _probes[key]
+    key = grpc.settings.key()
+    known = _probes.peek(key)
+    if known is not None:
+        return known
     answer, final = _probe(grpc, checks, timeout_s)
     if final:
-        with _probes_lock:
-            _probes[key] = answer
+        _probes.set(key, answer)
     logger.info("shared memory for %s: %s (%s)", grpc.address, "yes" if answer[0] else "no",
                 answer[1])
     return answer
@@ -135,14 +133,4 @@ def _unregister(grpc: Any, name: str, times: int, timeout_s: float) -> None:
 
 def forget_probes() -> None:
     """Forget every cached probe answer of this process (e.g. after a server moved)."""
-    with _probes_lock:
-        _probes.clear()
-
-
-def _after_fork_in_child() -> None:
-    global _probes_lock
-    _probes.clear()  # keyed by pid anyway; a child probes for itself
-    _probes_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    _probes.clear()

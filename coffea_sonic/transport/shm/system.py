@@ -26,14 +26,13 @@ is dropped (never reused: the server may still write into it).
 
 from __future__ import annotations
 
-import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from ...core.endpoint import ServerSettings
+from ...core.process_local import ProcessLocal
 from ...core.tensors import triton_dtype
 from ..base import InferAnswer, InferRequest, answer_from
 from .common import Layout, SlotTransport, checked_output, decode_inline, shm_parameters
@@ -44,17 +43,13 @@ __all__ = ["SystemShmTransport"]
 #: Inputs at least this large are copied into the region by ``copy_threads`` threads.
 PARALLEL_COPY_BYTES = 2 << 20  # numpy releases the GIL while copying: 2+ MiB pays for the threads
 
-_copy_pools: dict[tuple[int, int], ThreadPoolExecutor] = {}
-_copy_pools_lock = threading.Lock()
+#: copy threads per thread count (a forked child has none of its parent's threads)
+_copy_pools: ProcessLocal[int, ThreadPoolExecutor] = ProcessLocal("shared-memory copy threads")
 
 
 def _copy_pool(threads: int) -> ThreadPoolExecutor:
-    key = (os.getpid(), threads)  # a forked child has none of its parent's threads
-    with _copy_pools_lock:
-        pool = _copy_pools.get(key)
-        if pool is None:
-            pool = _copy_pools[key] = ThreadPoolExecutor(threads, thread_name_prefix="csonic-copy")
-        return pool
+    return _copy_pools.get(threads, lambda: ThreadPoolExecutor(threads,
+                                                               thread_name_prefix="csonic-copy"))
 
 
 class SystemShmTransport(SlotTransport):

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ..core.process_local import ProcessLocal
+
 __all__ = ["CacheCounters", "process_counters", "read_counters"]
 
 STATS_DIR = ".stats"
@@ -92,18 +94,12 @@ class _ProcessCounters(CacheCounters):
             pass
 
 
-_registry: dict[tuple[str, int], _ProcessCounters] = {}
-_registry_lock = threading.Lock()
+_registry: ProcessLocal[str, _ProcessCounters] = ProcessLocal("inference cache counters")
 
 
 def process_counters(root: Path) -> _ProcessCounters:
-    """This process' counters of the directory ``root`` (one object per directory and pid)."""
-    key = (str(root), os.getpid())
-    with _registry_lock:
-        counters = _registry.get(key)
-        if counters is None:
-            counters = _registry[key] = _ProcessCounters(root)
-        return counters
+    """This process' counters of the directory ``root`` (one object per directory and process)."""
+    return _registry.get(str(root), lambda: _ProcessCounters(root))
 
 
 def read_counters(root: str | os.PathLike[str]) -> tuple[CacheCounters, int]:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...core.endpoint import ServerSettings
+from ...core.process_local import ProcessLocal
 from ...core.tensors import ModelInfo
 from ...errors import ConfigurationError, InferenceError
 from ...stats import ServerStatistics
@@ -195,29 +195,13 @@ DEFAULT_CONNECTIONS = 1
 #: Threads that make blocking calls for requests sent without a waiting caller, per process:
 #: enough for every model's window to be in flight at once.
 SENDER_THREADS = 16
-_senders: dict[int, ThreadPoolExecutor] = {}
-_senders_lock = threading.Lock()
+_senders: ProcessLocal[int, ThreadPoolExecutor] = ProcessLocal("gRPC sender threads")
 
 
 def sender_pool() -> ThreadPoolExecutor:
     """This process' sender threads (a forked child makes its own)."""
-    pid = os.getpid()
-    pool = _senders.get(pid)
-    if pool is None:
-        with _senders_lock:
-            pool = _senders.get(pid)
-            if pool is None:
-                pool = _senders[pid] = ThreadPoolExecutor(SENDER_THREADS,
-                                                          thread_name_prefix="csonic-grpc")
-    return pool
-
-
-def _after_fork_in_child() -> None:
-    global _senders_lock
-    _senders_lock = threading.Lock()  # the parent's may have been held at fork time
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+    return _senders.get(SENDER_THREADS, lambda: ThreadPoolExecutor(
+        SENDER_THREADS, thread_name_prefix="csonic-grpc"))
 
 
 def _identity(payload: bytes) -> bytes:

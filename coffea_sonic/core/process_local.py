@@ -78,10 +78,10 @@ class ProcessLocal(Generic[K, V]):
         self._own()
         self._values[key] = value
 
-    def pop(self, key: K) -> V | None:
-        """Remove ``key``; its value, or None."""
+    def pop(self, key: K, default: V | None = None) -> V | None:
+        """Remove ``key``; its value, or ``default``."""
         self._own()
-        return self._values.pop(key, None)
+        return self._values.pop(key, default)
 
     def values(self) -> list[V]:
         """A snapshot of this process' values."""

@@ -14,8 +14,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "coffea_sonic"
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    # zoo.spec: the zoo's tensor declarations (plain data; the columns glue reads its feature
-    # orders), so it sits with the core types, below the zoo's models and engines
+    # zoo.spec: the zoo's tensor declarations (plain data, imported by data/ and the engines
+    # without the zoo's models), so it sits with the core types
     ("core", ("coffea_sonic.errors", "coffea_sonic.config", "coffea_sonic.stats",
               "coffea_sonic.core", "coffea_sonic.zoo.spec")),
     ("transport", ("coffea_sonic.transport",)),

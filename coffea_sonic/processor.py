@@ -42,6 +42,7 @@ import numpy as np
 
 from . import columns, config
 from .errors import ConfigurationError, InputValidationError
+from .provenance import Provenance, ProvenanceHook
 from .stats import InferenceStats
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,9 @@ class SonicMixin:
 
     sonic_models: ClassVar[Mapping[str, str | Sequence[str]]] = {}
     sonic_options: ClassVar[Mapping[str, Any]] = {}
+    #: answers from two versions of one model fail the run instead of warning (see
+    #: :meth:`sonic_provenance`)
+    sonic_require_consistent_versions: ClassVar[bool] = False
 
     # -- configuration ---------------------------------------------------------------------
     def sonic_configure(self, models: Mapping[str, str | Sequence[str]] | None = None,
@@ -143,6 +147,9 @@ class SonicMixin:
             urls = config.model_urls(name, self.sonic_models[name])
             target = urls[0] if len(urls) == 1 else urls
             client = TritonModel(target, **dict(self.sonic_options))
+            hook = ProvenanceHook(self.sonic_require_consistent_versions)
+            client.call_hooks = (*client.call_hooks, hook)
+            self.__dict__.setdefault("_sonic_provenance", {})[name] = hook
             clients[name] = client
             self.__dict__.setdefault("_sonic_baseline", {})[name] = client.stats.copy()
         return client
@@ -279,12 +286,23 @@ class SonicMixin:
             baselines[name] = now
         return collected
 
+    def sonic_provenance(self) -> Provenance:
+        """What answered this process' rows since the previous call: per model, server (or the
+        fallback), version and config digest, the rows (:class:`~coffea_sonic.provenance.Provenance`;
+        put it in ``process``'s output, coffea sums it over chunks). Two versions of one model
+        warn, or raise with ``sonic_require_consistent_versions = True``."""
+        total = Provenance(require_consistent_versions=self.sonic_require_consistent_versions)
+        for hook in self.__dict__.get("_sonic_provenance", {}).values():
+            total += hook.take()
+        return total
+
     # -- pickling --------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Clients are cheap to remake and hold per-process state; workers build their own.
         state.pop("_sonic_clients", None)
         state.pop("_sonic_baseline", None)
+        state.pop("_sonic_provenance", None)
         return state
 
 

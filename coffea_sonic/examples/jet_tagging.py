@@ -164,6 +164,7 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
         }
         if not _is_dask(tagged):
             output["inference"] = self.sonic_stats()
+            output["provenance"] = self.sonic_provenance()
         return output
 
     @staticmethod

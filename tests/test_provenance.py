@@ -1,0 +1,90 @@
+"""Provenance on the real path: a coffea run over real Dask workers whose chunks are answered by two
+servers holding different versions of one model (two sites mid rolling update) warns by default,
+fails with ``sonic_require_consistent_versions``, and its output names both versions, their servers,
+config digests and row counts."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import awkward as ak
+import pytest
+from coffea import processor
+from coffea.nanoevents import NanoAODSchema
+
+from coffea_sonic import SonicMixin, columns
+from coffea_sonic.data.synthetic import write_sample
+from coffea_sonic.provenance import Provenance
+from coffea_sonic.server import LocalTritonServer
+from coffea_sonic.server.pipelines import write_models
+
+QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
+
+
+class TwoSites(SonicMixin, processor.ProcessorABC):
+    """Each dataset's jets go to its own site's ``jet_tagger``."""
+
+    def __init__(self, site_a: str, site_b: str, strict: bool) -> None:
+        self.sonic_configure({"ttbar": site_a, "qcd_light": site_b})
+        self.sonic_require_consistent_versions = strict
+
+    def process(self, events):
+        jets = events.Jet
+        self.infer(events.metadata["dataset"], {"features": columns.jet_features(jets)}, like=jets)
+        return {"jets": {events.metadata["dataset"]: int(ak.sum(ak.num(jets)))},
+                "provenance": self.sonic_provenance()}
+
+    def postprocess(self, accumulator):
+        return accumulator
+
+
+@pytest.fixture(scope="module")
+def two_versions(tmp_path_factory):
+    root = tmp_path_factory.mktemp("versions")
+    repository = write_models(root / "v2", ["jet_tagger"])
+    shutil.move(repository / "jet_tagger" / "1", repository / "jet_tagger" / "2")
+    with LocalTritonServer(models=["jet_tagger"], device="cpu").start() as first, \
+            LocalTritonServer(repository=repository, device="cpu").start() as second:
+        yield first, second, write_sample(root / "sample", events=1200, files=2, seed=4)
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client
+
+
+def _run(two_versions, client, strict: bool):
+    first, second, fileset = two_versions
+    runner = processor.Runner(executor=processor.DaskExecutor(client=client, status=False),
+                              schema=QuietSchema, chunksize=400)
+    return runner({name: {"files": {path: "Events" for path in files}}
+                   for name, files in fileset.items()}, treename="Events",
+                  processor_instance=TwoSites(first.url("jet_tagger"), second.url("jet_tagger"),
+                                              strict))
+
+
+def test_two_versions_warn_and_the_output_names_both_with_their_rows(two_versions, dask_client,
+                                                                     caplog):
+    first, second, _ = two_versions
+    with caplog.at_level(logging.WARNING, logger="coffea_sonic.provenance"):
+        output = _run(two_versions, dask_client, strict=False)
+    record: Provenance = output["provenance"]
+    assert record.versions("jet_tagger") == ["1", "2"]
+    rows = {(source, version): count for (model, source, version, _), count in record.rows().items()}
+    assert rows == {(first.grpc_address, "1"): output["jets"]["ttbar"],
+                    (second.grpc_address, "2"): output["jets"]["qcd_light"]}
+    assert all(len(digest) == 16 for (_, _, _, digest) in record.rows())
+    assert record.fallback_share("jet_tagger") == 0.0
+    assert any("answered by 2 versions" in r.getMessage() and "version 1" in r.getMessage()
+               for r in caplog.records)
+    assert any(first.grpc_address in line and "v2" in line for line in record.describe())
+
+
+def test_require_consistent_versions_fails_the_run(two_versions, dask_client):
+    with pytest.raises(Exception, match="answered by 2 versions"):
+        _run(two_versions, dask_client, strict=True)

@@ -175,6 +175,16 @@ def _stage_ms(device: str, events: int, gpu: int = 0, repeats: int = 5) -> dict:
     return {stage: round(float(np.median(values)), 2) for stage, values in times.items()}
 
 
+def _stats(server: Any, model: str | None) -> Any:
+    """Triton's cumulative statistics of a served ``model`` (None for direct runs)."""
+    if server is None or model is None:
+        return None
+    from coffea_sonic.bench.probes import server_statistics, statistics_transport
+
+    address = getattr(server, "grpc_address", None) or server.address
+    return server_statistics(statistics_transport(address), model)
+
+
 def _machine() -> dict:
     info: dict = {"host": platform.node(), "cores": os.cpu_count(),
                   "python": platform.python_version()}
@@ -202,6 +212,14 @@ def _table(records: list[dict], device: str, events: int) -> str:
             f"{record['hits_per_s']:.0f} | {'' if ratio is None else f'{ratio:.2f}x'} | "
             f"{record['chunk_ms_p50']:.1f} | "
             f"{'' if record.get('gpu_percent') is None else record['gpu_percent']} |")
+    profiles = [(r["mode"], r["clients"], r["server_profile"]) for r in records
+                if r.get("server_profile")]
+    if profiles:
+        lines += ["", "server, ms per request: queue / compute input / compute infer / compute "
+                  "output (avg batch)", ""]
+        lines += [f"- {mode} x {clients}: {p['queue_ms']} / {p['compute_input_ms']} / "
+                  f"{p['compute_infer_ms']} / {p['compute_output_ms']} ({p['avg_batch']})"
+                  for mode, clients, p in profiles]
     return "\n".join(lines) + "\n"
 
 
@@ -257,7 +275,14 @@ def main(argv: list[str] | None = None) -> int:
                 if mode in SERVED:
                     task["url"] = server.url(SERVED[mode])
                 record: dict = {"mode": mode, "clients": clients}
+                before = _stats(server, SERVED.get(mode))
                 start_at, results = pool.run(task, clients)
+                after = _stats(server, SERVED.get(mode))
+                if before is not None and after is not None:
+                    # where a served call's time goes on the server: queue, input, run, output
+                    from coffea_sonic.bench.probes import server_profile
+
+                    record["server_profile"] = server_profile(before, after, args.duration)
                 errors = [r["error"] for r in results if "error" in r]
                 if errors:
                     record["error"] = errors[0]

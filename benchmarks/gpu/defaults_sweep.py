@@ -229,7 +229,26 @@ def plan_gpus() -> list[Server]:
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 
-PLANS = {"final": plan_final, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
+def plan_wire() -> list[Server]:
+    """The gRPC path and one process (issue 20): the default client beside gRPC forced with 1, 2
+    and 4 connections per server, smaller requests, 8 processes, and CUDA memory with the chunk
+    in 2 or 4 pieces (the next piece's host-to-device copy overlapping the current request)."""
+    def grpc(procs: int, connections: int, mrb: float | None = None, mif: int | None = None):
+        run = _t("emtrk_cnn", procs, mrb, mif, "grpc")
+        run.client["connections"] = connections
+        return run
+
+    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
+            Server("defaults", default=True, runs=[
+                Run("verify", "emtrk_cnn"), Run("triton", "emtrk_cnn", 1),
+                _t("emtrk_cnn", 1, 10, 2), _t("emtrk_cnn", 1, 5, 4),
+                grpc(1, 1), grpc(1, 2), grpc(1, 4), grpc(1, 4, 2.25, 8), grpc(1, 2, 9, 2),
+                Run("triton", "emtrk_cnn", 8), grpc(8, 1), grpc(8, 2), grpc(8, 4),
+                _t("emtrk_cnn", 1, transport="shm"), _t("emtrk_cnn", 8, transport="shm")]),
+            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+
+
+PLANS = {"final": plan_final, "wire": plan_wire, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
          "smoke": plan_smoke}
 
 
@@ -248,8 +267,19 @@ def _make_runner(task: dict, cache: dict):
         return cache[key], None
     if kind == "triton":
         from coffea_sonic import TritonModel
+        from coffea_sonic.routing import clear_routers
+        from coffea_sonic.transport.registry import close_all_transports
 
-        client = TritonModel(task["url"], timeout_s=120, **task["client"])
+        options = dict(task["client"])
+        connections = str(options.pop("connections", ""))
+        if connections != os.environ.get("COFFEA_SONIC_GRPC_CONNECTIONS", ""):
+            # the process' pooled transports were made with the previous count
+            clear_routers()
+            close_all_transports()
+            os.environ["COFFEA_SONIC_GRPC_CONNECTIONS"] = connections
+            if not connections:
+                del os.environ["COFFEA_SONIC_GRPC_CONNECTIONS"]
+        client = TritonModel(task["url"], timeout_s=120, **options)
         return client, client
     if kind == "cuda-host":
         from coffea_sonic.transport.shm import CudaShmTransport
@@ -425,6 +455,8 @@ def describe_client(run: Run) -> str:
             parts.append(f"{value / MiB:g} MiB")
         elif key == "max_in_flight":
             parts.append(f"{value} in flight")
+        elif key == "connections":
+            parts.append(f"{value} connection{'s' if value > 1 else ''}")
         else:
             parts.append(str(value))
     return ", ".join(parts)

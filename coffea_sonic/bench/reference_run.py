@@ -155,11 +155,15 @@ def _write(results: dict, output: Path) -> None:
 
 
 def reference_config(models: list[str] | None, transports: list[str] | None,
-                     quick: bool = False) -> ReferenceConfig:
+                     quick: bool = False, batches: list[int] | None = None,
+                     concurrency: list[int] | None = None,
+                     window_s: float | None = None) -> ReferenceConfig:
     """The run the command line asks for (``quick``: one batch, concurrency 1 and 2, 3 s windows).
 
     >>> reference_config(None, ["grpc"], quick=True).grid("passthrough")
     [(65536, 1), (65536, 2)]
+    >>> reference_config(["emtrk_cnn"], None, batches=[2048], concurrency=[1, 8]).grid("emtrk_cnn")
+    [(2048, 1), (2048, 8)]
     """
     config = ReferenceConfig()
     if models:
@@ -170,13 +174,20 @@ def reference_config(models: list[str] | None, transports: list[str] | None,
         config.concurrencies = (1, 2)
         config.batches = {name: batches[-1:] for name, batches in config.batches.items()}
         config.window_s = 3.0
+    if batches:
+        config.batches = {name: tuple(batches) for name in config.models}
+    if concurrency:
+        config.concurrencies = tuple(concurrency)
+    if window_s:
+        config.window_s = window_s
     return config
 
 
 def run_reference_command(models: list[str] | None, transports: list[str] | None, quick: bool,
-                          output: str, server: str | None, device: str | None) -> int:
+                          output: str, server: str | None, device: str | None,
+                          **grid: Any) -> int:
     """``coffea-sonic bench reference``: print the table and where the files are."""
-    config = reference_config(models, transports, quick)
+    config = reference_config(models, transports, quick, **grid)
     results = run_reference_bench(config, output, server=server, device=device or "auto")
     print(markdown_table(results["rows"]))
     if results["perf_analyzer_error"]:

@@ -43,6 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     help="transports (default: grpc shm http)")
     parser.add_argument("--quick", action="store_true",
                         help="one batch, concurrency 1 and 2, 3 s windows")
+    add_list_option(parser, "--batches", type=int,
+                    help="perf_analyzer's batch sizes (default per model: passthrough 16384 "
+                         "65536, emtrk_cnn 256 2048, jet_tagger 16384 65536)")
+    add_list_option(parser, "--concurrency", type=int,
+                    help="perf_analyzer's concurrency values (default 1 2 4)")
+    parser.add_argument("--window", type=float, default=None, metavar="S",
+                        help="seconds of each TritonModel window (default 5)")
     parser.add_argument("--server", metavar="GRPC[,HTTP]",
                         help="an existing server serving the models: host:port of gRPC, "
                              "optionally ,host:port of HTTP (default: start the embedded one)")
@@ -58,4 +65,5 @@ def run(args: argparse.Namespace) -> int:
     from ..reference_run import run_reference_command
 
     return run_reference_command(args.models, args.transports, args.quick, args.output,
-                                 args.server, args.device)
+                                 args.server, args.device, batches=args.batches,
+                                 concurrency=args.concurrency, window_s=args.window)

@@ -5,7 +5,8 @@
     python3 dev.py test [pytest options]  # the whole test suite (what CI runs)
 
 Both create ``.venv`` beside this file on first use and install the project with every extra into
-it (``pip install -e '.[all,test]'``); they reinstall only when pyproject.toml changes.
+it (``pip install -e '.[all,test]' -c constraints/dev.txt``: pyproject.toml holds the ranges users
+get, constraints/dev.txt the one tested set); they reinstall only when either file changes.
 Anything else is passed to ``coffea-sonic`` inside that environment: ``python3 dev.py serve``.
 """
 
@@ -22,13 +23,15 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
 STAMP = VENV / ".coffea-sonic-installed"
+CONSTRAINTS = ROOT / "constraints" / "dev.txt"
 
 
 def ensure_environment() -> None:
     """Create .venv and install the project into it unless pyproject.toml is unchanged since."""
     if sys.version_info < (3, 11):
         sys.exit(f"coffea-sonic needs Python >= 3.11; this is {sys.version.split()[0]}")
-    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    wanted = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()
+                            + CONSTRAINTS.read_bytes()).hexdigest()
     if PYTHON.exists() and STAMP.exists() and STAMP.read_text() == wanted:
         return
     if not PYTHON.exists():
@@ -36,7 +39,7 @@ def ensure_environment() -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     print("installing coffea-sonic with all extras into .venv (about a minute)", flush=True)
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "-e", f"{ROOT}[all,test]"], check=True, cwd=ROOT)
+                    "-e", f"{ROOT}[all,test]", "-c", str(CONSTRAINTS)], check=True, cwd=ROOT)
     STAMP.write_text(wanted)
 
 

@@ -10,6 +10,9 @@ True
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 
 class SonicError(Exception):
     """Base class of every coffea-sonic error."""
@@ -41,6 +44,39 @@ class InferenceError(SonicError, RuntimeError):
 
 class MissingDependencyError(SonicError, ImportError):
     """An optional dependency (torch, nvidia-pytriton, dask-jobqueue) is needed but not installed."""
+
+
+#: Which extra of coffea-sonic installs each optional module (``pip install 'coffea-sonic[EXTRA]'``).
+EXTRAS = {"onnxruntime": "onnx", "onnx": "onnx", "torch": "torch", "pytriton": "server",
+          "dask_jobqueue": "facility", "matplotlib": "bench", "tritonclient.http": "bench"}
+
+
+def require(module: str, feature: str) -> ModuleType:
+    """Import ``module`` for ``feature``, or raise one :class:`MissingDependencyError` naming the extra.
+
+    The core install (the client) leaves torch, onnxruntime, onnx, nvidia-pytriton and
+    dask-jobqueue out; every feature that needs one of them imports it through here.
+
+    >>> require("json", "reading JSON").__name__
+    'json'
+    >>> require("no_such_module", "the example")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    coffea_sonic.errors.MissingDependencyError: the example needs no_such_module, ...: pip install no_such_module
+    """
+    top = module.split(".")[0]
+    extra = EXTRAS.get(module, EXTRAS.get(top))
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        missing = error.name or ""
+        if missing and not (module == missing or module.startswith(missing + ".")
+                            or missing.startswith(top + ".")):
+            raise  # the module is there but one of ITS dependencies is broken: show that
+        where = f"pip install 'coffea-sonic[{extra}]'" if extra else f"pip install {top}"
+        raise MissingDependencyError(
+            f"{feature} needs {top}, which is not installed in this environment "
+            f"({error}): {where}") from error
 
 
 class ClusterStartError(SonicError, RuntimeError):

@@ -19,7 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from .. import zoo
-from ..errors import InputValidationError, MissingDependencyError
+from ..errors import InputValidationError, MissingDependencyError, require
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,8 @@ class CpuEngine:
     """
 
     def __init__(self, name: str, *, threads: int = 0, onnx_file: str | os.PathLike | None = None):
-        import onnxruntime
+        onnxruntime = require("onnxruntime", f"CpuEngine({name!r}) (in-process inference, "
+                                             "fallback='cpu')")
 
         self.name = name
         self.model_spec = zoo.spec(name)
@@ -84,10 +85,7 @@ class GpuEngine:
     """
 
     def __init__(self, name: str, *, device: str = "cuda:0") -> None:
-        try:
-            import torch
-        except ImportError as exc:
-            raise MissingDependencyError("GpuEngine needs torch: pip install 'coffea-sonic[torch]'") from exc
+        torch = require("torch", "GpuEngine")
         if not torch.cuda.is_available():
             raise MissingDependencyError(
                 f"GpuEngine({name!r}) needs a CUDA GPU and none is visible; use CpuEngine instead")

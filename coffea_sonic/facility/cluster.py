@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import ClusterStartError, ConfigurationError, MissingDependencyError
+from ..errors import ClusterStartError, ConfigurationError, require
 from .environment import WorkerEnvironment, worker_environment
 
 logger = logging.getLogger(__name__)
@@ -257,11 +257,7 @@ def deliver_settings(client: Any, env: Mapping[str, str] | Iterable[str] | None 
 
 
 def _jobqueue_cluster_class(kind: str) -> type:
-    try:
-        import dask_jobqueue
-    except ImportError:
-        raise MissingDependencyError(
-            f"a {kind} cluster needs dask-jobqueue: pip install 'coffea-sonic[facility]'") from None
+    dask_jobqueue = require("dask_jobqueue", f"a {kind} cluster")
     return {"slurm": dask_jobqueue.SLURMCluster, "htcondor": dask_jobqueue.HTCondorCluster}[kind]
 
 

@@ -43,7 +43,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from ..core.tensors import TensorInfo, triton_dtype
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, require
 from . import model_signatures as signatures
 from .agents import checksum_config, file_digest
 from .standard import DEFAULT_FILENAMES
@@ -245,7 +245,7 @@ def _signature(config: model_config_pb2.ModelConfig) -> tuple:
 
 def _copy_onnx(source: Path, target: Path) -> None:
     """Copy an ONNX file and the external-data files its initializers name."""
-    import onnx
+    onnx = require("onnx", f"copying {source} with its external data")
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
     shutil.copyfile(source, target)

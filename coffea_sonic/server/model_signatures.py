@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..core.tensors import TensorInfo
-from ..errors import ConfigurationError, MissingDependencyError
+from ..errors import ConfigurationError, require
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def onnx_tensors(model: Any) -> tuple[list[TensorInfo], list[TensorInfo]]:
     ``model`` is a path or a loaded ``onnx.ModelProto``. A scalar has ``dims == ()``; a tensor
     whose graph records no shape at all gets ``dims == (UNKNOWN_RANK,)``.
     """
-    import onnx
+    onnx = require("onnx", "reading an ONNX model's signature")
 
     if not isinstance(model, onnx.ModelProto):
         try:
@@ -226,11 +226,7 @@ def _ragged_dims(name: str, model_shape: Sequence[int]) -> list[Mismatch]:
 
 def load_torchscript(path: str | os.PathLike) -> Any:
     """``torch.jit.load`` on the CPU, with an error that says what to do if it is not TorchScript."""
-    try:
-        import torch
-    except ImportError as error:
-        raise MissingDependencyError(
-            "reading a TorchScript file needs torch: pip install 'coffea-sonic[torch]'") from error
+    torch = require("torch", "reading a TorchScript file")
     try:
         with warnings.catch_warnings():
             # torch 2.13 deprecates torch.jit, but TorchScript is what Triton's pytorch backend runs

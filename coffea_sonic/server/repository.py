@@ -33,7 +33,7 @@ from tritonclient.grpc import model_config_pb2
 
 from .. import zoo
 from ..core.tensors import TensorInfo
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, require
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ def _export_torchscript(name: str, target: Path) -> None:
     allow_tf32)``), so the served model would run TF32 convolutions whatever the serving process
     sets (2.4e-4 from in-process torch on emtrk_cnn, measured on an H100): trace with TF32 off.
     """
-    import torch
+    torch = require("torch", f"serving {name} on a GPU (TorchScript export)")
 
     module = zoo.torch_module(name)
     example = tuple(torch.from_numpy(value) for value in zoo.example_inputs(name, 2).values())

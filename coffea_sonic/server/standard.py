@@ -54,6 +54,7 @@ from typing import NamedTuple, Sequence
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from ..errors import require
 from .agents import agent_problems, strip_agents, verified_files
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,7 @@ def _backend_of(config: model_config_pb2.ModelConfig | None, model_dir: Path,
 
 def _onnx_signature(config: model_config_pb2.ModelConfig, path: Path) -> list[str]:
     """Complete missing inputs / outputs / max_batch_size from the ONNX graph (Triton's rules)."""
-    import onnx
+    onnx = require("onnx", f"completing the config of {path} from its ONNX graph")
 
     if path.is_dir():
         path = path / "model.onnx"
@@ -233,7 +234,7 @@ def _version_problem(backend: str, platform: str, config: model_config_pb2.Model
     if backend == "onnxruntime" and config is not None and (config.input or config.output):
         # the official container's onnxruntime backend refuses a config that contradicts the
         # graph; the adapter would run it anyway, so refuse it here the same way
-        import onnx
+        onnx = require("onnx", f"checking the config of {model_dir.name} against its ONNX graph")
 
         from .model_signatures import compare_onnx
 
@@ -348,7 +349,7 @@ def _plan_model(model_dir: Path, device: str,
 
 
 def _onnxruntime_has_cuda() -> bool:
-    import onnxruntime
+    onnxruntime = require("onnxruntime", "serving an ONNX model on a GPU")
 
     return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MissingDependencyError, ModelNotFoundError
+from ..errors import MissingDependencyError, ModelNotFoundError, require
 from .spec import (EMTRK_PATCH, JET_CLASSES, JET_TAGGER_FEATURES, MODEL_SPECS,
                    PARTICLENET_FEATURES, PARTICLENET_MAX_CONSTITUENTS, ModelSpec, TensorSpec)
 
@@ -124,14 +124,12 @@ def torch_module(name: str):
     Shipped (trained) models take their weights from the ONNX initializers, so the in-process GPU
     engine and the served model can never disagree about which weights they run.
     """
-    try:
-        from . import torch_models
-    except MissingDependencyError:
-        raise
+    from . import torch_models
+
     if not spec(name).shipped:
         return torch_models.build(name)
-    import onnx
-    import torch
+    onnx = require("onnx", f"the torch module of {name}")
+    torch = require("torch", f"the torch module of {name}")
     from onnx import numpy_helper
 
     initializers = {init.name: numpy_helper.to_array(init)
@@ -153,13 +151,9 @@ def export_onnx(name: str, path: str | os.PathLike, module=None) -> Path:
     The batch dimension is dynamic; input/output names come from the declaration. The file is
     written atomically, so concurrent first uses never see half a model.
     """
-    try:
-        import torch
+    torch = require("torch", f"exporting {name}")
+    from . import torch_models
 
-        from . import torch_models
-    except ImportError as exc:
-        raise MissingDependencyError(
-            f"exporting {name} needs torch: pip install 'coffea-sonic[torch]'") from exc
     model_spec = spec(name)
     module = module if module is not None else torch_models.build(name)
     module = module.eval()

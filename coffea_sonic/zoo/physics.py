@@ -28,7 +28,7 @@ from typing import Any
 import awkward as ak
 import numpy as np
 
-from ..errors import InputValidationError, MissingDependencyError
+from ..errors import InputValidationError, require
 from .spec import DEEPMET_CLASSES, DEEPMET_FEATURES, DEEPMET_MAX_CANDIDATES
 from .train import FLAVOUR_TO_CLASS, b_vs_light_auc, fit
 
@@ -44,13 +44,9 @@ DEEPMET_EPOCHS = 10
 
 
 def _torch():
-    try:
-        import torch
+    torch = require("torch", "training the zoo models")
+    from . import torch_models
 
-        from . import torch_models
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "training the zoo models needs torch: pip install 'coffea-sonic[torch]'") from exc
     return torch, torch_models
 
 

@@ -15,17 +15,12 @@ import math
 
 import numpy as np
 
-from ..errors import MissingDependencyError, ModelNotFoundError
+from ..errors import ModelNotFoundError, require
 from .spec import (DEEPMET_CLASSES, DEEPMET_FEATURES, EMTRK_PATCH, JET_CLASSES,
                    JET_TAGGER_FEATURES, PARTICLENET_FEATURES)
 
-try:
-    import torch
-    from torch import nn
-except ImportError as exc:  # pragma: no cover - exercised only without the torch extra
-    raise MissingDependencyError(
-        "coffea_sonic.zoo.torch_models needs torch: pip install 'coffea-sonic[torch]'"
-    ) from exc
+torch = require("torch", "coffea_sonic.zoo.torch_models")
+nn = torch.nn
 
 #: Seed of every zoo model's initial weights.
 WEIGHT_SEED = 20240917

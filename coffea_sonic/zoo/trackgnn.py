@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputValidationError, MissingDependencyError, ModelNotFoundError
+from ..errors import InputValidationError, ModelNotFoundError, require
 
 __all__ = ["MATCH_FRACTION", "MIN_TRACK_HITS", "NAME", "ENSEMBLE_NAME", "SERVED_NAMES", "STAGE_MODELS",
            "TrackMatches", "TrackMetrics", "pipeline", "run_direct", "track_matches",
@@ -99,13 +99,10 @@ def pipeline(device: str = "cpu") -> Any:
     """
     with _lock:
         if device not in _pipelines:
-            try:
-                from .trackgnn_pipeline import TrackPipeline, load_weights
+            require("torch", "trackgnn (torch on CPU or CUDA)")
+            from .trackgnn_pipeline import TrackPipeline, load_weights
 
-                _pipelines[device] = TrackPipeline(load_weights(str(weights_path())), device)
-            except ImportError as exc:
-                raise MissingDependencyError(
-                    "trackgnn runs torch (CPU or CUDA): pip install 'coffea-sonic[torch]'") from exc
+            _pipelines[device] = TrackPipeline(load_weights(str(weights_path())), device)
         return _pipelines[device]
 
 

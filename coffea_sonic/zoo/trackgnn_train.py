@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..data.hits import generate_hits
-from ..errors import InputValidationError, MissingDependencyError
+from ..errors import InputValidationError, require
 from . import trackgnn_pipeline as tp
 from .train import fit
 
@@ -115,11 +115,7 @@ def train_trackgnn(n_events: int = TRAIN_EVENTS, seed: int = 0,
                    threads: int | None = 2) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Train the three networks; return ``(weights, report)``: the ``.npz`` arrays and
     ``{"efficiency", "purity", "radius"}`` measured on ``n_validation`` fresh events."""
-    try:
-        import torch
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "training trackgnn needs torch: pip install 'coffea-sonic[torch]'") from exc
+    torch = require("torch", "training trackgnn")
     if n_events < 16 or min(epochs) < 1:
         raise InputValidationError(f"need n_events >= 16 and epochs >= 1, got {n_events}, {epochs}")
     if threads:

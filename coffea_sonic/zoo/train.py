@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InputValidationError, MissingDependencyError
+from ..errors import InputValidationError, require
 from .spec import JET_CLASSES
 
 logger = logging.getLogger(__name__)
@@ -87,13 +87,9 @@ def train_jet_tagger(n_jets: int = 60_000, seed: int = 0, epochs: int = 10,
     >>> tagger(torch.zeros(1, 6)).shape
     torch.Size([1, 3])
     """
-    try:
-        import torch
+    torch = require("torch", "training the jet tagger")
+    from . import torch_models
 
-        from . import torch_models
-    except ImportError as exc:
-        raise MissingDependencyError(
-            "training the jet tagger needs torch: pip install 'coffea-sonic[torch]'") from exc
     from ..data.synthetic import draw_labelled_jets
     from .spec import JET_TAGGER_FEATURES
 

@@ -4,6 +4,9 @@
     python3 dev.py demo [demo options]    # the main job: sample + embedded Triton + Dask + plot
     python3 dev.py test [pytest options]  # the whole test suite (what CI runs)
 
+``test`` then installs coffea-sonic's core beside the newest coffea/dask/numpy 2 and beside the
+oldest supported coffea, and runs the client suites there (scripts/dev_stacks.py says how).
+
 Both create ``.venv`` beside this file on first use and install the project with every extra into
 it (``pip install -e '.[all,test]' -c constraints/dev.txt``: pyproject.toml holds the ranges users
 get, constraints/dev.txt the one tested set); they reinstall only when either file changes.
@@ -50,8 +53,11 @@ def main(argv: list[str]) -> int:
     ensure_environment()
     command, rest = argv[0], argv[1:]
     env = dict(os.environ, PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
-    if command == "test":
-        return subprocess.call([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT, env=env)
+    if command == "test":  # the development venv, then the client beside users' stacks
+        sys.path.insert(0, str(ROOT / "scripts"))
+        from dev_stacks import run_all
+
+        return run_all(ROOT, PYTHON, rest, env)
     return subprocess.call([str(VENV / "bin" / "coffea-sonic"), command, *rest], env=env)
 
 

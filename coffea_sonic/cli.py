@@ -27,6 +27,7 @@ from .errors import SonicError
 # working while a feature is absent from an installation.
 _SUBCOMMAND_MODULES = (
     "coffea_sonic.server.cli",
+    "coffea_sonic.server.env_cli",
     "coffea_sonic.demo",
     "coffea_sonic.bench.cli",
     "coffea_sonic.data.cli",

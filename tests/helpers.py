@@ -159,3 +159,56 @@ def run_in_threads(function: Callable[..., T], arguments: Iterable[tuple], timeo
             first.add_note(f"another thread also failed: {other!r}")
         raise first
     return [thread.result for thread in threads]
+
+
+#: onnxruntime on an ONNX file, in another Python: inputs and outputs travel as .npz bytes.
+_REFERENCE_SCRIPT = """
+import io, sys
+import numpy as np
+import onnxruntime
+options = onnxruntime.SessionOptions()
+options.intra_op_num_threads = int(sys.argv[2])
+session = onnxruntime.InferenceSession(sys.argv[1], sess_options=options,
+                                       providers=["CPUExecutionProvider"])
+feed = np.load(io.BytesIO(sys.stdin.buffer.read()))
+names = [output.name for output in session.get_outputs()]
+values = session.run(names, {key: feed[key] for key in feed.files})
+out = io.BytesIO()
+np.savez(out, **dict(zip(names, values)))
+sys.stdout.buffer.write(out.getvalue())
+"""
+
+
+def reference_engine(name: str, threads: int = 0) -> Callable[[dict], dict]:
+    """The in-process CPU engine of zoo model ``name``: the expected outputs of client tests.
+
+    With onnxruntime here (the ``onnx`` extra) that is ``CpuEngine``; a client-only install
+    has none, so the same onnxruntime on the same ONNX file runs in the server's environment
+    (which has it for the served models), one process per call.
+    """
+    import importlib.util
+
+    from coffea_sonic.engines import CpuEngine
+
+    if importlib.util.find_spec("onnxruntime") is not None:
+        return CpuEngine(name, threads=threads)
+    import io
+    import subprocess
+
+    import numpy as np
+
+    from coffea_sonic import zoo
+    from coffea_sonic.server.environment import resolve
+
+    python, path = str(resolve().python), str(zoo.onnx_path(name))
+
+    def engine(inputs: dict) -> dict:
+        feed = io.BytesIO()
+        np.savez(feed, **{tensor.name: np.ascontiguousarray(inputs[tensor.name], tensor.dtype)
+                          for tensor in zoo.spec(name).inputs})
+        answer = subprocess.run([python, "-I", "-c", _REFERENCE_SCRIPT, path, str(threads)],
+                                input=feed.getvalue(), capture_output=True, check=True, timeout=300)
+        with np.load(io.BytesIO(answer.stdout)) as values:
+            return {key: values[key] for key in values.files}
+
+    return engine

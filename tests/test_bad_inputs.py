@@ -14,14 +14,13 @@ import numpy as np
 import pytest
 
 from coffea_sonic import zoo
-from coffea_sonic.engines import CpuEngine
 from coffea_sonic.errors import (InferenceError, InputValidationError, ModelNotFoundError,
                                  ServerUnavailableError)
 from coffea_sonic.model import TritonModel
 from coffea_sonic.routing import clear_routers
 from coffea_sonic.server.launcher import free_port
 from coffea_sonic.transport.memory import MemoryTransport
-from helpers import assert_sent_over
+from helpers import assert_sent_over, reference_engine
 
 #: the zoo models the matrix uses
 NAMES = ("jet_tagger", "particlenet_lite")
@@ -133,7 +132,7 @@ def test_nan_and_inf_pass_through_by_default_like_in_process(jet_model):
     features = _features(4)
     features[1, 0], features[2, 3] = np.nan, np.inf
     served = jet_model({"features": features})["probs"]
-    local = CpuEngine("jet_tagger", threads=1)({"features": features})["probs"]
+    local = reference_engine("jet_tagger", threads=1)({"features": features})["probs"]
     np.testing.assert_allclose(served, local, atol=1e-5, equal_nan=True)
     strict = TritonModel(jet_model.url, nonfinite="raise")
     text = _message(InputValidationError, lambda: strict({"features": features}))
@@ -156,7 +155,7 @@ def test_call_larger_than_one_request_is_split_and_complete(triton_server):
     outputs = model({"features": features})["probs"]
     assert model.stats.requests == -(-2000 // (4096 // 24)) and outputs.shape == (2000, 3)
     np.testing.assert_allclose(
-        outputs, CpuEngine("jet_tagger", threads=1)({"features": features})["probs"], atol=1e-5)
+        outputs, reference_engine("jet_tagger", threads=1)({"features": features})["probs"], atol=1e-5)
 
 
 @pytest.mark.usefixtures("each_transport")

@@ -3,6 +3,7 @@ restarted; TLS and bearer tokens. No event may be lost, and outputs must equal a
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import pickle
@@ -13,14 +14,13 @@ import numpy as np
 import pytest
 
 from coffea_sonic import zoo
-from coffea_sonic.engines import CpuEngine
 from coffea_sonic.errors import ServerUnavailableError, SonicError
 from coffea_sonic.facility.gateway import TokenGateway
 from coffea_sonic.model import TritonModel
 from coffea_sonic.server import LocalTritonServer, free_port
 from coffea_sonic.server.repository import config_text, model_config
 from coffea_sonic.core import Secret
-from helpers import CheckedThread, assert_sent_over, wait_for
+from helpers import CheckedThread, assert_sent_over, reference_engine, wait_for
 
 # client-level suite: every test runs over gRPC and over shared memory
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -77,7 +77,7 @@ def _jet_server(**options) -> LocalTritonServer:
 
 @pytest.fixture(scope="module")
 def engine():
-    return CpuEngine("jet_tagger", threads=1)
+    return reference_engine("jet_tagger", threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +133,8 @@ def test_kill_9_one_of_two_servers_mid_run_completes_with_clean_outputs(chunks, 
         second.stop()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None,
+                    reason="fallback='cpu' runs onnxruntime in this process: the onnx extra")
 def test_all_servers_down_with_fallback_completes_with_same_outputs(chunks, engine, caplog):
     first, second = _jet_server(), _jet_server()
     urls = [first.url("jet_tagger"), second.url("jet_tagger")]
@@ -292,7 +294,7 @@ def test_fallback_to_a_local_server_or_a_custom_engine_when_no_server_answers(ch
 
     def factory(name):
         used.append(name)
-        return CpuEngine(name, threads=1)
+        return reference_engine(name, threads=1)
 
     custom = TritonModel(dead, fallback=factory, connect_timeout_s=1)
     _assert_same([custom(chunks[0])["probs"]], [expected])

@@ -17,9 +17,8 @@ from coffea.nanoevents import NanoAODSchema, NanoEventsFactory
 from coffea_sonic import SonicMixin, TritonModel, zoo
 from coffea_sonic.data.real import fetch_coffea_test_samples
 from coffea_sonic.data.synthetic import write_sample
-from coffea_sonic.engines import CpuEngine
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
-from helpers import assert_sent_over, pickled_class_names
+from helpers import assert_sent_over, pickled_class_names, reference_engine
 
 # client-level suite: every test runs over gRPC and over shared memory
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -129,7 +128,7 @@ def test_jagged_outputs_align_with_events_of_zero_one_and_many_jets(server_url):
     jets = ak.unflatten(flat, counts)
     scores = _ScorePerJet(server_url).process(jets)["probs"]
     assert ak.num(scores).tolist() == ak.num(jets).tolist()
-    expected = CpuEngine("jet_tagger")({"features": features})["probs"]
+    expected = reference_engine("jet_tagger")({"features": features})["probs"]
     np.testing.assert_allclose(ak.to_numpy(ak.flatten(scores)), expected, atol=1e-5)
     empty = _ScorePerJet(server_url).process(jets[:0])["probs"]
     assert len(empty) == 0
@@ -158,7 +157,7 @@ def test_example_runs_unchanged_on_real_cms_nanoaod(server_url):
     served = _ScorePerJet(server_url).process(jets)["probs"]
     from coffea_sonic import columns
 
-    local = CpuEngine("jet_tagger")({"features": columns.jet_features(jets)})["probs"]
+    local = reference_engine("jet_tagger")({"features": columns.jet_features(jets)})["probs"]
     np.testing.assert_allclose(ak.to_numpy(ak.flatten(served)), local, atol=1e-5)
 
 
@@ -186,7 +185,7 @@ def test_each_transport_case_sends_over_its_wire(triton_server, server_url, dask
         return dask_client.run(lambda: (model(inputs)["probs"], model.transport_kind))
 
     answers = assert_sent_over(each_transport, triton_server.grpc_address, on_every_worker)
-    expected = CpuEngine("jet_tagger")(inputs)["probs"]
+    expected = reference_engine("jet_tagger")(inputs)["probs"]
     assert len(answers) == 2
     for probs, kind in answers.values():
         np.testing.assert_allclose(probs, expected, atol=1e-5)

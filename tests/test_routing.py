@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 
 from coffea_sonic import config, zoo
-from coffea_sonic.engines import CpuEngine
 from coffea_sonic.errors import InferenceError, InputValidationError, ModelNotFoundError
 from coffea_sonic.model import TritonModel
 from coffea_sonic.routing import Endpoint, RetryPolicy, Router
 from coffea_sonic.server import LocalTritonServer, write_repository
 from coffea_sonic.core.endpoint import ServerSettings
 from coffea_sonic.core.tensors import ModelInfo, TensorInfo
-from helpers import assert_sent_over, wait_for
+from helpers import assert_sent_over, reference_engine, wait_for
 
 # client-level suite: every test runs over gRPC and over shared memory
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -53,7 +52,7 @@ def test_requests_balance_over_servers_that_serve_the_model(triton_server, jet_o
     model(inputs)
     before = [_served(triton_server), _served(jet_only_server)]
     np.testing.assert_allclose(model(inputs)["probs"],
-                               CpuEngine("jet_tagger", threads=1)(inputs)["probs"], atol=1e-5)
+                               reference_engine("jet_tagger", threads=1)(inputs)["probs"], atol=1e-5)
     def shares() -> list[int] | None:
         counted = [_served(triton_server) - before[0], _served(jet_only_server) - before[1]]
         return counted if sum(counted) == 40 else None
@@ -215,5 +214,5 @@ def test_each_transport_case_sends_over_its_wire(triton_server, jet_only_server,
                                 lambda: model(inputs))
 
     outputs = assert_sent_over(each_transport, triton_server.grpc_address, on_both)
-    np.testing.assert_allclose(outputs["probs"], CpuEngine("jet_tagger", threads=1)(inputs)["probs"],
+    np.testing.assert_allclose(outputs["probs"], reference_engine("jet_tagger", threads=1)(inputs)["probs"],
                                atol=1e-5)

@@ -5,8 +5,11 @@ backend. The launcher builds the backend folder with the python-backend stub tha
 interpreter, sets PATH / LD_LIBRARY_PATH itself, picks free ports, waits for readiness, and on stop
 leaves no child process and none of its ``/dev/shm`` regions behind.
 
+The binary, the stub and the model's Python come from the server's environment
+(:mod:`.environment`): this one when it has nvidia-pytriton and numpy < 2, else its own.
 Environment overrides (for machines where the server comes from elsewhere, e.g. the GPU machine):
-``TRITONSERVER_BIN``, ``TRITON_BACKEND_DIR``, ``TRITON_SERVER_PATH``, ``TRITON_SERVER_LD_LIBRARY_PATH``.
+``COFFEA_SONIC_SERVER_ENV``, ``TRITONSERVER_BIN``, ``TRITON_BACKEND_DIR``, ``TRITON_SERVER_PATH``,
+``TRITON_SERVER_LD_LIBRARY_PATH``.
 
 >>> with LocalTritonServer(models=["jet_tagger"], device="cpu") as server:
 ...     server.url("jet_tagger")
@@ -17,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import glob
-import importlib.util
 import logging
 import os
 import re
@@ -25,8 +27,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
-import sysconfig
 import tempfile
 import time
 import urllib.error
@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
 from ..errors import ConfigurationError, MissingDependencyError, ServerStartError
+from . import environment as server_env
+from .environment import ServerEnvironment
 from .pipelines import write_models
 from .response_cache import server_flags
 from .served import install_adapters, prepare_repository
@@ -119,34 +121,26 @@ def _cache_bytes(size: int | str | None) -> int | None:
     return parse_size(size, "response cache size")
 
 
-def _pytriton_server_dir() -> Path:
-    spec = importlib.util.find_spec("pytriton")
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingDependencyError(
-            "the embedded Triton server needs the nvidia-pytriton wheel, which ships the "
-            "tritonserver binary: pip install 'coffea-sonic[server]'")
-    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
-
-
-def server_binary() -> Path:
+def server_binary(environment: ServerEnvironment | None = None) -> Path:
     """Path of the tritonserver binary (``$TRITONSERVER_BIN`` or the nvidia-pytriton wheel's)."""
     override = os.environ.get("TRITONSERVER_BIN")
-    path = Path(override) if override else _pytriton_server_dir() / "bin" / "tritonserver"
+    path = Path(override) if override else (
+        (environment or server_env.resolve()).server_dir / "bin" / "tritonserver")
     if not path.is_file():
         raise MissingDependencyError(f"tritonserver binary not found at {path}")
     return path
 
 
-def build_backend_dir(dest: Path) -> Path:
-    """Backend folder whose python backend uses the stub built for this interpreter's version.
+def build_backend_dir(dest: Path, environment: ServerEnvironment | None = None) -> Path:
+    """Backend folder whose python backend uses the stub built for the server Python's version.
 
     ``$TRITON_BACKEND_DIR`` wins if set (it must already hold ``python/`` with a matching stub).
     """
     override = os.environ.get("TRITON_BACKEND_DIR")
     if override:
         return Path(override)
-    server_dir = _pytriton_server_dir()
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    environment = environment or server_env.resolve()
+    server_dir, version = environment.server_dir, environment.version
     stub = server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
         available = sorted(p.name for p in (server_dir / "python_backend_stubs").iterdir())
@@ -165,22 +159,24 @@ def build_backend_dir(dest: Path) -> Path:
     return dest
 
 
-def server_environment() -> dict[str, str]:
-    """Environment for tritonserver: this interpreter's python3 and libpython found first.
+def server_environment(environment: ServerEnvironment | None = None) -> dict[str, str]:
+    """Environment for tritonserver: the server Python's python3 and libpython found first.
 
     The python-backend stub embeds Python in isolated mode and locates it through ``python3`` on
     PATH; without this interpreter's LIBDIR first it can load Debian's libpython against another
     stdlib. ``$TRITON_SERVER_PATH`` / ``$TRITON_SERVER_LD_LIBRARY_PATH`` replace the computed values.
     """
+    environment = environment or server_env.resolve()
     env = dict(os.environ)
-    interpreter_bin = os.path.dirname(sys.executable)
     env["PATH"] = os.environ.get("TRITON_SERVER_PATH") or os.pathsep.join(
-        [interpreter_bin, os.environ.get("PATH", "")])
-    libdir = sysconfig.get_config_var("LIBDIR") or ""
+        [str(environment.bin_dir), os.environ.get("PATH", "")])
+    libdir = environment.libdir
     env["LD_LIBRARY_PATH"] = os.environ.get("TRITON_SERVER_LD_LIBRARY_PATH") or os.pathsep.join(
         part for part in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if part)
     # The model's Python must not pick up a user's PYTHONPATH with another numpy.
     env.pop("PYTHONHOME", None)
+    if not server_env.is_this_interpreter(environment):
+        env.pop("PYTHONPATH", None)
     return env
 
 
@@ -341,6 +337,8 @@ class LocalTritonServer:
         #: The repository the server reads: the served mirror of ``repository``, or the zoo's.
         self.served_repository: Path | None = None
         self._library_paths: list[str] = []
+        #: The Python environment the server runs from (set on start).
+        self.environment: ServerEnvironment | None = None
         self.shm_prefix = f"csonic_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         self.device: str | None = None
         self.process: subprocess.Popen | None = None
@@ -388,7 +386,7 @@ class LocalTritonServer:
     def _command(self, repository: Path, backend_dir: Path) -> list[str]:
         ports = self.ports
         return [
-            str(server_binary()),
+            str(server_binary(self.environment)),
             f"--model-repository={repository}",
             f"--backend-directory={backend_dir}",
             f"--http-address={self.host}", f"--http-port={ports['http']}",
@@ -418,6 +416,7 @@ class LocalTritonServer:
         # several python-backend instances per GPU: one instance's host-side work per
         # request, not the GPU, is the bottleneck (see GPU_INSTANCES)
         instances = self.instances or (GPU_INSTANCES if self.device == "gpu" else 1)
+        self.environment = server_env.resolve()
         prepared = None
         if self.repository is not None:
             try:  # refusals come before anything starts, and leave nothing behind
@@ -432,11 +431,12 @@ class LocalTritonServer:
             self.skipped = [tuple(refusal) for refusal in prepared.skipped]
             repository = prepared.path
         else:
+            server_env.export_generated_models(self.environment, self.models)
             repository = write_models(
                 workdir / "models", self.models, backend="python", device=self.device,
                 instances=instances, link=True, **self.repository_options)
         self.served_repository = repository
-        backend_dir = build_backend_dir(workdir / "backends")
+        backend_dir = build_backend_dir(workdir / "backends", self.environment)
         if prepared is not None and prepared.needs_adapters:
             backend_dir, self._library_paths = install_adapters(
                 backend_dir, workdir / "backends-adapted")
@@ -470,7 +470,7 @@ class LocalTritonServer:
         """Start the tritonserver process; its finalizer stops it and cleans up after it."""
         logger.info("starting tritonserver (%s) on %s: %s", self.device, self.grpc_address,
                     " ".join(command))
-        environment = server_environment()
+        environment = server_environment(self.environment)
         if self.gpus is not None:  # the server sees only these, as its GPUs 0..n-1
             environment["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         if self._library_paths:  # the copied python-backend library's own libraries (served.py)

@@ -1,0 +1,161 @@
+"""``python3 dev.py test``'s runs beside other users' stacks (standard library only).
+
+Besides the development venv, coffea-sonic's core (the client) is installed into venvs that first
+get a user's stack from the package index, and the client-level suites run there against a server
+from the server's own environment (``COFFEA_SONIC_SERVER_ENV``: the development venv, which has
+nvidia-pytriton and numpy < 2):
+
+* ``newest``: the newest coffea[dask-awkward], dask, distributed, dask-awkward, awkward and numpy 2
+  that pip resolves that day (printed). ``coffea[dask-awkward]`` rather than a bare coffea: a bare
+  ``coffea dask distributed dask-awkward`` resolved dask 2026.8 with dask-awkward 2025.3.0 on
+  2026-11-26, a pair whose axis-0 reductions and graph optimisation fail without coffea-sonic.
+* ``oldest``: the oldest supported coffea (2025.7.0) and tritonclient (2.58.0).
+
+Installing the core must change none of coffea, numpy, awkward, dask, distributed, uproot (``pip
+freeze`` before and after). A venv is reused the same day (the stack is resolved once a day).
+``DEV_STACKS=main`` (or ``main,oldest``...) picks the runs; test files given on the command line
+select the suites of each run (a run none of whose suites is selected is left out).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from collections import deque
+from pathlib import Path
+
+CLIENT_SUITES = ("tests/test_processor.py", "tests/test_bad_inputs.py", "tests/test_faults.py",
+                 "tests/test_routing.py", "tests/test_wrong_answers.py", "tests/test_ragged.py")
+#: name -> (the user's stack, what is installed with the core, suites)
+STACKS = {
+    "newest": (["coffea[dask-awkward]", "dask", "distributed", "dask-awkward", "numpy>=2"], [],
+               CLIENT_SUITES),
+    "oldest": (["coffea==2025.7.0"], ["tritonclient[grpc]==2.58.0"], ("tests/test_processor.py",)),
+}
+UNCHANGED = ("coffea", "numpy", "awkward", "dask", "distributed", "uproot")
+SHOWN = UNCHANGED + ("dask-awkward", "dask-histogram", "pyarrow", "tritonclient", "protobuf",
+                     "grpcio")
+_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
+
+
+def _pip(python: Path, *args: str) -> None:
+    result = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"pip {' '.join(args)} failed:\n{result.stdout[-3000:]}"
+                           f"{result.stderr[-3000:]}")
+
+
+def _freeze(python: Path) -> dict[str, str]:
+    listing = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", "freeze"],
+                             capture_output=True, text=True, check=True).stdout
+    versions = {}
+    for line in listing.splitlines():
+        if "==" in line:
+            name, version = line.split("==", 1)
+            versions[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return versions
+
+
+def build(root: Path, name: str) -> Path:
+    """The venv of stack ``name`` with coffea-sonic's core in it; raise if the core moved the stack."""
+    stack, with_core, _ = STACKS[name]
+    prefix = root / f".venv-{name}"
+    python = prefix / "bin" / "python"
+    key = hashlib.sha256(f"{datetime.date.today()} {stack} {with_core}".encode()
+                         + (root / "pyproject.toml").read_bytes()).hexdigest()
+    stamp = prefix / ".coffea-sonic-stack"
+    if python.exists() and stamp.exists() and stamp.read_text() == key:
+        print(f"[{name}] reusing {prefix} (resolved today)", flush=True)
+        return python
+    shutil.rmtree(prefix, ignore_errors=True)
+    print(f"[{name}] creating {prefix}: pip install {' '.join(stack)}", flush=True)
+    venv.EnvBuilder(with_pip=True).create(prefix)
+    _pip(python, "install", "--quiet", *stack)
+    before = _freeze(python)
+    _pip(python, "install", "--quiet", "-e", str(root), *with_core)  # the core: no extras
+    after = _freeze(python)
+    print(f"[{name}] resolved: " + ", ".join(f"{p}=={after.get(p, '-')}" for p in SHOWN), flush=True)
+    moved = [f"{p} {before.get(p)} -> {after.get(p)}" for p in UNCHANGED
+             if before.get(p) != after.get(p)]
+    if moved:
+        raise RuntimeError(f"[{name}] installing coffea-sonic's core changed {', '.join(moved)}")
+    print(f"[{name}] installing coffea-sonic's core changed none of {', '.join(UNCHANGED)}",
+          flush=True)
+    _pip(python, "install", "--quiet", "pytest>=8", "pytest-timeout>=2.3")
+    stamp.write_text(key)
+    return python
+
+
+def run_pytest(python: Path, args: list[str], cwd: Path, env: dict[str, str],
+               label: str) -> tuple[int, dict[str, int]]:
+    """Run pytest, showing its output; return its exit code and its closing counts."""
+    print(f"[{label}] {python} -m pytest {' '.join(args)}", flush=True)
+    process = subprocess.Popen([str(python), "-m", "pytest", *args], cwd=cwd, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: deque[str] = deque(maxlen=40)
+    for line in process.stdout:
+        sys.stdout.write(line)
+        tail.append(line)
+    code = process.wait()
+    counts: dict[str, int] = {}
+    for line in reversed(tail):
+        if re.search(r"\bin [\d.]+s\b", line) and _COUNT.search(line):
+            for number, kind in _COUNT.findall(line):
+                kind = "errors" if kind.startswith("error") else kind
+                counts[kind] = counts.get(kind, 0) + int(number)
+            break
+    return code, counts
+
+
+def _split(root: Path, args: list[str]) -> tuple[list[str], list[str]]:
+    """(options, test paths) of a pytest command line."""
+    paths = [a for a in args if not a.startswith("-") and (root / a.split("::")[0]).exists()]
+    return [a for a in args if a not in paths], paths
+
+
+def run_all(root: Path, python: Path, args: list[str], env: dict[str, str]) -> int:
+    """The development venv's run, then each stack's; one exit code and one closing line."""
+    wanted = os.environ.get("DEV_STACKS", "main," + ",".join(STACKS)).split(",")
+    results = []
+    if "main" in wanted:
+        results.append(("main", *run_pytest(python, args, root, env, "main")))
+    options, paths = _split(root, args)
+    for name, (_, _, suites) in STACKS.items():
+        selected = [p for p in paths if p.split("::")[0] in suites] if paths else list(suites)
+        if name not in wanted or not selected:
+            continue
+        try:
+            stack_python = build(root, name)
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
+            print(error, flush=True)
+            results.append((name, 1, {"failed": 1}))
+            continue
+        stack_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        stack_env["PATH"] = f"{stack_python.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        stack_env.setdefault("COFFEA_SONIC_SERVER_ENV", str(python.parent.parent))
+        results.append((name, *run_pytest(stack_python, [*options, *selected], root, stack_env,
+                                          name)))
+    return _report(results)
+
+
+def _report(results: list[tuple[str, int, dict[str, int]]]) -> int:
+    total: dict[str, int] = {}
+    for name, code, counts in results:
+        print(f"{name}: exit {code}, " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        for kind, number in counts.items():
+            total[kind] = total.get(kind, 0) + number
+    failed = total.get("failed", 0) + total.get("errors", 0)
+    print(f"total: {total.get('passed', 0)} passed, {failed} failed, "
+          f"{total.get('skipped', 0)} skipped", flush=True)
+    codes = [code for _, code, _ in results]
+    bad = [code for code in codes if code not in (0, 5)]
+    if bad:
+        return bad[0]
+    return 5 if codes and all(code == 5 for code in codes) else 0

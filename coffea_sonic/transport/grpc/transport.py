@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 

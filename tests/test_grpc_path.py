@@ -35,12 +35,12 @@ def _request(rows: int, seed: int) -> InferRequest:
 def test_requests_are_spread_over_every_connection_and_answered_exactly(passthrough_server):
     address = passthrough_server.grpc_address
     transport = GrpcTransport(ServerSettings(address), connections=3)
-    before = {key for key in channel._pool if key[0] == address}
+    before = {key for key, _ in channel._pool.items() if key[0] == address}
     futures = [(seed, transport.submit(_request(1000, seed))) for seed in range(6)]
     for seed, future in futures:
         expected = passthrough_inputs(1000, seed)["x"][:, :2]
         np.testing.assert_array_equal(future.result(60).outputs["y"], expected)
-    opened = {key for key in channel._pool if key[0] == address} - before
+    opened = {key for key, _ in channel._pool.items() if key[0] == address} - before
     # index 0 may have been opened before, by another test's transport to this server
     assert {1, 2} <= {key[-1] for key in opened} <= {0, 1, 2}
 

@@ -27,8 +27,11 @@ timeout "${SWEEP_TIMEOUT:-300}" python3 benchmarks/gpu/defaults_sweep.py --plan 
   | tee "$OUT/defaults-wire-log.txt" | tail -30
 left=$(( ${TOTAL_BUDGET:-570} - SECONDS - 10 ))
 echo "== reference (at most $left s)"
-timeout "$left" python3 -m coffea_sonic.cli bench reference --models emtrk_cnn \
-  --transports grpc shm cuda --batches 2048 --concurrency 1 8 --window 4 --device gpu \
-  -o "$OUT/reference" 2>&1 | grep --line-buffered -v "RuntimeWarning\|warnings.warn" \
+# (the same as `coffea-sonic bench reference --models emtrk_cnn --transports grpc shm cuda
+#  --batches 2048 --concurrency 1 8 --window 4 --device gpu`; the CLI wants awkward, not carried)
+timeout "$left" python3 -c "import sys, logging; logging.basicConfig(level=logging.INFO)
+from coffea_sonic.bench.reference_run import run_reference_command as run
+sys.exit(run(['emtrk_cnn'], ['grpc', 'shm', 'cuda'], False, '$OUT/reference', None, 'gpu',
+             batches=[2048], concurrency=[1, 8], window_s=4.0))" 2>&1 | grep --line-buffered -v "RuntimeWarning\|warnings.warn" \
   | tee "$OUT/reference-log.txt" | tail -12
 ls -la "$OUT" "$OUT/reference" 2>/dev/null

@@ -120,6 +120,15 @@ def _server_cell(record: dict) -> str:
 
 def markdown_report(results: dict) -> str:
     """The result as markdown: machine, tables per sweep, targets, scaling model, equality."""
+    lines = _header_section(results)
+    for section in (_batch_section, _in_flight_section, _clients_section, _targets_section,
+                    _profile_section, _scaling_section, _equality_section, _e2e_section):
+        lines += section(results)
+    return "\n".join(lines) + "\n"
+
+
+def _header_section(results: dict) -> list[str]:
+    """Machine, versions, server, preset, partial and skipped runs."""
     machine = results["machine"]
     versions = machine.get("versions", {})
     lines = [
@@ -142,6 +151,12 @@ def markdown_report(results: dict) -> str:
     for skipped in results.get("skipped", []):
         what = ", ".join(f"{key} {value}" for key, value in skipped.items() if key != "reason")
         lines.append(f"- skipped {what}: {skipped['reason']}")
+    return lines
+
+
+def _batch_section(results: dict) -> list[str]:
+    """Throughput by mode and batch size (one client process)."""
+    lines: list[str] = []
     lines += ["", "## Throughput by mode and batch size (one client process)", "",
               "| model | mode | batch | in flight | rows/s | spread | events/s | latency p50 / p99 ms "
               "| server queue / compute ms per request (avg batch) | client RSS growth / tensor bytes, median chunk "
@@ -157,6 +172,12 @@ def markdown_report(results: dict) -> str:
             f"{_ms(r['latency'].get('p50_ms'))} / {_ms(r['latency'].get('p99_ms'))} | "
             f"{_server_cell(r)} | {_rss_cell(r)} | "
             f"{'–' if diff is None else f'{diff:.1e}'} |")
+    return lines
+
+
+def _in_flight_section(results: dict) -> list[str]:
+    """Requests in flight (remote, one client)."""
+    lines: list[str] = []
     in_flight = _sweep(results, "in_flight")
     if in_flight:
         lines += ["", "## Requests in flight (remote, one client)", "",
@@ -169,6 +190,12 @@ def markdown_report(results: dict) -> str:
                 f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–"
                 f"{format_rate(rate['max'])} | {_ms(r['latency'].get('p50_ms'))} / "
                 f"{_ms(r['latency'].get('p99_ms'))} | {_server_cell(r)} |")
+    return lines
+
+
+def _clients_section(results: dict) -> list[str]:
+    """Concurrent client processes."""
+    lines: list[str] = []
     clients = _sweep(results, "clients")
     if clients:
         lines += ["", "## Concurrent client processes", "",
@@ -187,6 +214,12 @@ def markdown_report(results: dict) -> str:
                 f"{format_rate(rate['max'])} | {format_rate(r['events_per_s']['median'])} | "
                 f"{'–' if busy is None else f'{100 * busy:.0f} %'} | {gpu_cell} | "
                 f"{_rss_cell(r)} |")
+    return lines
+
+
+def _targets_section(results: dict) -> list[str]:
+    """The targets and whether they were met."""
+    lines: list[str] = []
     targets = results.get("targets") or []
     if targets:
         lines += ["", "## Targets", "", "| target | model | measured | goal | met | how |",
@@ -198,6 +231,12 @@ def markdown_report(results: dict) -> str:
             measured = "–" if t["measured"] is None else f"{t['measured']:.2f}"
             note = t["detail"] + (f"; {t['shortfall']}" if t.get("shortfall") else "")
             lines.append(f"| {t['name']} | {t['model']} | {measured} | {goal} | {met} | {note} |")
+    return lines
+
+
+def _profile_section(results: dict) -> list[str]:
+    """Where the time goes, per request (served modes)."""
+    lines: list[str] = []
     profiled = [r for r in results["measurements"] if r.get("profile")
                 and ("in_flight" in r.get("sweeps", ()) or "clients" in r.get("sweeps", ())
                      or r["batch_size"] == 0 or r["mode"] != "remote")]
@@ -220,6 +259,12 @@ def markdown_report(results: dict) -> str:
                 f"{_ms(p['queue_ms'])} | {p['compute_input_ms']:.2f} / {p['compute_infer_ms']:.2f} "
                 f"/ {p['compute_output_ms']:.2f} | "
                 f"{_ms(p['observed_gb_per_s'])} |")
+    return lines
+
+
+def _scaling_section(results: dict) -> list[str]:
+    """The scaling model fitted to the clients sweep."""
+    lines: list[str] = []
     scaling = {k: v for k, v in (results.get("scaling") or {}).items() if k != "analysis"}
     if scaling:
         lines += ["", "## Scaling model (fitted to the clients sweep)", "",
@@ -246,6 +291,12 @@ def markdown_report(results: dict) -> str:
     if analysis:
         lines += ["", "### Analysis-level prediction (demo analysis, measured p and t_CPU)", "",
                   analysis["summary"]]
+    return lines
+
+
+def _equality_section(results: dict) -> list[str]:
+    """Outputs equal across modes."""
+    lines: list[str] = []
     equality = results.get("equality") or {}
     if equality.get("max_abs_diff"):
         lines += ["", "## Outputs equal across modes", "",
@@ -261,6 +312,12 @@ def markdown_report(results: dict) -> str:
             cells = [("–" if per_mode.get(mode) is None else f"{per_mode[mode]:.1e}")
                      for mode in MODES]
             lines.append(f"| {name}, vs local-gpu | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _e2e_section(results: dict) -> list[str]:
+    """The end-to-end demo analysis."""
+    lines: list[str] = []
     e2e = results.get("e2e")
     if e2e:
         lines += ["", "## End to end: demo analysis", "", e2e.get("summary", "")]
@@ -275,7 +332,7 @@ def markdown_report(results: dict) -> str:
                     f"{row['wall_s']:.2f} | {format_rate(row['events_per_s'])} | "
                     f"{'–' if share is None else f'{100 * share:.0f} %'} | "
                     f"{'–' if speedup is None else f'{speedup:.2f}×'} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _save_figure(figure, path: Path, results: dict | None = None) -> bool:

@@ -283,6 +283,15 @@ def _collect(results: Any, users: int, what: str, timeout_s: float,
     return collected
 
 
+def _failed(records: dict[str, dict[int, list]]) -> dict[str, int]:
+    """Requests that failed, per phase kind."""
+    failed: dict[str, int] = {}
+    for name, per_user in records.items():
+        failed[_kind(name)] = failed.get(_kind(name), 0) + sum(
+            1 for user in per_user.values() for *_, good, _ in user if not good)
+    return failed
+
+
 def _figures(config: FairnessConfig, phases: list[Phase],
              records: dict[str, dict[int, list]]) -> dict[str, Any]:
     def window(phase: Phase) -> tuple[float, float]:
@@ -309,10 +318,6 @@ def _figures(config: FairnessConfig, phases: list[Phase],
     low, high = window(saturate)
     goodput = [sum(rows for _, done, rows, good, _ in records["saturate"][user]
                    if good and low <= done < high) / (high - low) for user in range(config.users)]
-    failed: dict[str, int] = {}
-    for name, per_user in records.items():
-        failed[_kind(name)] = failed.get(_kind(name), 0) + sum(
-            1 for user in per_user.values() for *_, good, _ in user if not good)
     solo_p95, loaded_p95 = percentile(solo, 95) * 1e3, percentile(loaded, 95) * 1e3
     figures = {
         "jain": jain(goodput),
@@ -333,7 +338,7 @@ def _figures(config: FairnessConfig, phases: list[Phase],
                                  if loaded else float("nan")),
         "goodput_rows_per_s": goodput,
         "heavy_share_of_goodput": goodput[0] / sum(goodput) if sum(goodput) else float("nan"),
-        "failed_requests": failed,
+        "failed_requests": _failed(records),
         "rejected_then_retried": _by_kind({name: sum(per_user.values())
                                            for name, per_user in rejected.items()}),
         "heavy_rejected_then_retried": _by_kind({name: per_user.get(0, 0)

@@ -9,7 +9,7 @@ multiplicities back from the ROOT files, and compares what the client sends for 
   ragged (rows unpadded + 8 bytes of count per event);
 * **per-jet constituents** in the ParticleNet layout (2 points + 7 features per constituent):
   ``particlenet_lite``'s padded tensors (32 per jet with a mask, built by
-  ``columns.pad_constituents``, dropping constituents beyond 32), padded to the largest jet, and
+  ``zoo.inputs.pad_constituents``, dropping constituents beyond 32), padded to the largest jet, and
   ragged (all constituents, and truncated to 32 for a like-for-like comparison).
 
 Ragged bytes are measured, not computed: the calls go through :class:`~coffea_sonic.TritonModel`
@@ -41,6 +41,7 @@ from coffea_sonic.model import TRANSPORT_DEFAULTS, TritonModel
 from coffea_sonic.ragged import RaggedCall
 from coffea_sonic.routing import clear_routers
 from coffea_sonic.transport.memory import MemoryTransport
+from coffea_sonic.zoo.inputs import pad_constituents
 from coffea_sonic.zoo.spec import PARTICLENET_FEATURES, PARTICLENET_MAX_CONSTITUENTS
 
 logger = logging.getLogger("ragged_bytes")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # per-jet constituents, ParticleNet layout
     constituents = columns.jet_constituents(events)
-    padded32 = columns.pad_constituents(constituents, events.Jet)
+    padded32 = pad_constituents(constituents, events.Jet)
     pn_padded32 = int(sum(array.nbytes for array in padded32.values()))
     per_jet = ak.to_numpy(ak.flatten(ak.num(constituents, axis=2))).astype(np.int64)
     kept = np.minimum(per_jet, PARTICLENET_MAX_CONSTITUENTS)

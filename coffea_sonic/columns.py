@@ -29,7 +29,6 @@ fill them (``ak.fill_none``) or drop them (``ak.drop_none``) first.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
@@ -37,7 +36,6 @@ import awkward as ak
 import numpy as np
 
 from .errors import InputValidationError
-from .zoo.spec import JET_TAGGER_FEATURES, PARTICLENET_FEATURES, PARTICLENET_MAX_CONSTITUENTS
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +43,19 @@ logger = logging.getLogger(__name__)
 #: first), or an awkward typetracer during dask-awkward's meta pass.
 Counts = Union[np.ndarray, tuple[np.ndarray, ...], ak.Array]
 
-#: PF-candidate fields :func:`pad_constituents` and :func:`jet_constituents` need by default.
+#: PF-candidate fields :func:`jet_constituents` reads by default (four-vector and charge).
 CONSTITUENT_FIELDS: tuple[str, ...] = ("pt", "eta", "phi", "mass", "charge")
-#: Jet fields :func:`pad_constituents` takes the jet axis and energy from.
-JET_AXIS_FIELDS: tuple[str, ...] = ("pt", "eta", "phi", "mass")
-#: Floor under arguments of logarithms, so empty or zero-momentum entries stay finite.
-_LOG_FLOOR = 1e-12
+#: Jet fields :func:`jet_features` reads by default: four-vector, DeepFlavour b-tag score and
+#: constituent count, in the order the zoo's ``jet_tagger`` reads them
+#: (``coffea_sonic.zoo.spec.JET_TAGGER_FEATURES``; tests/test_house_rules.py keeps them equal).
+DEFAULT_JET_FIELDS: tuple[str, ...] = ("pt", "eta", "phi", "mass", "btagDeepFlavB",
+                                       "nConstituents")
 
 __all__ = [
-    "CONSTITUENT_FIELDS", "Counts", "JET_AXIS_FIELDS", "flatten", "is_typetracer",
-    "jagged_counts", "jet_constituents", "jet_features", "pad_constituents", "unflatten",
+    "CONSTITUENT_FIELDS", "Counts", "DEFAULT_JET_FIELDS", "flatten", "is_typetracer",
+    "jagged_counts", "jet_constituents", "jet_features", "unflatten",
+    # building blocks of column recipes (the zoo's model inputs, your own)
+    "as_awkward", "field_rows", "n_objects", "to_numpy", "touch", "var_depth",
 ]
 
 
@@ -72,7 +73,12 @@ def is_typetracer(array: Any) -> bool:
         return False
 
 
-def _as_awkward(array: Any, what: str) -> ak.Array:
+def as_awkward(array: Any, what: str) -> ak.Array:
+    """``array`` as an awkward array (``what`` names it in the error if it cannot be one).
+
+    >>> as_awkward([[1, 2], []], "counts").tolist()
+    [[1, 2], []]
+    """
     if type(array).__module__.split(".")[0] == "dask_awkward":
         raise InputValidationError(
             f"{what} is a lazy dask-awkward array; call this function on each partition with "
@@ -87,7 +93,7 @@ def _as_awkward(array: Any, what: str) -> ak.Array:
         ) from exc
 
 
-def _var_depth(layout: ak.contents.Content) -> int:
+def var_depth(layout: ak.contents.Content) -> int:
     """How many variable-length axes the array has right below axis 0 (options looked through)."""
     depth = 0
     while True:
@@ -118,7 +124,8 @@ def _trailing_shape_and_dtype(layout: ak.contents.Content,
                 f"innermost lists, got {layout.form.type}; select one numeric field first")
 
 
-def _to_numpy(array: ak.Array, what: str) -> np.ndarray:
+def to_numpy(array: ak.Array, what: str) -> np.ndarray:
+    """A flat awkward array's values as numpy; missing values raise, naming ``what``."""
     try:
         return np.asarray(ak.to_numpy(array, allow_missing=False))
     except ValueError as exc:
@@ -127,7 +134,8 @@ def _to_numpy(array: ak.Array, what: str) -> np.ndarray:
             "with ak.drop_none before converting") from exc
 
 
-def _touch(*arrays: Any) -> None:
+def touch(*arrays: Any) -> None:
+    """Mark typetracer ``arrays`` as read, so dask-awkward's column projection loads them."""
     for array in arrays:
         ak.typetracer.touch_data(array)
 
@@ -135,7 +143,7 @@ def _touch(*arrays: Any) -> None:
 def _flatten_levels(array: ak.Array) -> tuple[ak.Array, list[Any]]:
     """Strip the leading variable-length axes: (flat awkward array, counts per level)."""
     levels = []
-    for _ in range(_var_depth(array.layout)):
+    for _ in range(var_depth(array.layout)):
         levels.append(ak.num(array, axis=1))
         array = ak.flatten(array, axis=1)
     return array, levels
@@ -144,7 +152,7 @@ def _flatten_levels(array: ak.Array) -> tuple[ak.Array, list[Any]]:
 def _levels_to_counts(levels: list[Any], what: str) -> Counts:
     if any(is_typetracer(level) for level in levels):
         return levels[0] if len(levels) == 1 else tuple(levels)
-    numpy_levels = tuple(_to_numpy(level, f"the list lengths of {what}").astype(np.int64)
+    numpy_levels = tuple(to_numpy(level, f"the list lengths of {what}").astype(np.int64)
                          for level in levels)
     return numpy_levels[0] if len(numpy_levels) == 1 else numpy_levels
 
@@ -155,10 +163,10 @@ def jagged_counts(array: Any) -> Counts:
     >>> jagged_counts(ak.Array([[{"pt": 1.0}], [], [{"pt": 2.0}, {"pt": 3.0}]])).tolist()
     [1, 0, 2]
     """
-    array = _as_awkward(array, "array")
+    array = as_awkward(array, "array")
     # Counts come from ak.num alone, so only offsets are read, never the records' fields.
     levels = []
-    for depth in range(1, _var_depth(array.layout) + 1):
+    for depth in range(1, var_depth(array.layout) + 1):
         level = ak.num(array, axis=depth)
         for _ in range(depth - 1):
             level = ak.flatten(level, axis=1)
@@ -166,13 +174,13 @@ def jagged_counts(array: Any) -> Counts:
     if not levels:
         return ()
     if is_typetracer(array):
-        _touch(*levels)
+        touch(*levels)
     return _levels_to_counts(levels, "array")
 
 
-def _n_objects(array: ak.Array) -> int:
+def n_objects(array: ak.Array) -> int:
     """Number of innermost objects of a jagged (record) array, from its offsets only."""
-    depth = _var_depth(array.layout)
+    depth = var_depth(array.layout)
     if depth == 0:
         return len(array)
     return int(ak.sum(ak.num(array, axis=depth), axis=None))
@@ -189,7 +197,7 @@ def flatten(jagged: Any) -> tuple[np.ndarray, Counts]:
     >>> rows.tolist(), [c.tolist() for c in counts]
     ([1, 2, 3, 4], [[2, 1], [2, 1, 1]])
     """
-    array = _as_awkward(jagged, "the jagged column")
+    array = as_awkward(jagged, "the jagged column")
     if ak.fields(array):
         raise InputValidationError(
             f"flatten takes one numeric column, got records with fields {ak.fields(array)}; "
@@ -200,7 +208,7 @@ def flatten(jagged: Any) -> tuple[np.ndarray, Counts]:
         ak.typetracer.touch_data(flat)
         return np.empty((0, *shape), dtype=dtype), _levels_to_counts(levels, "the jagged column")
     _trailing_shape_and_dtype(flat.layout, "the jagged column")  # refuses non-numeric content
-    return _to_numpy(flat, "the jagged column"), _levels_to_counts(levels, "the jagged column")
+    return to_numpy(flat, "the jagged column"), _levels_to_counts(levels, "the jagged column")
 
 
 def _typetracer_like(flat_example: np.ndarray, depth: int) -> ak.Array:
@@ -215,7 +223,7 @@ def _unflatten_one(rows: np.ndarray, counts: Counts, name: str) -> ak.Array:
     levels = list(counts) if isinstance(counts, tuple) else [counts]
     rows = np.asarray(rows)
     if any(is_typetracer(level) for level in levels):
-        _touch(*(level for level in levels if is_typetracer(level)))
+        touch(*(level for level in levels if is_typetracer(level)))
         return _typetracer_like(rows, len(levels))
     numpy_levels = [np.asarray(level, dtype=np.int64) for level in levels]
     expected = int(numpy_levels[-1].sum()) if numpy_levels else len(rows)
@@ -247,7 +255,7 @@ def unflatten(flat_outputs: np.ndarray | Mapping[str, np.ndarray],
     return _unflatten_one(flat_outputs, counts, "output")
 
 
-def _field_rows(objects: ak.Array, field: str, collection: str, defaults: Mapping[str, float],
+def field_rows(objects: ak.Array, field: str, collection: str, defaults: Mapping[str, float],
                 n_rows: int | None, dtype: np.dtype | None) -> np.ndarray:
     """One scalar-per-object field as flat rows (cast to ``dtype`` unless None), or its default
     when the field is absent."""
@@ -266,16 +274,17 @@ def _field_rows(objects: ak.Array, field: str, collection: str, defaults: Mappin
         raise InputValidationError(
             f"{collection} field {field!r} has {shape} values per object; expected one number")
     if is_typetracer(flat):
-        _touch(flat)
+        touch(flat)
         return np.empty(0, dtype=dtype or native)
-    rows = _to_numpy(flat, f"{collection} field {field!r}")
+    rows = to_numpy(flat, f"{collection} field {field!r}")
     return rows if dtype is None else rows.astype(dtype, copy=False)
 
 
-def jet_features(jets: Any, fields: Sequence[str] = JET_TAGGER_FEATURES, *,
+def jet_features(jets: Any, fields: Sequence[str] = DEFAULT_JET_FIELDS, *,
                  defaults: Mapping[str, float] | None = None,
                  dtype: np.dtype | type = np.float32) -> np.ndarray:
-    """Per-jet feature rows ``[n_jets_total, len(fields)]`` (default: the ``jet_tagger`` input).
+    """Per-jet feature rows ``[n_jets_total, len(fields)]`` (default :data:`DEFAULT_JET_FIELDS`:
+    the zoo's ``jet_tagger`` input).
 
     ``jets`` is a jagged record array (``events.Jet``, any nesting; rows follow the flattened
     order, so ``unflatten(outputs, jagged_counts(jets))`` realigns them). A field missing from
@@ -286,15 +295,15 @@ def jet_features(jets: Any, fields: Sequence[str] = JET_TAGGER_FEATURES, *,
     >>> jet_features(jets, ["pt", "btagDeepFlavB", "hadronFlavour"], defaults={"hadronFlavour": 0})
     array([[50. ,  0.9,  0. ]], dtype=float32)
     """
-    jets = _as_awkward(jets, "jets")
+    jets = as_awkward(jets, "jets")
     defaults = dict(defaults or {})
     dtype = np.dtype(dtype)
     if is_typetracer(jets):
         for name in fields:
-            _field_rows(jets, name, "Jet", defaults, 0, dtype)
+            field_rows(jets, name, "Jet", defaults, 0, dtype)
         return np.empty((0, len(fields)), dtype=dtype)
-    n_rows = _n_objects(jets) if any(name not in ak.fields(jets) for name in fields) else None
-    columns = [_field_rows(jets, name, "Jet", defaults, n_rows, dtype) for name in fields]
+    n_rows = n_objects(jets) if any(name not in ak.fields(jets) for name in fields) else None
+    columns = [field_rows(jets, name, "Jet", defaults, n_rows, dtype) for name in fields]
     lengths = {len(column) for column in columns}
     if len(lengths) > 1:
         raise InputValidationError(
@@ -304,123 +313,6 @@ def jet_features(jets: Any, fields: Sequence[str] = JET_TAGGER_FEATURES, *,
     for index, column in enumerate(columns):
         rows[:, index] = column
     return rows
-
-
-def _wrap_phi(phi: np.ndarray) -> np.ndarray:
-    return (phi + math.pi) % (2 * math.pi) - math.pi
-
-
-def _energy(pt: np.ndarray, eta: np.ndarray, mass: np.ndarray) -> np.ndarray:
-    momentum = pt * np.cosh(eta)
-    return np.sqrt(momentum * momentum + mass * mass)
-
-
-def _safe_log(values: np.ndarray) -> np.ndarray:
-    return np.log(np.maximum(values, _LOG_FLOOR))
-
-
-def _empty_particlenet_inputs(n_jets: int, size: int) -> dict[str, np.ndarray]:
-    return {
-        "pf_points": np.zeros((n_jets, 2, size), dtype=np.float32),
-        "pf_features": np.zeros((n_jets, len(PARTICLENET_FEATURES), size), dtype=np.float32),
-        "pf_mask": np.zeros((n_jets, 1, size), dtype=np.float32),
-    }
-
-
-def pad_constituents(constituents: Any, jets: Any = None, *,
-                     max_constituents: int = PARTICLENET_MAX_CONSTITUENTS,
-                     defaults: Mapping[str, float] | None = None) -> dict[str, np.ndarray]:
-    """``particlenet_lite`` inputs per jet from its constituents: points, features, mask.
-
-    ``constituents`` is jagged ``[..., jets][constituents]`` with fields ``pt, eta, phi, mass,
-    charge`` (e.g. from :func:`jet_constituents`); ``jets``, if given, is ``[..., jets]`` with
-    ``pt, eta, phi, mass`` and supplies the jet axis and energy, else the constituents' four-vector
-    sum does. Returns float32 ``pf_points [N, 2, P]`` (deta, dphi), ``pf_features [N, 7, P]`` in
-    :data:`~coffea_sonic.zoo.spec.PARTICLENET_FEATURES` order (log_pt, log_e, log_pt_rel,
-    log_e_rel, deta, dphi, charge) and ``pf_mask [N, 1, P]``, with ``N`` jets in flattened order
-    and ``P = max_constituents``. Jets with more constituents keep their ``P`` highest-pt ones
-    (constituents are sorted by descending pt); shorter jets are zero-padded with mask 0.
-    ``deta = eta - jet_eta`` and ``dphi`` is wrapped into [-pi, pi).
-
-    >>> jet = [[{"pt": 30.0, "eta": 0.1, "phi": 0.0, "mass": 0.1, "charge": 1},
-    ...         {"pt": 10.0, "eta": -0.1, "phi": 0.2, "mass": 0.0, "charge": 0}]]
-    >>> inputs = pad_constituents(ak.Array([jet]))  # one event with one two-constituent jet
-    >>> inputs["pf_features"].shape, inputs["pf_mask"][0, 0, :3].tolist()
-    ((1, 7, 32), [1.0, 1.0, 0.0])
-    """
-    if max_constituents < 1:
-        raise InputValidationError(f"max_constituents must be >= 1, got {max_constituents}")
-    constituents = _as_awkward(constituents, "constituents")
-    defaults = dict(defaults or {})
-    depth = _var_depth(constituents.layout)
-    if depth < 1:
-        raise InputValidationError(
-            "constituents must be jagged per jet ([jets][constituents] or "
-            f"[events][jets][constituents]), got type {constituents.type}")
-    typetracer = is_typetracer(constituents) or (jets is not None and is_typetracer(jets))
-    # Per-jet lists: flatten every jagged level above the constituent axis.
-    per_jet = constituents
-    for _ in range(depth - 1):
-        per_jet = ak.flatten(per_jet, axis=1)
-    candidate_counts = ak.num(per_jet, axis=1)
-    n_rows = (_n_objects(per_jet) if not typetracer
-              and any(name not in ak.fields(per_jet) for name in CONSTITUENT_FIELDS) else None)
-    columns = {name: _field_rows(per_jet, name, "PFCands", defaults, n_rows,
-                                 np.dtype(np.float64)) for name in CONSTITUENT_FIELDS}
-    jet_columns = None
-    if jets is not None:
-        jets = _as_awkward(jets, "jets")
-        jet_columns = {name: _field_rows(jets, name, "Jet", {}, None,
-                                         np.dtype(np.float64)) for name in JET_AXIS_FIELDS}
-    if typetracer:
-        _touch(candidate_counts)
-        return _empty_particlenet_inputs(0, max_constituents)
-
-    counts = _to_numpy(candidate_counts, "constituent counts").astype(np.int64)
-    n_jets = len(counts)
-    if jet_columns is not None and len(jet_columns["pt"]) != n_jets:
-        raise InputValidationError(
-            f"jets has {len(jet_columns['pt'])} jets but constituents are grouped into {n_jets} "
-            "jets; pass the jets the constituents were taken from")
-    jet_of = np.repeat(np.arange(n_jets), counts)
-    order = np.lexsort((-columns["pt"], jet_of))
-    jet_of = jet_of[order]
-    columns = {name: values[order] for name, values in columns.items()}
-    position = np.arange(len(jet_of)) - np.repeat(np.cumsum(counts) - counts, counts)
-    kept = position < max_constituents
-    jet_of, position = jet_of[kept], position[kept]
-    pt, eta, phi, mass, charge = (columns[name][kept] for name in CONSTITUENT_FIELDS)
-    energy = _energy(pt, eta, mass)
-
-    if jet_columns is not None:
-        jet_pt, jet_eta, jet_phi = jet_columns["pt"], jet_columns["eta"], jet_columns["phi"]
-        jet_energy = _energy(jet_pt, jet_eta, jet_columns["mass"])
-    else:
-        # The axis comes from all constituents, before truncation, like a clustered jet's.
-        all_pt, all_eta, all_phi = columns["pt"], columns["eta"], columns["phi"]
-        all_jets = np.repeat(np.arange(n_jets), counts)
-        px = np.bincount(all_jets, weights=all_pt * np.cos(all_phi), minlength=n_jets)
-        py = np.bincount(all_jets, weights=all_pt * np.sin(all_phi), minlength=n_jets)
-        pz = np.bincount(all_jets, weights=all_pt * np.sinh(all_eta), minlength=n_jets)
-        jet_energy = np.bincount(all_jets, weights=_energy(all_pt, all_eta, columns["mass"]),
-                                 minlength=n_jets)
-        jet_pt = np.hypot(px, py)
-        jet_eta = np.arcsinh(pz / np.maximum(jet_pt, _LOG_FLOOR))
-        jet_phi = np.arctan2(py, px)
-
-    deta = eta - jet_eta[jet_of]
-    dphi = _wrap_phi(phi - jet_phi[jet_of])
-    per_constituent = np.stack([
-        _safe_log(pt), _safe_log(energy),
-        _safe_log(pt / np.maximum(jet_pt[jet_of], _LOG_FLOOR)),
-        _safe_log(energy / np.maximum(jet_energy[jet_of], _LOG_FLOOR)),
-        deta, dphi, charge,
-    ])
-    inputs = _empty_particlenet_inputs(n_jets, max_constituents)
-    inputs["pf_features"][jet_of, :, position] = per_constituent.T
-    inputs["pf_points"][jet_of, :, position] = np.stack([deta, dphi]).T
-    inputs["pf_mask"][jet_of, 0, position] = 1.0
-    return inputs
 
 
 def _collection(events: ak.Array, name: str) -> ak.Array:
@@ -450,7 +342,7 @@ def jet_constituents(events: Any, fields: Sequence[str] = CONSTITUENT_FIELDS, *,
     >>> jet_constituents(events, ["pt"]).pt.tolist()
     [[[30.0, 5.0], [15.0]]]
     """
-    events = _as_awkward(events, "events")
+    events = as_awkward(events, "events")
     jet_collection = _collection(events, jets)
     candidate_collection = _collection(events, candidates)
     link_collection = _collection(events, links)
@@ -463,18 +355,18 @@ def jet_constituents(events: Any, fields: Sequence[str] = CONSTITUENT_FIELDS, *,
     candidates_per_event = ak.num(candidate_collection, axis=1)
     links_per_event = ak.num(link_collection, axis=1)
     int64 = np.dtype(np.int64)
-    jet_index = _field_rows(link_collection, "jetIdx", links, {}, None, int64)
-    candidate_index = _field_rows(link_collection, "pFCandsIdx", links, {}, None, int64)
-    candidate_columns = {name: _field_rows(candidate_collection, name, candidates, {},
+    jet_index = field_rows(link_collection, "jetIdx", links, {}, None, int64)
+    candidate_index = field_rows(link_collection, "pFCandsIdx", links, {}, None, int64)
+    candidate_columns = {name: field_rows(candidate_collection, name, candidates, {},
                                            None, None) for name in fields}
     if is_typetracer(events):
-        _touch(jets_per_event, candidates_per_event, links_per_event)
+        touch(jets_per_event, candidates_per_event, links_per_event)
         empty = ak.zip({name: column[:0] for name, column in candidate_columns.items()})
         return _typetracer_like_records(empty, depth=2)
 
-    n_jets = _to_numpy(jets_per_event, f"n{jets}").astype(np.int64)
-    n_candidates = _to_numpy(candidates_per_event, f"n{candidates}").astype(np.int64)
-    n_links = _to_numpy(links_per_event, f"n{links}").astype(np.int64)
+    n_jets = to_numpy(jets_per_event, f"n{jets}").astype(np.int64)
+    n_candidates = to_numpy(candidates_per_event, f"n{candidates}").astype(np.int64)
+    n_links = to_numpy(links_per_event, f"n{links}").astype(np.int64)
     event_of_link = np.repeat(np.arange(len(n_links)), n_links)
     _check_local_index(jet_index, n_jets[event_of_link], f"{links}_jetIdx", f"n{jets}",
                        event_of_link)

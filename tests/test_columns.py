@@ -9,9 +9,10 @@ import pytest
 from coffea.nanoevents import NanoAODSchema, NanoEventsFactory, PFNanoAODSchema
 
 from coffea_sonic.columns import (flatten, is_typetracer, jagged_counts, jet_constituents,
-                                  jet_features, pad_constituents, unflatten)
+                                  jet_features, unflatten)
 from coffea_sonic.data import write_sample
 from coffea_sonic.errors import InputValidationError
+from coffea_sonic.zoo.inputs import pad_constituents
 from coffea_sonic.zoo.spec import JET_TAGGER_FEATURES, PARTICLENET_FEATURES
 
 pytestmark = pytest.mark.filterwarnings("ignore:Missing cross-reference")

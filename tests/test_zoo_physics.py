@@ -11,7 +11,8 @@ import pytest
 from coffea.nanoevents import NanoAODSchema, NanoEventsFactory
 
 from coffea_sonic import TritonModel, zoo
-from coffea_sonic.columns import jet_constituents, pad_constituents
+from coffea_sonic.columns import jet_constituents
+from coffea_sonic.zoo.inputs import pad_constituents
 from coffea_sonic.data import write_sample
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.zoo import physics

@@ -34,6 +34,7 @@ import numpy as np
 from coffea import processor
 
 from .. import columns
+from ..zoo.inputs import pad_constituents
 from ..processor import SonicMixin
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
         leading = jets[:, :1]
         if self._wants_constituents(events) and not self.physics:
             constituents = columns.jet_constituents(events)[selected][:, :1]
-            pn_inputs = columns.pad_constituents(constituents, leading)
+            pn_inputs = pad_constituents(constituents, leading)
             leading_pn_b = self.infer("particlenet_lite", pn_inputs, like=leading)["probs"][:, :, 0]
         else:
             leading_pn_b = ak.values_astype(leading.pt[:, :0], np.float32)
@@ -122,7 +123,7 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
         fields: dict[str, Any] = {}
         if self._wants_constituents(events):
             constituents = columns.jet_constituents(events)[selected]
-            inputs = columns.pad_constituents(constituents, jets)
+            inputs = pad_constituents(constituents, jets)
             fields["pn_b"] = self.infer("particlenet", inputs, like=jets)["probs"][:, :, 0]
         if "PFCands" in ak.fields(events) and "fromPV" in ak.fields(events.PFCands):
             met = self.infer("deepmet", deepmet_inputs(events.PFCands))["met"]

@@ -76,7 +76,8 @@ def particlenet_dataset(n_events: int, seed: int) -> tuple[dict[str, np.ndarray]
     >>> inputs["pf_points"].shape[1:], len(flavour) == len(inputs["pf_mask"])
     ((2, 32), True)
     """
-    from ..columns import jet_constituents, pad_constituents
+    from ..columns import jet_constituents
+    from .inputs import pad_constituents
 
     events = _events("ttbar", n_events, seed)
     inputs = pad_constituents(jet_constituents(events), events.Jet)

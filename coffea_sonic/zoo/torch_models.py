@@ -118,7 +118,7 @@ class ParticleNet(nn.Module):
     """The trained ParticleNet-like tagger: ParticleNetLite's input layout, two smaller EdgeConv
     blocks (fast to train on a CPU) and a fixed (not trained) affine input scaling.
 
-    ``pf_features`` arrive raw (as :func:`coffea_sonic.columns.pad_constituents` builds them);
+    ``pf_features`` arrive raw (as :func:`coffea_sonic.zoo.inputs.pad_constituents` builds them);
     ``logits`` gives the pre-softmax scores for training.
     """
 

@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 from coffea_sonic import columns
-from coffea_sonic.zoo import spec
+from coffea_sonic.zoo.spec import JET_TAGGER_FEATURES
 
 
 def test_jet_features_default_is_the_jet_taggers_input_order():
-    assert columns.DEFAULT_JET_FIELDS == spec.JET_TAGGER_FEATURES
+    assert columns.DEFAULT_JET_FIELDS == JET_TAGGER_FEATURES

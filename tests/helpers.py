@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 
@@ -212,3 +214,35 @@ def reference_engine(name: str, threads: int = 0) -> Callable[[dict], dict]:
             return {key: values[key] for key in values.files}
 
     return engine
+
+
+def histogram_arrays(output: dict[str, Any]) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """Per (histogram, dataset): bin contents and variances, flow bins included.
+
+    Per dataset because the order of a growing category axis follows the order chunks were
+    accumulated in, which differs from run to run.
+    """
+    arrays = {}
+    for name, histogram in output["histograms"].items():
+        for dataset in histogram.axes["dataset"]:
+            view = histogram[{"dataset": dataset}]
+            arrays[(name, dataset)] = (np.asarray(view.values(flow=True)),
+                                       np.asarray(view.variances(flow=True)))
+    return arrays
+
+
+def assert_same_histograms(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Every histogram of ``got`` equals ``want``'s, bin by bin (values and variances), with the
+    same axes: what a run that lost or doubled an event cannot pass."""
+    got_arrays, want_arrays = histogram_arrays(got), histogram_arrays(want)
+    assert sorted(got_arrays) == sorted(want_arrays)
+    for key, (values, variances) in want_arrays.items():
+        got_values, got_variances = got_arrays[key]
+        np.testing.assert_array_equal(got_values, values, err_msg=str(key))
+        np.testing.assert_array_equal(got_variances, variances, err_msg=str(key))
+    for name, histogram in want["histograms"].items():
+        other = got["histograms"][name]
+        assert [axis.name for axis in other.axes] == [axis.name for axis in histogram.axes], name
+        for axis in histogram.axes:
+            if axis.name != "dataset":
+                assert other.axes[axis.name] == axis, (name, axis.name)

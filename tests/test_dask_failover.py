@@ -19,7 +19,6 @@ import time
 import urllib.request
 from typing import Any, Iterator
 
-import numpy as np
 import pytest
 from coffea import processor
 from coffea.nanoevents import NanoAODSchema
@@ -28,6 +27,7 @@ from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.stats import InferenceStats
+from helpers import assert_same_histograms
 
 MODELS = ("jet_tagger", "particlenet_lite")
 QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
@@ -149,36 +149,6 @@ class _KillWhenServing:
             raise self._error
 
 
-def _histogram_arrays(output: dict[str, Any]) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
-    """Per (histogram, dataset): bin contents and variances, flow bins included.
-
-    Per dataset because the order of a growing category axis follows the order chunks were
-    accumulated in, which differs from run to run.
-    """
-    arrays = {}
-    for name, histogram in output["histograms"].items():
-        for dataset in histogram.axes["dataset"]:
-            view = histogram[{"dataset": dataset}]
-            arrays[(name, dataset)] = (np.asarray(view.values(flow=True)),
-                                       np.asarray(view.variances(flow=True)))
-    return arrays
-
-
-def _assert_same_histograms(got: dict[str, Any], want: dict[str, Any]) -> None:
-    got_arrays, want_arrays = _histogram_arrays(got), _histogram_arrays(want)
-    assert sorted(got_arrays) == sorted(want_arrays)
-    for key, (values, variances) in want_arrays.items():
-        got_values, got_variances = got_arrays[key]
-        np.testing.assert_array_equal(got_values, values, err_msg=str(key))
-        np.testing.assert_array_equal(got_variances, variances, err_msg=str(key))
-    for name, histogram in want["histograms"].items():
-        other = got["histograms"][name]
-        assert [axis.name for axis in other.axes] == [axis.name for axis in histogram.axes], name
-        for axis in histogram.axes:
-            if axis.name != "dataset":
-                assert other.axes[axis.name] == axis, (name, axis.name)
-
-
 def _total(stats: dict[str, InferenceStats]) -> InferenceStats:
     total = InferenceStats()
     for value in stats.values():
@@ -212,7 +182,7 @@ def test_server_sigkilled_mid_dask_run_gives_the_clean_runs_outputs_and_counts_t
     # every accumulated output of the analysis is identical to the clean run's
     assert sorted(failed_over) == sorted(clean)
     assert failed_over["cutflow"] == clean["cutflow"]
-    _assert_same_histograms(failed_over, clean)
+    assert_same_histograms(failed_over, clean)
     assert sorted(failed_over["inference"]) == sorted(clean["inference"]) == sorted(MODELS)
     for name in MODELS:
         got, want = failed_over["inference"][name], clean["inference"][name]

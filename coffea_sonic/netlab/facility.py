@@ -23,6 +23,7 @@ comes from ``COFFEA_SONIC_TOKEN_FILE``.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -47,19 +48,19 @@ class Facility:
     ``server_link`` / ``worker_link``: the GPU and worker hosts' links (1 Gb/s by default).
     ``quota_rps``: the gateway's inference requests/s per token subject. ``prometheus``: start
     Prometheus on the head host. ``workers``: whether to start the Dask workers (a test may start
-    its own).
+    its own). ``logs``: where the processes' logs go (kept; default: the lab's folder, removed).
     """
 
     def __init__(self, models: Sequence[str], *, server_link: Link = Link(1000),
                  worker_link: Link = Link(1000), quota_rps: float = 1000,
                  retry_after_s: float = 1, prometheus: bool = True, workers: bool = True,
-                 subject: str = "analysis") -> None:
+                 subject: str = "analysis", logs: str | os.PathLike | None = None) -> None:
         self.models = list(models)
         self.server_link, self.worker_link = server_link, worker_link
         self.quota_rps, self.retry_after_s = quota_rps, retry_after_s
         self.with_prometheus, self.with_workers = prometheus, workers
         self.subject = subject
-        self.lab = Lab()
+        self.lab = Lab(logs=logs)
         self.tritons: list[TritonHost] = []
         self.workers: list[HostProcess] = []
         self.gateway: Gateway | None = None

@@ -9,8 +9,8 @@ backend tritons
   balance leastconn
   option httpchk
   http-check send meth GET uri /v2/health/ready
-  server triton1 10.0.0.1:8001 proto h2 check port 8000 check-proto h1 inter 1s fall 2 rise 1
-  server triton2 10.0.0.2:8001 proto h2 check port 8000 check-proto h1 inter 1s fall 2 rise 1
+  server triton1 10.0.0.1:8001 proto h2 check port 8000 check-proto h1 inter 1s fall 2 rise 1 ...
+  server triton2 10.0.0.2:8001 proto h2 check port 8000 check-proto h1 inter 1s fall 2 rise 1 ...
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ STATS_PORT = 8404
 
 def servers_config(servers: Sequence[str], *, health_port: int = 8000) -> str:
     """The ``backend tritons`` section for gRPC ``servers`` (``ip:port``), health-checked on
-    Triton's HTTP readiness (``health_port`` on the same address)."""
+    Triton's HTTP readiness (``health_port`` on the same address). A server marked down (two
+    failed checks, e.g. its host cut off) has its calls reset at once, so that clients resend them
+    elsewhere instead of waiting for their deadline on a dead link."""
     lines = ["backend tritons", "  balance leastconn", "  option httpchk",
              "  http-check send meth GET uri /v2/health/ready"]
     for number, server in enumerate(servers, start=1):
         lines.append(f"  server triton{number} {server} proto h2 check port {health_port} "
-                     "check-proto h1 inter 1s fall 2 rise 1")
+                     "check-proto h1 inter 1s fall 2 rise 1 on-marked-down shutdown-sessions")
     return "\n".join(lines) + "\n"
 
 
@@ -50,14 +52,16 @@ class Gateway:
 
     host: "Host"
     process: HostProcess
+    port: int = GATEWAY_PORT
+    stats_port: int = STATS_PORT
 
     @property
     def address(self) -> str:
-        return self.host.address(GATEWAY_PORT)
+        return self.host.address(self.port)
 
     @property
     def stats_address(self) -> str:
-        return self.host.address(STATS_PORT)
+        return self.host.address(self.stats_port)
 
     def url(self, model: str) -> str:
         return f"triton+grpc://{self.address}/{model}"
@@ -65,7 +69,7 @@ class Gateway:
     def restart(self) -> None:
         """Start the gateway again with the same configuration (after :meth:`kill`)."""
         self.process.start()
-        self.process.wait_for_port(GATEWAY_PORT)
+        self.process.wait_for_port(self.port)
 
     def kill(self) -> None:
         """SIGKILL the gateway (every client connection through it drops)."""
@@ -74,20 +78,22 @@ class Gateway:
 
 def start_gateway(host: "Host", servers: Sequence[str], *, public_key: str | os.PathLike,
                   directory: Path, audience: str = "coffea-sonic", quota_rps: float = 1000,
-                  retry_after_s: float = 1) -> Gateway:
-    """HAProxy on ``host`` (gRPC on port 8001, metrics on 8404) in front of ``servers``."""
+                  retry_after_s: float = 1, port: int = GATEWAY_PORT,
+                  stats_port: int = STATS_PORT) -> Gateway:
+    """HAProxy on ``host`` (gRPC on ``port``, metrics on ``stats_port``) in front of ``servers``;
+    ``quota_rps``: inference requests/s per token subject."""
     haproxy = shutil.which("haproxy")
     if haproxy is None:
         raise NetworkLabError("haproxy is not installed (Debian: apt-get install -y haproxy)")
     directory.mkdir(parents=True, exist_ok=True)
-    servers_file = directory / "servers.cfg"
+    servers_file = directory / f"servers-{port}.cfg"
     servers_file.write_text(servers_config(servers))
-    env = {**os.environ, "GATEWAY_BIND": host.address(GATEWAY_PORT),
-           "GATEWAY_STATS_BIND": host.address(STATS_PORT), "GATEWAY_JWT_KEY": str(public_key),
+    env = {**os.environ, "GATEWAY_BIND": host.address(port),
+           "GATEWAY_STATS_BIND": host.address(stats_port), "GATEWAY_JWT_KEY": str(public_key),
            "GATEWAY_JWT_AUDIENCE": audience, "GATEWAY_QUOTA_RPS": f"{quota_rps:g}",
            "GATEWAY_RETRY_AFTER_S": f"{retry_after_s:g}"}
     # -db: stay in the foreground, so that the lab owns (and stops) the process itself
     argv = [haproxy, "-db", "-f", str(GATEWAY_CONFIG), "-f", str(servers_file)]
-    process = host.popen(argv, name="haproxy", env=env, grace_s=5.0)
-    process.wait_for_port(GATEWAY_PORT)
-    return Gateway(host, process)
+    process = host.popen(argv, name=f"haproxy-{port}", env=env, grace_s=5.0)
+    process.wait_for_port(port)
+    return Gateway(host, process, port, stats_port)

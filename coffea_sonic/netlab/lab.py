@@ -248,6 +248,8 @@ class Lab:
 
     def stop(self) -> None:
         """Stop every process, then remove hosts, switch and mounts. Idempotent."""
+        for process in self._processes:  # all at once: each takes its own time to exit
+            process.terminate()
         for process in reversed(self._processes):
             try:
                 process.stop()

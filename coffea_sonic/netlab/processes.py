@@ -99,17 +99,20 @@ class HostProcess:
         self._signal_group(signal.SIGKILL)
         self.process.wait()
 
+    def terminate(self) -> None:
+        """Send SIGTERM to the process group (:meth:`stop` waits for it)."""
+        if self.process is not None and self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+
     def stop(self) -> None:
         """SIGTERM the process group, SIGKILL what is left after ``grace_s``. Idempotent."""
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self._signal_group(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=self.grace_s)
-            except subprocess.TimeoutExpired:
-                logger.warning("netlab: %s ignored SIGTERM for %.0f s; killing it", self,
-                               self.grace_s)
+        self.terminate()
+        try:
+            self.process.wait(timeout=self.grace_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("netlab: %s ignored SIGTERM for %.0f s; killing it", self, self.grace_s)
         self._signal_group(signal.SIGKILL)
         self.process.wait()
 

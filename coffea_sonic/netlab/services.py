@@ -104,10 +104,15 @@ def start_triton(host: "Host", models: Sequence[str], *, extra_args: Sequence[st
     return triton.wait_ready() if wait else triton
 
 
-def start_scheduler(host: "Host") -> str:
-    """A Dask scheduler on ``host``; returns its ``tcp://ip:8786`` address."""
+def start_scheduler(host: "Host", *, worker_ttl: str = "15s") -> str:
+    """A Dask scheduler on ``host``; returns its ``tcp://ip:8786`` address.
+
+    ``worker_ttl``: how long a silent worker (its host cut off) keeps its tasks before the
+    scheduler gives them to others (Dask's default, 5 minutes, outlasts most runs).
+    """
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": worker_ttl}
     process = host.popen([_dask_command(), "scheduler", "--host", host.ip, "--port",
-                          str(SCHEDULER_PORT), "--no-dashboard"], name="dask-scheduler")
+                          str(SCHEDULER_PORT), "--no-dashboard"], name="dask-scheduler", env=env)
     process.wait_for_port(SCHEDULER_PORT)
     return f"tcp://{host.address(SCHEDULER_PORT)}"
 

@@ -115,6 +115,7 @@ What met the goal (``--quick`` on the 2-core box, 2026-11-26; RESULTS.md has eve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -127,6 +128,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .fairness_gateway import gateway_quota, user_gateway
 from .fairness_users import POLICIES, Phase, UserSpec, user_main
 
 logger = logging.getLogger(__name__)
@@ -169,6 +171,10 @@ class FairnessConfig:
     #: while the others are served, the heavy user sends at most this share of the rows/s they
     #: get together (:class:`coffea_sonic.share.YieldGate`; 0: no cap; policy fair only)
     heavy_yield_share: float = 0.2
+    #: policy gateway: each user's quota at the gateway, in light users' paced rates, and the
+    #: wait it asks of a refused client (:mod:`coffea_sonic.bench.fairness_gateway`)
+    gateway_quota_factor: float = 1.6
+    gateway_retry_after_s: float = 0.2
     preset: str = "full"
 
     @property
@@ -226,7 +232,7 @@ def _server(config: FairnessConfig):
 
     options: dict[str, Any] = {"preferred_batch_sizes": [config.rows],
                                "max_queue_delay_microseconds": 0, "intra_op_threads": 1}
-    if config.policy == "fair":
+    if config.policy == "fair":  # fifo and gateway: no priorities
         # every level gets a policy: Triton then keeps each level's queue instead of making
         # and erasing it as requests come and go
         policies = {level: QueuePolicy() for level in range(1, config.levels)}
@@ -358,6 +364,20 @@ def _by_kind(per_phase: dict[str, int]) -> dict[str, int]:
     return totals
 
 
+def _specs(config: FairnessConfig, url: str, tokens: Sequence[str]) -> list[UserSpec]:
+    return [UserSpec(index=user, url=url, rows=config.rows, policy=config.policy,
+                     levels=config.levels,
+                     load=float(config.heavy_factor) if user == 0 else 1.0,
+                     lanes=config.heavy_lanes if user == 0 else config.light_lanes,
+                     nice=config.heavy_nice if user == 0 else 0,
+                     # the cap is part of the fair policy: fifo is the server without one, and
+                     # behind the gateway its quota does the capping
+                     yield_share=config.heavy_yield_share
+                     if user == 0 and config.policy == "fair" else 0.0,
+                     token_file=tokens[user] if tokens else "")
+            for user in range(config.users)]
+
+
 def run_fairness(config: FairnessConfig, *,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the scenario (module docstring) and return what ``results.json`` holds."""
@@ -366,55 +386,61 @@ def run_fairness(config: FairnessConfig, *,
     config.check()
     progress = progress or (lambda message: logger.info("%s", message))
     started = time.monotonic()
-    context = multiprocessing.get_context("spawn")
-    with _server(config) as server:
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(_server(config))
+        url, tokens = server.url(MODEL), []
+        if config.policy == "gateway":
+            quota = gateway_quota(config.interval_s, config.gateway_quota_factor)
+            address, tokens = stack.enter_context(user_gateway(
+                server, config.users, quota, config.gateway_retry_after_s))
+            url = f"triton+grpc://{address}/{MODEL}"
+            progress(f"fairness: gateway {address}, {quota} inference requests/s per user")
         progress(f"fairness: server up ({config.instances} instances, policy {config.policy}); "
                  f"starting {config.users} users")
-        commands = [context.Queue() for _ in range(config.users)]
-        results = context.Queue()
-        specs = [UserSpec(index=user, url=server.url(MODEL), rows=config.rows, policy=config.policy,
-                          levels=config.levels,
-                          load=float(config.heavy_factor) if user == 0 else 1.0,
-                          lanes=config.heavy_lanes if user == 0 else config.light_lanes,
-                          nice=config.heavy_nice if user == 0 else 0,
-                          # the cap is part of the fair policy: fifo is the server without one
-                          yield_share=config.heavy_yield_share
-                          if user == 0 and config.policy == "fair" else 0.0)
-                 for user in range(config.users)]
-        processes = [context.Process(target=user_main, args=(spec, commands[spec.index], results),
-                                     name=f"fairness-user-{spec.index}", daemon=True)
-                     for spec in specs]
-        try:
-            for process in processes:
-                process.start()
-            _collect(results, config.users, "ready", 120.0, processes)
-            phases: list[Phase] = []
-            records: dict[str, dict[int, list]] = {}
-            for name, duration, modes in _plan(config):
-                # every user starts at the same moment (one clock for all processes), after the
-                # last answers of the previous phase came back
-                phase = Phase(name, time.monotonic() + 0.5, duration, modes, config.interval_s)
-                phases.append(phase)
-                progress(f"fairness: phase {phase.name} ({phase.duration_s:.0f} s)")
-                for queue in commands:
-                    queue.put(phase)
-                records[phase.name] = _collect(
-                    results, config.users, phase.name,
-                    phase.start_at + phase.duration_s - time.monotonic() + 180.0, processes)
-        finally:
-            for queue in commands:
-                queue.put(None)
-            for process in processes:
-                if process.pid is None:  # never started
-                    continue
-                process.join(timeout=30)
-                if process.is_alive():
-                    process.kill()
-                    process.join(timeout=10)
+        phases, records = _run_users(config, _specs(config, url, tokens), progress)
     figures = _figures(config, phases, records)
     return {"scenario": "fairness", "machine": machine_info(), "config": asdict(config),
             "command": " ".join(["coffea-sonic", *sys.argv[1:]]) if sys.argv else "",
             "wall_s": time.monotonic() - started, "fairness": figures}
+
+
+def _run_users(config: FairnessConfig, specs: list[UserSpec],
+               progress: Callable[[str], None]) -> tuple[list[Phase], dict[str, dict[int, list]]]:
+    """Start the user processes, run every phase of the plan, stop them."""
+    context = multiprocessing.get_context("spawn")
+    commands = [context.Queue() for _ in range(config.users)]
+    results = context.Queue()
+    processes = [context.Process(target=user_main, args=(spec, commands[spec.index], results),
+                                 name=f"fairness-user-{spec.index}", daemon=True)
+                 for spec in specs]
+    phases: list[Phase] = []
+    records: dict[str, dict[int, list]] = {}
+    try:
+        for process in processes:
+            process.start()
+        _collect(results, config.users, "ready", 120.0, processes)
+        for name, duration, modes in _plan(config):
+            # every user starts at the same moment (one clock for all processes), after the
+            # last answers of the previous phase came back
+            phase = Phase(name, time.monotonic() + 0.5, duration, modes, config.interval_s)
+            phases.append(phase)
+            progress(f"fairness: phase {phase.name} ({phase.duration_s:.0f} s)")
+            for queue in commands:
+                queue.put(phase)
+            records[phase.name] = _collect(
+                results, config.users, phase.name,
+                phase.start_at + phase.duration_s - time.monotonic() + 180.0, processes)
+    finally:
+        for queue in commands:
+            queue.put(None)
+        for process in processes:
+            if process.pid is None:  # never started
+                continue
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=10)
+    return phases, records
 
 
 def write_results(results: dict[str, Any], output: str | os.PathLike) -> Path:

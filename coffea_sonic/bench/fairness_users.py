@@ -52,8 +52,9 @@ from ..share import YieldGate
 
 logger = logging.getLogger(__name__)
 
-#: Policies the scenario knows: priorities by depth (``fair``), or none (``fifo``).
-POLICIES: tuple[str, ...] = ("fair", "fifo")
+#: Policies the scenario knows: priorities by depth (``fair``), none (``fifo``), or a quota per
+#: user at the facility's gateway (``gateway``, :mod:`coffea_sonic.bench.fairness_gateway`).
+POLICIES: tuple[str, ...] = ("fair", "fifo", "gateway")
 #: What a user does in a phase.
 MODES: tuple[str, ...] = ("idle", "paced", "saturate")
 
@@ -81,6 +82,8 @@ class UserSpec:
     #: > 0: while other users are served, this user sends at most this share of the rows/s they
     #: get together (:class:`coffea_sonic.share.YieldGate`), waiting before it sends
     yield_share: float = 0.0
+    #: a file holding this user's bearer token (policy ``gateway``: each user its own subject)
+    token_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,7 @@ class Phase:
 
 def lane_priority(spec: UserSpec, lane: int, policy: str) -> int | None:
     """Priority level of ``lane``'s requests under ``fair``: ``lane + 1``, and the last level
-    (``spec.levels``) for every lane beyond; None (the model's default) under ``fifo``."""
+    (``spec.levels``) for every lane beyond; None (the model's default) otherwise."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
     return min(lane + 1, spec.levels) if policy == "fair" else None
@@ -111,10 +114,14 @@ class _User:
         self.spec = spec
         generator = np.random.default_rng(1000 + spec.index)
         self.inputs = {"features": generator.normal(size=(spec.rows, 6)).astype(np.float32)}
+        from ..core.secrets import Secret
+
         retry = {"max_attempts": 20, "total_s": 120.0, "initial_backoff_s": 0.01,
                  "max_backoff_s": 0.5}
+        headers = ({"authorization": Secret.from_file(spec.token_file, prefix="Bearer ")}
+                   if spec.token_file else None)
         self.lanes = [TritonModel(spec.url, transport="grpc", max_in_flight=1, retry=retry,
-                                  timeout_s=spec.timeout_s,
+                                  timeout_s=spec.timeout_s, headers=headers,
                                   priority=lane_priority(spec, lane, spec.policy))
                       for lane in range(spec.lanes)]
         self.expected: np.ndarray | None = None

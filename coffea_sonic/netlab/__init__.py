@@ -20,8 +20,8 @@ Needs root (tests that use it are marked ``netlab`` and skip elsewhere). The pie
 
 from .lab import Host, Lab, missing_requirements, sweep_stale_labs
 from .links import Link
-from .processes import HostProcess, port_open
+from .processes import HostProcess, LocalHost, port_open
 from .relay import start_relay
 
-__all__ = ["Host", "HostProcess", "Lab", "Link", "missing_requirements", "port_open",
+__all__ = ["Host", "HostProcess", "Lab", "Link", "LocalHost", "missing_requirements", "port_open",
            "start_relay", "sweep_stale_labs"]

@@ -52,7 +52,7 @@ class Facility:
     """
 
     def __init__(self, models: Sequence[str], *, server_link: Link = Link(1000),
-                 worker_link: Link = Link(1000), quota_rps: float = 1000,
+                 worker_link: Link = Link(1000), quota_rps: int = 1000,
                  retry_after_s: float = 1, prometheus: bool = True, workers: bool = True,
                  subject: str = "analysis", logs: str | os.PathLike | None = None) -> None:
         self.models = list(models)

@@ -33,15 +33,16 @@ GATEWAY_PORT = 8001
 STATS_PORT = 8404
 
 
-def servers_config(servers: Sequence[str], *, health_port: int = 8000) -> str:
-    """The ``backend tritons`` section for gRPC ``servers`` (``ip:port``), health-checked on
-    Triton's HTTP readiness (``health_port`` on the same address). A server marked down (two
-    failed checks, e.g. its host cut off) has its calls reset at once, so that clients resend them
-    elsewhere instead of waiting for their deadline on a dead link."""
+def servers_config(servers: Sequence[str | tuple[str, int]], *, health_port: int = 8000) -> str:
+    """The ``backend tritons`` section for gRPC ``servers`` (``ip:port``, or ``(ip:port, HTTP
+    port)``), health-checked on Triton's HTTP readiness (``health_port`` unless given per server).
+    A server marked down (two failed checks, e.g. its host cut off) has its calls reset at once,
+    so that clients resend them elsewhere instead of waiting for their deadline on a dead link."""
     lines = ["backend tritons", "  balance leastconn", "  option httpchk",
              "  http-check send meth GET uri /v2/health/ready"]
     for number, server in enumerate(servers, start=1):
-        lines.append(f"  server triton{number} {server} proto h2 check port {health_port} "
+        address, port = server if isinstance(server, tuple) else (server, health_port)
+        lines.append(f"  server triton{number} {address} proto h2 check port {port} "
                      "check-proto h1 inter 1s fall 2 rise 1 on-marked-down shutdown-sessions")
     return "\n".join(lines) + "\n"
 
@@ -76,8 +77,8 @@ class Gateway:
         self.process.kill()
 
 
-def start_gateway(host: "Host", servers: Sequence[str], *, public_key: str | os.PathLike,
-                  directory: Path, audience: str = "coffea-sonic", quota_rps: float = 1000,
+def start_gateway(host: "Host", servers: Sequence[str | tuple[str, int]], *, public_key: str | os.PathLike,
+                  directory: Path, audience: str = "coffea-sonic", quota_rps: int = 1000,
                   retry_after_s: float = 1, port: int = GATEWAY_PORT,
                   stats_port: int = STATS_PORT) -> Gateway:
     """HAProxy on ``host`` (gRPC on ``port``, metrics on ``stats_port``) in front of ``servers``;
@@ -90,7 +91,7 @@ def start_gateway(host: "Host", servers: Sequence[str], *, public_key: str | os.
     servers_file.write_text(servers_config(servers))
     env = {**os.environ, "GATEWAY_BIND": host.address(port),
            "GATEWAY_STATS_BIND": host.address(stats_port), "GATEWAY_JWT_KEY": str(public_key),
-           "GATEWAY_JWT_AUDIENCE": audience, "GATEWAY_QUOTA_RPS": f"{quota_rps:g}",
+           "GATEWAY_JWT_AUDIENCE": audience, "GATEWAY_QUOTA_RPS": str(int(quota_rps)),
            "GATEWAY_RETRY_AFTER_S": f"{retry_after_s:g}"}
     # -db: stay in the foreground, so that the lab owns (and stops) the process itself
     argv = [haproxy, "-db", "-f", str(GATEWAY_CONFIG), "-f", str(servers_file)]

@@ -146,3 +146,50 @@ class HostProcess:
                                       f"{address} within {timeout_s:.0f} s:\n{self.log_tail()}")
             time.sleep(0.1)
         return address
+
+
+class LocalHost:
+    """This machine as a host (no namespaces): loopback services, e.g. the gateway in a benchmark
+    that needs no root. A context manager; stopping it stops every process it started.
+
+    >>> with LocalHost() as here:
+    ...     here.address(8001), here.command_prefix()
+    ('127.0.0.1:8001', [])
+    """
+
+    name = "localhost"
+    ip = "127.0.0.1"
+
+    def __init__(self, logs: str | Path | None = None) -> None:
+        import tempfile
+
+        self.logs = Path(logs) if logs is not None else Path(tempfile.mkdtemp(prefix="netlab-"))
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.processes: list[HostProcess] = []
+
+    def __enter__(self) -> "LocalHost":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def address(self, port: int) -> str:
+        return f"{self.ip}:{port}"
+
+    def command_prefix(self) -> list[str]:
+        return []
+
+    def popen(self, argv: Sequence[str], *, name: str, env: dict | None = None,
+              grace_s: float = 10.0) -> HostProcess:
+        process = HostProcess(self, argv, name=name, env=env, grace_s=grace_s,
+                              log_path=self.logs / f"{name}.log")
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        """Stop every process started here. Idempotent."""
+        for process in self.processes:
+            process.terminate()
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()

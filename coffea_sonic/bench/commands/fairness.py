@@ -30,8 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "example:\n  coffea-sonic bench fairness --quick -o fairness   # under a minute"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the quick preset (default: full)")
-    parser.add_argument("--policy", choices=("fair", "fifo"), default=None,
-                        help="priorities by depth (fair, default) or none (fifo)")
+    parser.add_argument("--policy", choices=("fair", "fifo", "gateway"), default=None,
+                        help="priorities by depth (fair, default), none (fifo), or a quota per "
+                             "user at the HAProxy gateway (gateway: no priorities, no yield gate)")
     add_output(parser, "fairness")
     parser.set_defaults(func=run)
     return parser

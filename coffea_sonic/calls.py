@@ -69,6 +69,9 @@ class Piece:
     transport: Any = None
     bytes_sent: int = 0
     errors: dict[str, str] = field(default_factory=dict)
+    #: the last send's refusal by a quota (a gateway's RESOURCE_EXHAUSTED with a reason):
+    #: retried until the deadline, then the call fails naming it (never the fallback)
+    quota_refusal: str = ""
 
     @property
     def rows(self) -> int:

@@ -67,7 +67,8 @@ class Discovery:
                                 "each model instead", endpoint.address)
                 elif answer.outcome == "other":  # it answered: e.g. our token was refused
                     raise to_sonic_error(answer, model="(repository index)",
-                                         address=endpoint.address)
+                                         address=endpoint.address,
+                                         credentials=endpoint.settings.credential_source())
                 else:
                     self._mark_failed(endpoint, answer.describe())
                 continue
@@ -92,7 +93,8 @@ class Discovery:
             if error.kind == "not_found":
                 endpoint.served[model] = ()
             elif error.outcome == "other":
-                raise to_sonic_error(error, model=model, address=endpoint.address) from None
+                raise to_sonic_error(error, model=model, address=endpoint.address,
+                                     credentials=endpoint.settings.credential_source()) from None
             else:
                 self._mark_failed(endpoint, error.describe())
             return
@@ -172,7 +174,8 @@ class Discovery:
         except TransportError as error:
             if error.outcome == "other":
                 raise to_sonic_error(error, model=model, version=version,
-                                     address=endpoint.address) from None
+                                     address=endpoint.address,
+                                     credentials=endpoint.settings.credential_source()) from None
             self._mark_failed(endpoint, error.describe())
             return None
 

@@ -55,7 +55,8 @@ from . import ragged as ragged_module
 from .answers import assemble, check_outputs, check_version, preallocate
 from .calls import Call, InferenceHandle, Piece, Window
 from .core.tensors import ModelInfo
-from .errors import InferenceError, ModelNotFoundError, ServerUnavailableError
+from .errors import (InferenceError, ModelNotFoundError, QuotaExceededError,
+                     ServerUnavailableError)
 from .retry import RetryPolicy, call_later
 from .routing import Router
 from .stats import InferenceStats
@@ -368,15 +369,17 @@ class CallRunner:
         piece.errors[endpoint.address] = detail
         self.count(failed_requests=1)
         if not error.retryable:
-            self.fail(piece.call, to_sonic_error(error, model=self.model_name,
-                                                 version=self.version, address=endpoint.address))
+            self.fail(piece.call, to_sonic_error(
+                error, model=self.model_name, version=self.version, address=endpoint.address,
+                credentials=endpoint.settings.credential_source()))
             return
+        piece.quota_refusal = detail if error.over_quota else ""
         if error.outcome == "busy":
             window.answered(overloaded=True)
             # overload is not the server failing: bounded by time, not by attempts
             piece.busy_attempts += 1
             piece.attempts -= 1
-        self._retry(piece)
+        self._retry(piece, wait_s=error.retry_after_s)
 
     def _accept(self, piece: Piece, produced: Mapping[str, Any], source: str, version: str,
                 delivered: frozenset[str] = frozenset(), **counts: float) -> None:
@@ -413,15 +416,19 @@ class CallRunner:
 
     # -- retries, no server, fallback ------------------------------------------------------------
 
-    def _retry(self, piece: Piece) -> None:
-        """Send ``piece`` again after a backoff, elsewhere if possible; or give it up."""
+    def _retry(self, piece: Piece, wait_s: float | None = None) -> None:
+        """Send ``piece`` again after a backoff (at least ``wait_s``, what the server asked for,
+        but not past the deadline), elsewhere if possible; or give it up."""
         policy = self.owner.retry
-        if piece.attempts >= policy.max_attempts or time.monotonic() >= piece.deadline:
+        now = time.monotonic()
+        if piece.attempts >= policy.max_attempts or now >= piece.deadline:
             self._give_up(piece, f"{piece.attempts + piece.busy_attempts} attempt(s) failed")
             return
         piece.avoid = frozenset({piece.last_address})
         self.count(retries=1)
         delay = policy.backoff_s(max(1, piece.attempts + piece.busy_attempts))
+        if wait_s is not None:
+            delay = min(max(delay, wait_s), piece.deadline - now)
         logger.info("coffea-sonic: retrying %s rows %d-%d in %.2f s (attempt %d failed at %s: %s)",
                     self.model_name, piece.start, piece.stop, delay, piece.attempts,
                     piece.last_address, piece.errors.get(piece.last_address, "?"))
@@ -452,6 +459,14 @@ class CallRunner:
     def _give_up(self, piece: Piece, why: str) -> None:
         call = piece.call
         servers = self.router.describe(self.model_name, self.version)
+        if piece.quota_refusal:  # the servers are fine: the user is over a quota
+            elapsed = time.monotonic() - piece.first_try if piece.first_try else 0.0
+            self.fail(call, QuotaExceededError(
+                f"{self._what()}: {piece.last_address} refused rows {piece.start}-{piece.stop} "
+                f"over a quota until the deadline ({elapsed:.1f} s, retry total_s "
+                f"{self.owner.retry.total_s:g}): {piece.quota_refusal}. Send less at once "
+                "(fewer workers or max_in_flight), or ask the facility for a larger quota"))
+            return
         if self.owner.fallback is not None:
             self._run_fallback(piece, f"{why}; {servers}")
             return

@@ -38,6 +38,19 @@ class ServerUnavailableError(SonicError, ConnectionError):
     """No server could serve the request (after retries, and without a fallback)."""
 
 
+class AuthenticationError(ConfigurationError):
+    """A server or gateway refused our credentials (missing, expired, wrong signature or audience).
+
+    The message names the server and where the token came from (``env:NAME``, ``file:PATH``),
+    never the token.
+    """
+
+
+class QuotaExceededError(ServerUnavailableError):
+    """A gateway kept refusing requests over the user's quota (RESOURCE_EXHAUSTED) until the
+    call's deadline; the message names the quota as the gateway stated it."""
+
+
 class InferenceError(SonicError, RuntimeError):
     """A server answered, but the answer is wrong or an error that must not be retried."""
 

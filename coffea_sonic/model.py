@@ -387,8 +387,9 @@ class TritonModel:
                 total += runtime.router.control(endpoint).statistics(
                     self.model_name, self.version, min(self.timeout_s, self.connect_timeout_s))
             except TransportError as error:
-                failures.append(to_sonic_error(error, model=self.model_name,
-                                               version=self.version, address=endpoint.address))
+                failures.append(to_sonic_error(
+                    error, model=self.model_name, version=self.version, address=endpoint.address,
+                    credentials=endpoint.settings.credential_source()))
         if len(failures) == len(runtime.router.endpoints):
             raise failures[0]
         return total

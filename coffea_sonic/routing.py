@@ -48,7 +48,7 @@ from .core.process_local import ProcessLocal
 from .core.tensors import ModelInfo
 from .discovery import Discovery
 from .endpoints import Endpoint
-from .errors import ConfigurationError
+from .errors import ConfigurationError, ServerUnavailableError
 from .retry import RetryPolicy, call_later
 from .transport.base import Transport
 from .transport.choice import ServerTransports
@@ -107,9 +107,26 @@ class Router:
 
     def model_info(self, model: str, version: str, *, timeout_s: float,
                    expected_checksum: str | None = None) -> tuple[ModelInfo, str]:
-        """The model's signature and the version requests carry (:meth:`Discovery.model_info`)."""
-        return self.discovery.model_info(model, version, timeout_s=timeout_s,
-                                         expected_checksum=expected_checksum)
+        """The model's signature and the version requests carry (:meth:`Discovery.model_info`).
+
+        Servers that answered this process before and are out of reach now (a restarting
+        gateway, a cut link) are waited for, as a request would be, within the retry policy's
+        ``total_s``; where none ever answered (a wrong address) the error comes at once.
+        """
+        deadline = time.monotonic() + self.policy.total_s
+        for attempt in itertools.count(1):
+            try:
+                return self.discovery.model_info(model, version, timeout_s=timeout_s,
+                                                 expected_checksum=expected_checksum)
+            except ServerUnavailableError as error:
+                left = deadline - time.monotonic()
+                if left <= 0 or not any(e.served is not None for e in self.endpoints):
+                    raise
+                wait = min(left, max(self.seconds_until_probe(),
+                                     self.policy.backoff_s(attempt)) + 0.05)
+                logger.info("coffea-sonic: describing %s again in %.2f s (%s)", model, wait, error)
+                time.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- choosing and releasing ---------------------------------------------------------------------
 

@@ -200,6 +200,22 @@ class ServerSettings:
         return (self.address, self.protocol, self.tls.key() if self.tls else None,
                 self.fingerprint)
 
+    def credential_source(self) -> str:
+        """Where the ``authorization`` header comes from, never its value.
+
+        >>> ServerSettings("h:8001").credential_source()
+        'no token (no authorization header is sent)'
+        >>> ServerSettings("h:8001", headers=(("authorization", Secret.from_env("T")),)
+        ...                ).credential_source()
+        'the token from env:T'
+        """
+        for name, value in self.headers:
+            if name.lower() == "authorization":
+                source = value.source if isinstance(value, Secret) else "literal"
+                return ("a token given in code (headers=...)" if source == "literal"
+                        else f"the token from {source}")
+        return "no token (no authorization header is sent)"
+
     def __repr__(self) -> str:
         extras = [self.protocol]
         if self.tls is not None:

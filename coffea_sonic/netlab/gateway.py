@@ -16,13 +16,12 @@ backend tritons
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from ..errors import NetworkLabError
 from .processes import HostProcess
+from .services import ensure_command
 
 if TYPE_CHECKING:
     from .lab import Host
@@ -83,9 +82,7 @@ def start_gateway(host: "Host", servers: Sequence[str | tuple[str, int]], *, pub
                   stats_port: int = STATS_PORT) -> Gateway:
     """HAProxy on ``host`` (gRPC on ``port``, metrics on ``stats_port``) in front of ``servers``;
     ``quota_rps``: inference requests/s per token subject."""
-    haproxy = shutil.which("haproxy")
-    if haproxy is None:
-        raise NetworkLabError("haproxy is not installed (Debian: apt-get install -y haproxy)")
+    haproxy = ensure_command("haproxy", "haproxy")
     directory.mkdir(parents=True, exist_ok=True)
     servers_file = directory / f"servers-{port}.cfg"
     servers_file.write_text(servers_config(servers))

@@ -10,6 +10,7 @@ True
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import shutil
@@ -41,6 +42,16 @@ def _parent_death_prefix() -> list[str]:
     # nsenter's exec into the command.
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "KILL"] if setpriv else []
+
+
+#: Linux sends the parent-death signal when the *thread* that started the child exits: every
+#: process is started from this one long-lived thread, so that one (re)started from a short-lived
+#: thread (a test's fault injector restarting the gateway) is not killed when that thread ends.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="netlab-spawn")
+
+
+def _spawn(argv: list[str], **options) -> subprocess.Popen:
+    return _SPAWNER.submit(subprocess.Popen, argv, **options).result()
 
 
 def port_open(address: str, timeout_s: float = 0.5) -> bool:
@@ -84,7 +95,7 @@ class HostProcess:
         if self.alive:
             return self
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
+            self.process = _spawn(
                 _parent_death_prefix() + self.host.command_prefix() + self.argv,
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self.env, start_new_session=True)

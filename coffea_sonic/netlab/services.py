@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +41,36 @@ logger = logging.getLogger(__name__)
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 8001, 8000, 8002
 SCHEDULER_PORT = 8786
 PROMETHEUS_PORT = 9090
+
+
+def ensure_command(command: str, package: str) -> str:
+    """The path of ``command``, installing Debian's ``package`` first where it is missing and this
+    process may (root, apt-get; its service is not started). Raises NetworkLabError otherwise."""
+    found = shutil.which(command)
+    if found:
+        return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise NetworkLabError(f"{command} is not installed (Debian: apt-get install -y {package})")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    policy = Path("/usr/sbin/policy-rc.d")
+    made_policy = not policy.exists()
+    if made_policy:  # only the package's files are wanted, not a system-wide service
+        policy.write_text("#!/bin/sh\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        for argv in (["apt-get", "-o", "DPkg::Lock::Timeout=300", "update", "-qq"],
+                     ["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "-qq",
+                      "--no-install-recommends", package]):
+            result = subprocess.run(argv, capture_output=True, text=True, env=env)
+            if result.returncode != 0:
+                raise NetworkLabError(f"{' '.join(argv)} failed: {result.stderr[-2000:]}")
+    finally:
+        if made_policy:
+            policy.unlink(missing_ok=True)
+    found = shutil.which(command)
+    if not found:
+        raise NetworkLabError(f"installing {package} gave no {command} command")
+    return found
 
 
 def _dask_command() -> str:
@@ -139,9 +170,7 @@ def start_prometheus(host: "Host", targets: Sequence[str], directory: Path) -> s
     of ``deploy/prometheus.yml``; returns its ``http://ip:9090`` address."""
     import yaml
 
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        raise NetworkLabError("prometheus is not installed (Debian: apt-get install -y prometheus)")
+    prometheus = ensure_command("prometheus", "prometheus")
     deploy = Path(__file__).resolve().parents[2] / "deploy" / "prometheus.yml"
     config = yaml.safe_load(deploy.read_text())
     config["scrape_configs"][0]["static_configs"][0]["targets"] = list(targets)

@@ -36,9 +36,10 @@ True
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from ..errors import (ConfigurationError, InferenceError, InputValidationError, ModelNotFoundError,
-                      ServerUnavailableError, SonicError)
+from ..errors import (AuthenticationError, ConfigurationError, InferenceError,
+                      InputValidationError, ModelNotFoundError, ServerUnavailableError, SonicError)
 
 __all__ = ["KINDS", "TransportError", "classify", "from_grpc", "from_http_status",
            "to_sonic_error"]
@@ -99,10 +100,13 @@ def classify(code: str, details: str = "") -> str:
 class TransportError(SonicError):
     """A classified failure of one call to one server (see the module docstring for kinds)."""
 
-    def __init__(self, kind: str, detail: str, *, address: str = "", code: str = "") -> None:
+    def __init__(self, kind: str, detail: str, *, address: str = "", code: str = "",
+                 retry_after_s: float | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown transport error kind {kind!r}")
         self.kind, self.detail, self.address, self.code = kind, detail, address, code
+        #: how long the server (or gateway) asked us to wait before sending again, if it said
+        self.retry_after_s = retry_after_s
         where = f" at {address}" if address else ""
         super().__init__(f"{code or kind}{where}: {detail}" if detail else f"{code or kind}{where}")
 
@@ -110,6 +114,17 @@ class TransportError(SonicError):
     def retryable(self) -> bool:
         """Whether sending the request again (maybe elsewhere) may succeed."""
         return self.kind in ("busy", "down", "timeout")
+
+    @property
+    def over_quota(self) -> bool:
+        """A refusal by a quota (a gateway's policy for this user), not a server's overload.
+
+        >>> TransportError("busy", "quota exceeded: 10 inference requests/s").over_quota
+        True
+        >>> TransportError("busy", "Exceeds maximum queue size").over_quota
+        False
+        """
+        return self.kind == "busy" and "quota" in self.detail.lower()
 
     @property
     def outcome(self) -> str:
@@ -123,11 +138,32 @@ class TransportError(SonicError):
         return f"{self.code or self.kind}: {self.detail}" if self.detail else (self.code or self.kind)
 
     def __reduce__(self):
-        return (_rebuild, (self.kind, self.detail, self.address, self.code))
+        return (_rebuild, (self.kind, self.detail, self.address, self.code, self.retry_after_s))
 
 
-def _rebuild(kind: str, detail: str, address: str, code: str) -> TransportError:
-    return TransportError(kind, detail, address=address, code=code)
+def _rebuild(kind: str, detail: str, address: str, code: str,
+             retry_after_s: float | None = None) -> TransportError:
+    return TransportError(kind, detail, address=address, code=code, retry_after_s=retry_after_s)
+
+
+def retry_after(metadata: Any) -> float | None:
+    """Seconds from a ``retry-after`` entry of gRPC trailing metadata or HTTP headers (pairs or a
+    mapping), None if absent or not a non-negative number (an HTTP date is not honoured).
+
+    >>> retry_after((("retry-after", "0.5"),)), retry_after({"Retry-After": "2"})
+    (0.5, 2.0)
+    >>> retry_after(()), retry_after((("retry-after", "Wed, 21 Oct 2026 07:28:00 GMT"),))
+    (None, None)
+    """
+    pairs = metadata.items() if hasattr(metadata, "items") else (metadata or ())
+    for key, value in pairs:
+        if str(key).lower() == "retry-after":
+            try:
+                seconds = float(value)
+            except (TypeError, ValueError):
+                return None
+            return seconds if seconds >= 0 else None
+    return None
 
 
 def from_grpc(error: BaseException, address: str = "") -> TransportError:
@@ -139,7 +175,13 @@ def from_grpc(error: BaseException, address: str = "") -> TransportError:
         code = getattr(code_of(), "name", str(code_of()))
         details_of = getattr(error, "details", None)
         details = (details_of() if callable(details_of) else "") or ""
-        return TransportError(classify(code, details), details.strip(), address=address, code=code)
+        trailing = getattr(error, "trailing_metadata", None)
+        try:
+            wait = retry_after(trailing() if callable(trailing) else None)
+        except Exception:  # noqa: BLE001 - a call that never started has no metadata
+            wait = None
+        return TransportError(classify(code, details), details.strip(), address=address, code=code,
+                              retry_after_s=wait)
     if isinstance(error, (ConnectionError, TimeoutError, OSError)):
         return TransportError("down", f"{type(error).__name__}: {error}", address=address)
     return TransportError("internal", f"{type(error).__name__}: {error}", address=address)
@@ -152,16 +194,27 @@ _HTTP_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION
                504: "DEADLINE_EXCEEDED"}
 
 
-def from_http_status(status: int, details: str, address: str = "") -> TransportError:
-    """An HTTP error answer as a TransportError (statuses mapped to gRPC's names first)."""
+def from_http_status(status: int, details: str, address: str = "",
+                     headers: Any = None) -> TransportError:
+    """An HTTP error answer as a TransportError (statuses mapped to gRPC's names first);
+    ``headers``: the answer's, for a ``Retry-After``."""
     code = _HTTP_CODES.get(status, "INTERNAL" if status >= 500 else "INVALID_ARGUMENT")
     return TransportError(classify(code, details), details.strip(), address=address,
-                          code=f"HTTP {status}")
+                          code=f"HTTP {status}", retry_after_s=retry_after(headers))
 
 
 def to_sonic_error(error: BaseException, *, model: str, version: str = "",
-                   address: str = "") -> SonicError:
-    """The public exception a user sees for a failure serving ``model``/``version``."""
+                   address: str = "", credentials: str = "") -> SonicError:
+    """The public exception a user sees for a failure serving ``model``/``version``.
+
+    ``credentials``: where our token came from
+    (:meth:`~coffea_sonic.core.endpoint.ServerSettings.credential_source`), for a refusal.
+
+    >>> refused = TransportError("unauthenticated", "token expired", address="gw:8001",
+    ...                          code="UNAUTHENTICATED")
+    >>> print(to_sonic_error(refused, model="m", credentials="the token from env:SONIC_TOKEN"))
+    gw:8001 refused our credentials for model 'm' (UNAUTHENTICATED: token expired); we sent the token from env:SONIC_TOKEN: renew it, or check that it is meant for this server or gateway (issuer, audience)
+    """
     if isinstance(error, SonicError) and not isinstance(error, TransportError):
         return error
     if not isinstance(error, TransportError):
@@ -173,7 +226,12 @@ def to_sonic_error(error: BaseException, *, model: str, version: str = "",
     if kind == "not_found":
         return ModelNotFoundError(f"Triton at {address} does not serve {what} ({text})")
     if kind == "unauthenticated":
-        return ConfigurationError(
+        if credentials:
+            return AuthenticationError(
+                f"{address} refused our credentials for {what} ({text}); we sent "
+                f"{credentials}: renew it, or check that it is meant for this server or gateway "
+                "(issuer, audience)")
+        return AuthenticationError(
             f"Triton at {address} refused our credentials for {what} ({text}); check the "
             "authorization header (e.g. headers={'authorization': Secret.bearer_from_env('NAME')}"
             " with NAME set here and on the workers) and TLS settings")

@@ -213,7 +213,7 @@ class HttpTransport(Transport):
     def _status_error(self, response: Response, body: Any = None) -> TransportError:
         message = error_message(response.body if body is None else body)
         return from_http_status(response.status, message or f"HTTP {response.status}",
-                                self.address)
+                                self.address, response.headers)
 
     # -- inference ----------------------------------------------------------------------------------
 

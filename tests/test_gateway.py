@@ -1,0 +1,164 @@
+"""The facility's gateway: HAProxy from deploy/haproxy/gateway.cfg in front of a real tritonserver.
+
+JWT bearer tokens are checked there (missing, expired, wrongly signed, for another audience: each
+refused, and the client raises an AuthenticationError naming the gateway and where the token came
+from, never the token); a per-subject quota answers RESOURCE_EXHAUSTED with ``retry-after``: the
+client backs off at least that long and retries within its deadline, without quarantining the
+gateway or falling back, and past the deadline raises an error naming the quota. A heavy user
+without any client-side gate cannot keep light users from being served. The gateway runs on
+loopback (the same configuration as across hosts, tests/test_multihost.py); HAProxy is installed
+with apt where missing (root)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from coffea_sonic import TritonModel
+from coffea_sonic.core.secrets import Secret
+from coffea_sonic.errors import AuthenticationError, NetworkLabError, QuotaExceededError
+from coffea_sonic.netlab import LocalHost
+from coffea_sonic.netlab.gateway import Gateway, start_gateway
+from coffea_sonic.netlab.tokens import TokenIssuer
+from coffea_sonic.server import LocalTritonServer
+from coffea_sonic.server.launcher import free_port
+from helpers import run_in_threads
+
+#: inference requests per second per token subject, and the wait an over-quota answer asks for
+QUOTA_RPS = 4
+RETRY_AFTER_S = 0.3
+ROWS = 64
+
+
+class _Setup:
+    def __init__(self, server: LocalTritonServer, gateway: Gateway, issuer: TokenIssuer,
+                 folder: Path) -> None:
+        self.server, self.gateway, self.issuer, self.folder = server, gateway, issuer, folder
+
+    def token_file(self, subject: str | None, **options) -> Path:
+        name = f"{subject}-{abs(hash(tuple(sorted(options.items()))))}.token"
+        return self.issuer.write(self.folder / name, subject, **options)
+
+    def model(self, token_file: Path | None, **options) -> TritonModel:
+        headers = ({"authorization": Secret.from_file(str(token_file), prefix="Bearer ")}
+                   if token_file is not None else None)
+        return TritonModel(self.gateway.url("jet_tagger"), headers=headers, transport="grpc",
+                           **options)
+
+
+@pytest.fixture(scope="module")
+def setup(jet_tagger_server: LocalTritonServer) -> Iterator[_Setup]:
+    folder = Path(tempfile.mkdtemp(prefix="gateway-test-"))
+    try:
+        with LocalHost(folder / "logs") as here:
+            issuer = TokenIssuer(folder / "issuer")
+            gateway = start_gateway(
+                here, [(jet_tagger_server.grpc_address, jet_tagger_server.ports["http"])],
+                public_key=issuer.public_key, directory=folder / "gateway", quota_rps=QUOTA_RPS,
+                retry_after_s=RETRY_AFTER_S, port=free_port(), stats_port=free_port())
+            yield _Setup(jet_tagger_server, gateway, issuer, folder)
+    except NetworkLabError as error:  # no haproxy and no way to install it here
+        pytest.skip(str(error))
+
+
+def _rows(seed: int, rows: int = ROWS) -> dict[str, np.ndarray]:
+    return {"features": np.random.default_rng(seed).normal(size=(rows, 6)).astype(np.float32)}
+
+
+def _direct(setup: _Setup, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    return TritonModel(setup.server.url("jet_tagger"), transport="grpc")(inputs)["probs"]
+
+
+def test_a_valid_token_is_served_through_the_gateway(setup: _Setup):
+    inputs = _rows(1)
+    answer = setup.model(setup.token_file("alice"))(inputs)["probs"]
+    np.testing.assert_array_equal(answer, _direct(setup, inputs))
+
+
+@pytest.mark.parametrize("problem, options, reason", [
+    ("missing", None, "no bearer token"),
+    ("expired", {"ttl_s": -60}, "token expired"),
+    ("wrong signature", "other issuer", "signature does not verify"),
+    ("wrong audience", {"audience": "another-service"}, "audience is not coffea-sonic"),
+])
+def test_a_refused_token_raises_an_authentication_error_naming_the_gateway_and_its_source(
+        setup: _Setup, problem: str, options, reason: str):
+    if options is None:
+        token_file = None
+    elif options == "other issuer":
+        token_file = TokenIssuer(setup.folder / "other-issuer").write(
+            setup.folder / "forged.token", "mallory")
+    else:
+        token_file = setup.token_file("bob", **options)
+    with pytest.raises(AuthenticationError) as raised:
+        setup.model(token_file)(_rows(2))
+    message = str(raised.value)
+    assert setup.gateway.address in message and reason in message
+    if token_file is None:
+        assert "no token" in message
+    else:
+        assert f"file:{token_file}" in message
+        token = token_file.read_text()
+        for part in token.split("."):
+            assert part not in message, "the token leaked into the error"
+
+
+def test_a_heavy_user_over_quota_backs_off_and_every_light_users_call_completes(
+        setup: _Setup, caplog: pytest.LogCaptureFixture):
+    heavy = setup.model(setup.token_file("heavy"), max_in_flight=8, max_request_bytes=ROWS * 24,
+                        retry={"total_s": 60.0})
+    lights = [setup.model(setup.token_file(f"light{index}"), retry={"total_s": 60.0})
+              for index in range(3)]
+    heavy_inputs = _rows(3, rows=ROWS * 16)  # 16 requests at once, 4/s allowed
+    stop = threading.Event()
+
+    def heavy_user() -> int:
+        calls = 0
+        while not stop.is_set() or calls == 0:
+            answer = heavy(heavy_inputs)["probs"]
+            assert answer.shape == (ROWS * 16, 3)
+            calls += 1
+        return calls
+
+    def light_user(index: int) -> list[np.ndarray]:
+        return [lights[index](_rows(10 + index))["probs"] for _ in range(2)]
+
+    caplog.set_level(logging.INFO, logger="coffea_sonic")
+    heavy_thread = threading.Thread(target=lambda: results.append(heavy_user()), daemon=True)
+    results: list[int] = []
+    heavy_thread.start()
+    try:
+        light_answers = run_in_threads(light_user, [(index,) for index in range(3)], timeout=120)
+    finally:
+        stop.set()
+        heavy_thread.join(timeout=120)
+    assert not heavy_thread.is_alive() and results and results[0] >= 1
+    for index, answers in enumerate(light_answers):
+        expected = _direct(setup, _rows(10 + index))
+        for answer in answers:
+            np.testing.assert_array_equal(answer, expected)
+    # the heavy user was refused over its quota and came back later: refusals are not failures of
+    # the gateway (never quarantined) and nothing ran in a fallback
+    assert heavy.stats.failed_requests > 0 and heavy.stats.retries > 0
+    assert heavy.stats.fallback_rows == 0
+    assert "quarantined" not in caplog.text
+    waits = [float(wait) for wait in re.findall(
+        r"retrying jet_tagger rows \d+-\d+ in ([0-9.]+) s .*quota exceeded", caplog.text)]
+    assert waits and min(waits) >= RETRY_AFTER_S - 1e-3, "the retry-after was not honoured"
+
+
+def test_past_the_deadline_the_quota_refusal_raises_an_error_naming_the_quota(setup: _Setup):
+    model = setup.model(setup.token_file("hasty"), max_in_flight=8, max_request_bytes=ROWS * 24,
+                        retry={"total_s": 1.0}, fallback="cpu")
+    with pytest.raises(QuotaExceededError, match=rf"quota exceeded: {QUOTA_RPS} inference "
+                                                 r"requests/s per token subject"):
+        for _ in range(5):  # 5 x 16 requests within 1 s each, 4/s allowed
+            model(_rows(4, rows=ROWS * 16))
+    assert model.stats.fallback_rows == 0

@@ -149,6 +149,19 @@ def signature(info: ModelInfo) -> RaggedSignature:
         raise InputValidationError(
             f"model {name!r} input {count.name!r}: expected TYPE_INT64 dims [-1] (rows per "
             f"event), the model declares {count.datatype}{list(count.dims)}")
+    _check_ragged_inputs(info, data, count)
+    object_outputs, event_outputs = _split_outputs(info)
+    return RaggedSignature(
+        model=name,
+        inputs=tuple(TensorInfo(t.name, t.datatype, tuple(t.dims[1:])) for t in data),
+        counts=count.name, object_outputs=tuple(object_outputs),
+        event_outputs=tuple(event_outputs))
+
+
+def _check_ragged_inputs(info: ModelInfo, data: list[TensorInfo], count: TensorInfo) -> None:
+    """Raise unless the model's inputs are its ragged ``data`` (numeric, dims [-1, ...]) and
+    their ``count``."""
+    name = info.name
     others = [t.name for t in info.inputs if t not in data and t is not count]
     if others:
         raise InputValidationError(
@@ -164,21 +177,21 @@ def signature(info: ModelInfo) -> RaggedSignature:
             raise InputValidationError(
                 f"model {name!r} ragged input {tensor.name!r} is {tensor.datatype}: ragged "
                 "inputs must be numeric")
+
+
+def _split_outputs(info: ModelInfo) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """The per-object outputs (their per-row dims) and the per-event outputs of ``info``."""
     object_outputs, event_outputs = [], []
     for tensor in info.outputs:
         if tensor.name in info.ragged_outputs:
             if not tensor.dims or tensor.dims[0] != -1:
                 raise InputValidationError(
-                    f"model {name!r} per-object output {tensor.name!r}: expected dims [-1, ...] "
-                    f"(one row per object), the model declares {list(tensor.dims)}")
+                    f"model {info.name!r} per-object output {tensor.name!r}: expected dims "
+                    f"[-1, ...] (one row per object), the model declares {list(tensor.dims)}")
             object_outputs.append(TensorInfo(tensor.name, tensor.datatype, tuple(tensor.dims[1:])))
         else:
             event_outputs.append(tensor)
-    return RaggedSignature(
-        model=name,
-        inputs=tuple(TensorInfo(t.name, t.datatype, tuple(t.dims[1:])) for t in data),
-        counts=count.name, object_outputs=tuple(object_outputs),
-        event_outputs=tuple(event_outputs))
+    return object_outputs, event_outputs
 
 
 def check_plain_call(info: ModelInfo, inputs: Mapping[str, Any]) -> None:

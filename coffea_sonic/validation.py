@@ -70,6 +70,24 @@ def validate_inputs(info: ModelInfo, inputs: Mapping[str, Any],
             f"{list(info.input_names)}, got {type(inputs).__name__}")
     if nonfinite not in ("pass", "raise"):
         raise ConfigurationError(f"nonfinite must be 'pass' or 'raise', not {nonfinite!r}")
+    _check_names(info, inputs)
+    arrays: dict[str, np.ndarray] = {}
+    rows: int | None = None
+    rows_from = ""
+    for tensor in info.inputs:
+        array = _checked_array(info, tensor, inputs[tensor.name], nonfinite)
+        if rows is None:
+            rows, rows_from = int(array.shape[0]), tensor.name
+        elif array.shape[0] != rows:
+            raise InputValidationError(
+                f"model {info.name!r}: input {tensor.name!r} has {array.shape[0]} rows but "
+                f"{rows_from!r} has {rows}; all inputs need the same number of rows")
+        arrays[tensor.name] = np.ascontiguousarray(array)
+    return arrays, int(rows or 0)
+
+
+def _check_names(info: ModelInfo, inputs: Mapping[str, Any]) -> None:
+    """Raise unless ``inputs`` names exactly the model's inputs."""
     given, declared = set(inputs), set(info.input_names)
     missing, extra = sorted(declared - given), sorted(given - declared)
     if missing or extra:
@@ -81,48 +99,41 @@ def validate_inputs(info: ModelInfo, inputs: Mapping[str, Any],
         raise InputValidationError(
             f"model {info.name!r} inputs: {' and '.join(parts)}; the model declares "
             + ", ".join(f"{t.name} {_shape_text(info, t)} {t.datatype}" for t in info.inputs))
-    arrays: dict[str, np.ndarray] = {}
-    rows: int | None = None
-    rows_from = ""
-    for tensor in info.inputs:
-        value = inputs[tensor.name]
-        try:
-            array = np.asarray(value)
-        except Exception as error:  # e.g. a jagged awkward array
+
+
+def _checked_array(info: ModelInfo, tensor: TensorInfo, value: Any,
+                   nonfinite: NonFinitePolicy) -> np.ndarray:
+    """``value`` as an array of ``tensor``'s rank, per-row shape and dtype (rows not checked)."""
+    try:
+        array = np.asarray(value)
+    except Exception as error:  # e.g. a jagged awkward array
+        raise InputValidationError(
+            f"model {info.name!r} input {tensor.name!r}: cannot be made a regular numpy array "
+            f"({type(error).__name__}: {error}); pad/flatten jagged columns first "
+            "(coffea_sonic.columns helpers)") from None
+    expected_rank = len(tensor.dims) + (1 if info.batching else 0)
+    if array.ndim != expected_rank:
+        raise InputValidationError(
+            f"model {info.name!r} input {tensor.name!r}: expected rank {expected_rank} "
+            f"{_shape_text(info, tensor)}, got rank {array.ndim} shape {list(array.shape)}")
+    row_dims = array.shape[1:] if info.batching else array.shape
+    for axis, (want, have) in enumerate(zip(tensor.dims, row_dims)):
+        if want >= 0 and want != have:
             raise InputValidationError(
-                f"model {info.name!r} input {tensor.name!r}: cannot be made a regular numpy array "
-                f"({type(error).__name__}: {error}); pad/flatten jagged columns first "
-                "(coffea_sonic.columns helpers)") from None
-        expected_rank = len(tensor.dims) + (1 if info.batching else 0)
-        if array.ndim != expected_rank:
+                f"model {info.name!r} input {tensor.name!r}: expected shape "
+                f"{_shape_text(info, tensor)}, got {list(array.shape)} (dim "
+                f"{axis + (1 if info.batching else 0)} is {have}, must be {want})")
+    array = _check_dtype(info, tensor, array)
+    if nonfinite == "raise" and array.dtype.kind == "f":
+        bad = int(np.count_nonzero(~np.isfinite(array)))
+        if bad:
             raise InputValidationError(
-                f"model {info.name!r} input {tensor.name!r}: expected rank {expected_rank} "
-                f"{_shape_text(info, tensor)}, got rank {array.ndim} shape {list(array.shape)}")
-        row_dims = array.shape[1:] if info.batching else array.shape
-        for axis, (want, have) in enumerate(zip(tensor.dims, row_dims)):
-            if want >= 0 and want != have:
-                raise InputValidationError(
-                    f"model {info.name!r} input {tensor.name!r}: expected shape "
-                    f"{_shape_text(info, tensor)}, got {list(array.shape)} (dim "
-                    f"{axis + (1 if info.batching else 0)} is {have}, must be {want})")
-        array = _check_dtype(info, tensor, array)
-        if nonfinite == "raise" and array.dtype.kind == "f":
-            bad = int(np.count_nonzero(~np.isfinite(array)))
-            if bad:
-                raise InputValidationError(
-                    f"model {info.name!r} input {tensor.name!r}: {bad} NaN/inf values and "
-                    "nonfinite='raise'; clean them or use nonfinite='pass'")
-        if array.ndim == 0:
-            raise InputValidationError(
-                f"model {info.name!r} input {tensor.name!r} is a scalar; rows are needed")
-        if rows is None:
-            rows, rows_from = int(array.shape[0]), tensor.name
-        elif array.shape[0] != rows:
-            raise InputValidationError(
-                f"model {info.name!r}: input {tensor.name!r} has {array.shape[0]} rows but "
-                f"{rows_from!r} has {rows}; all inputs need the same number of rows")
-        arrays[tensor.name] = np.ascontiguousarray(array)
-    return arrays, int(rows or 0)
+                f"model {info.name!r} input {tensor.name!r}: {bad} NaN/inf values and "
+                "nonfinite='raise'; clean them or use nonfinite='pass'")
+    if array.ndim == 0:
+        raise InputValidationError(
+            f"model {info.name!r} input {tensor.name!r} is a scalar; rows are needed")
+    return array
 
 
 def _row_bytes(arrays: Mapping[str, np.ndarray], rows: int) -> int:

@@ -115,18 +115,7 @@ def generate_hits(n_events: int, seed: int = 0, stream: tuple[int, ...] = ()) ->
         "layer": np.broadcast_to(np.arange(len(layers)), phi.shape)[seen],
         "track_id": (track_of - first_track[event_of_track][:, None])[seen],
     }
-    per_event = np.bincount(track_hits["event"], minlength=n_events)
-    n_noise = rng.poisson(NOISE_FRACTION * per_event)
-    noise_event = np.repeat(np.arange(n_events), n_noise)
-    noise_layer = rng.integers(0, len(layers), len(noise_event))
-    noise = {
-        "event": noise_event,
-        "r": layers[noise_layer],
-        "phi": rng.uniform(-math.pi, math.pi, len(noise_event)),
-        "z": rng.uniform(-BARREL_HALF_LENGTH, BARREL_HALF_LENGTH, len(noise_event)),
-        "layer": noise_layer,
-        "track_id": np.full(len(noise_event), -1),
-    }
+    noise = _noise_hits(rng, np.bincount(track_hits["event"], minlength=n_events), layers)
     merged = {key: np.concatenate([track_hits[key], noise[key]]) for key in track_hits}
     order = np.lexsort((rng.random(len(merged["event"])), merged["event"]))
     merged = {key: values[order] for key, values in merged.items()}
@@ -135,6 +124,23 @@ def generate_hits(n_events: int, seed: int = 0, stream: tuple[int, ...] = ()) ->
     return {"counts": np.bincount(merged["event"], minlength=n_events).astype(np.int64),
             "fields": {name: np.asarray(fields[name]).astype(dtype)
                        for name, dtype in HIT_BRANCH_DTYPES.items()}}
+
+
+def _noise_hits(rng: np.random.Generator, per_event: np.ndarray,
+                layers: np.ndarray) -> dict[str, np.ndarray]:
+    """Noise hits: per event a Poisson number in proportion to its track hits, uniform on the
+    layers' cylinders, ``track_id`` -1."""
+    n_noise = rng.poisson(NOISE_FRACTION * per_event)
+    noise_event = np.repeat(np.arange(len(per_event)), n_noise)
+    noise_layer = rng.integers(0, len(layers), len(noise_event))
+    return {
+        "event": noise_event,
+        "r": layers[noise_layer],
+        "phi": rng.uniform(-math.pi, math.pi, len(noise_event)),
+        "z": rng.uniform(-BARREL_HALF_LENGTH, BARREL_HALF_LENGTH, len(noise_event)),
+        "layer": noise_layer,
+        "track_id": np.full(len(noise_event), -1),
+    }
 
 
 def hit_collection(n_events: int, seed: int = 0, stream: tuple[int, ...] = ()):

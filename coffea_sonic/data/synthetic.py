@@ -310,26 +310,10 @@ def generate_events(process: str, n_events: int, seed: int = 0,
     event_of_jet = np.repeat(np.arange(n_events), n_jets)
     by_pt = np.lexsort((-jets["pt"], event_of_jet))
     jets = {name: values[by_pt] for name, values in jets.items()}
-    jet_starts = np.cumsum(n_jets) - n_jets
-
-    jet_of_constituent, clustered = _draw_constituents(rng, jets)
-    event_of_unclustered, unclustered = _draw_unclustered(rng, n_events)
-    n_clustered = len(jet_of_constituent)
-    event_of_candidate = np.concatenate([event_of_jet[jet_of_constituent], event_of_unclustered])
-    candidates = {name: np.concatenate([clustered[name], unclustered[name]]) for name in clustered}
-    # Shuffle candidates inside each event so the jet links are really needed to find constituents.
-    shuffled = np.lexsort((rng.random(len(event_of_candidate)), event_of_candidate))
-    new_position = np.empty_like(shuffled)
-    new_position[shuffled] = np.arange(len(shuffled))
-    candidates = {name: values[shuffled] for name, values in candidates.items()}
+    candidates, links, event_of_candidate, shuffled, n_clustered = _candidates_and_links(
+        rng, jets, n_jets, event_of_jet, n_events)
     n_candidates = np.bincount(event_of_candidate, minlength=n_events)
-    candidate_starts = np.cumsum(n_candidates) - n_candidates
-    event_of_link = event_of_jet[jet_of_constituent]
-    links = {
-        "jetIdx": jet_of_constituent - jet_starts[event_of_link],
-        "pFCandsIdx": new_position[:n_clustered] - candidate_starts[event_of_link],
-    }
-    n_links = np.bincount(event_of_link, minlength=n_events)
+    n_links = np.bincount(event_of_jet[links.pop("jet")], minlength=n_events)
 
     event = np.arange(first_event, first_event + n_events)
     if process == "ttbar":
@@ -354,6 +338,34 @@ def generate_events(process: str, n_events: int, seed: int = 0,
         # tracker hits from their own random stream: the branches above are unchanged by them
         "Hit": hit_collection(n_events, seed, (DATASETS.index(process), first_event)),
     }
+
+
+def _candidates_and_links(rng: np.random.Generator, jets: dict[str, np.ndarray],
+                          n_jets: np.ndarray, event_of_jet: np.ndarray, n_events: int
+                          ) -> tuple[dict, dict, np.ndarray, np.ndarray, int]:
+    """PF candidates (jets' constituents and unclustered ones, shuffled inside each event) and
+    the jet -> candidate links; also each candidate's event before the shuffle, the shuffle, and
+    how many candidates are clustered (``links["jet"]``: each link's jet, for the caller)."""
+    jet_starts = np.cumsum(n_jets) - n_jets
+    jet_of_constituent, clustered = _draw_constituents(rng, jets)
+    event_of_unclustered, unclustered = _draw_unclustered(rng, n_events)
+    n_clustered = len(jet_of_constituent)
+    event_of_candidate = np.concatenate([event_of_jet[jet_of_constituent], event_of_unclustered])
+    candidates = {name: np.concatenate([clustered[name], unclustered[name]]) for name in clustered}
+    # Shuffle candidates inside each event so the jet links are really needed to find constituents.
+    shuffled = np.lexsort((rng.random(len(event_of_candidate)), event_of_candidate))
+    new_position = np.empty_like(shuffled)
+    new_position[shuffled] = np.arange(len(shuffled))
+    candidates = {name: values[shuffled] for name, values in candidates.items()}
+    n_candidates = np.bincount(event_of_candidate, minlength=n_events)
+    candidate_starts = np.cumsum(n_candidates) - n_candidates
+    event_of_link = event_of_jet[jet_of_constituent]
+    links = {
+        "jetIdx": jet_of_constituent - jet_starts[event_of_link],
+        "pFCandsIdx": new_position[:n_clustered] - candidate_starts[event_of_link],
+        "jet": jet_of_constituent,
+    }
+    return candidates, links, event_of_candidate, shuffled, n_clustered
 
 
 def _write_file(path: Path, events: Mapping[str, np.ndarray | ak.Array]) -> None:

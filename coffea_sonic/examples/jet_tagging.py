@@ -191,20 +191,8 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
         return accumulator
 
 
-def plot_scores(output: Mapping[str, Any], path: str) -> str:
-    """Save the score distributions per dataset (normalised) as a PNG; return its path.
-
-    >>> plot_scores  # doctest: +ELLIPSIS
-    <function plot_scores at ...>
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import mplhep
-
-    plt.style.use(mplhep.style.CMS)
-    histograms = output["histograms"]
+def _panels(histograms: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``(title, [(label, histogram), ...])`` of every panel with something to show."""
     b_score = histograms["b_score"]
     flavour_names = {0: "light (udsg)", 4: "c", 5: "b"}
     by_flavour = b_score[{"dataset": sum}]
@@ -239,6 +227,23 @@ def plot_scores(output: Mapping[str, Any], path: str) -> str:
     if particlenet.sum() > 0:
         panels.append(("particlenet_lite b score, leading jet (untrained)",
                        [(d, particlenet[{"dataset": d}]) for d in particlenet.axes["dataset"]]))
+    return panels
+
+
+def plot_scores(output: Mapping[str, Any], path: str) -> str:
+    """Save the score distributions per dataset (normalised) as a PNG; return its path.
+
+    >>> plot_scores  # doctest: +ELLIPSIS
+    <function plot_scores at ...>
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import mplhep
+
+    plt.style.use(mplhep.style.CMS)
+    panels = _panels(output["histograms"])
     columns_count = 2 if len(panels) > 2 else len(panels)
     rows_count = (len(panels) + columns_count - 1) // columns_count
     figure, axes = plt.subplots(rows_count, columns_count, figsize=(9 * columns_count, 7 * rows_count),

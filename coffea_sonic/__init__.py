@@ -51,6 +51,8 @@ _EXPORTS: dict[str, str] = {
     "setting": "coffea_sonic.config",
     "effective_settings": "coffea_sonic.config",
     "model_urls": "coffea_sonic.config",
+    "configured_models": "coffea_sonic.config",
+    "configured_servers": "coffea_sonic.config",
     # errors
     "SonicError": "coffea_sonic.errors",
     "ConfigurationError": "coffea_sonic.errors",

@@ -352,18 +352,13 @@ def test_help_teaches_with_examples(capsys, command):
 def test_your_model_notebook_runs_end_to_end(tmp_path, monkeypatch):
     """notebooks/03_your_model.ipynb: train, export, models add, validate, serve, TritonModel, SonicMixin."""
     pytest.importorskip("torch")
-    import nbformat
-    from nbclient import NotebookClient
+    from notebook_runner import run_notebook
 
-    monkeypatch.setenv("SONIC_NOTEBOOK_DIR", str(tmp_path))
-    monkeypatch.setenv("SONIC_EVENTS", "400")
-    monkeypatch.delenv("SONIC_SERVER", raising=False)
-    notebook = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" /
-                             "03_your_model.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    outputs = "".join(str(output.get("text", "")) for cell in notebook.cells
-                      for output in cell.get("outputs", []))
+    for name in ("COFFEA_SONIC_SERVERS", "COFFEA_SONIC_MODEL_TAGGER_ONNX", "COFFEA_SONIC_MODEL_TAGGER_TS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COFFEA_SONIC_CONFIG", str(tmp_path / "no-endpoints.toml"))
+    (tmp_path / "no-endpoints.toml").write_text("")
+    outputs = run_notebook("03_your_model.ipynb", tmp_path, EVENTS=400, WORKDIR=str(tmp_path))
     assert "tagger_onnx: ok" in outputs and "tagger_ts: ok" in outputs
     assert "max |served TorchScript - torch|" in outputs and "b-tagged jets per event" in outputs
     assert (tmp_path / "repo" / "tagger_ts" / "1" / "model.pt").is_file()

@@ -1,17 +1,17 @@
-"""The user-facing entry points, run as a user would: the demo command and the quickstart notebook."""
+"""The user-facing entry points, run as a user would: the demo command and the notebooks."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
-from pathlib import Path
 
-import nbformat
 import numpy as np
-from nbclient import NotebookClient
+import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from notebook_runner import run_notebook
 
 
 def test_demo_command_prints_the_summary_and_writes_a_separating_plot(tmp_path):
@@ -51,23 +51,35 @@ def test_demo_plot_separates_ttbar_from_light_jets(tmp_path):
     assert mean["ttbar"] > 3 * mean["qcd_light"]
 
 
-def _run_notebook(name: str, events: int, tmp_path: Path, monkeypatch) -> str:
-    """Execute notebooks/``name`` on the embedded server with ``events`` per dataset, in
-    ``tmp_path``; return its printed text."""
-    monkeypatch.setenv("SONIC_NOTEBOOK_DIR", str(tmp_path))
-    monkeypatch.setenv("SONIC_EVENTS", str(events))
-    monkeypatch.delenv("SONIC_SERVER", raising=False)
-    notebook = nbformat.read(ROOT / "notebooks" / name, as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    return "".join(str(output.get("text", "")) for cell in notebook.cells
-                   for output in cell.get("outputs", []))
+@pytest.fixture
+def no_sonic_settings(monkeypatch, tmp_path):
+    """A user with no server configured (no COFFEA_SONIC_* variable, no endpoints file)."""
+    for name in list(os.environ):
+        if name.startswith(("COFFEA_SONIC_", "DASK_COFFEA_SONIC")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
 
 
-def test_quickstart_notebook_runs_against_the_embedded_server(tmp_path, monkeypatch):
-    outputs = _run_notebook("01_quickstart.ipynb", 2000, tmp_path, monkeypatch)
-    assert "coffea-sonic demo summary" in outputs
-    assert (tmp_path / "scores.png").exists()
+def test_quickstart_notebook_starts_a_server_when_none_is_configured(tmp_path, no_sonic_settings):
+    outputs = run_notebook("01_quickstart.ipynb", tmp_path, EVENTS=2000, WORKDIR=str(tmp_path))
+    assert "started the embedded Triton server" in outputs
+    assert "4000 events in" in outputs and "rows on a fallback" in outputs
+    assert "0 rows on a fallback" in outputs
+    assert (tmp_path / "scores.png").stat().st_size > 10_000
+
+
+def test_quickstart_notebook_uses_the_configured_servers_and_starts_none(
+        tmp_path, no_sonic_settings, monkeypatch, triton_server):
+    from coffea_sonic import TritonModel
+
+    monkeypatch.setenv("COFFEA_SONIC_SERVERS", triton_server.grpc_address)
+    served = TritonModel(triton_server.url("jet_tagger"))
+    before = served.server_statistics().inference_count
+    outputs = run_notebook("01_quickstart.ipynb", tmp_path, EVENTS=1000, WORKDIR=str(tmp_path))
+    assert f"using the configured servers: ['{triton_server.grpc_address}']" in outputs
+    assert "started the embedded" not in outputs
+    jets = int(re.search(r"jet_tagger: (\d+) jets", outputs).group(1))
+    assert jets > 0 and served.server_statistics().inference_count - before == jets
 
 
 def test_tracking_demo_prints_efficiency_and_purity_and_served_equals_direct(tmp_path):
@@ -89,8 +101,19 @@ def test_tracking_demo_prints_efficiency_and_purity_and_served_equals_direct(tmp
     assert (tmp_path / "tracking.png").stat().st_size > 10_000
 
 
-def test_tracking_notebook_runs_against_the_embedded_server(tmp_path, monkeypatch):
-    outputs = _run_notebook("04_tracking.ipynb", 100, tmp_path, monkeypatch)
+def test_tracking_notebook_runs_against_the_embedded_server(tmp_path, no_sonic_settings):
+    outputs = run_notebook("04_tracking.ipynb", tmp_path, EVENTS=100, WORKDIR=str(tmp_path))
+    assert "started the embedded Triton server" in outputs
     assert "coffea-sonic tracking demo summary" in outputs
     assert "served vs direct: identical labels" in outputs
     assert (tmp_path / "tracking.png").exists()
+
+
+def test_dask_awkward_notebook_builds_without_requests_and_infers_every_jet(
+        tmp_path, no_sonic_settings):
+    outputs = run_notebook("05_dask_awkward.ipynb", tmp_path, EVENTS=1000, WORKDIR=str(tmp_path))
+    assert "started the embedded Triton server" in outputs
+    assert "rows inferred while building the graph: 0" in outputs
+    jets = int(re.search(r"2000 events, (\d+) jets in", outputs).group(1))
+    assert jets > 0 and f"rows the server inferred: {jets}" in outputs
+    assert (tmp_path / "scores_dask_awkward.png").stat().st_size > 10_000

@@ -10,7 +10,8 @@ from coffea_sonic import errors
 
 ANALYSIS_API = {"TritonModel", "SonicMixin", "RetryPolicy", "YieldGate", "Secret", "TlsOptions",
                 "LocalTritonServer", "make_cluster", "deliver_settings", "check_servers",
-                "setting", "effective_settings", "model_urls"}
+                "setting", "effective_settings", "model_urls", "configured_models",
+                "configured_servers"}
 
 
 def test_all_holds_the_analysis_api_and_the_errors_and_nothing_else():

@@ -190,19 +190,15 @@ def test_unstartable_workers_raise_cluster_start_error_with_queue_state(slurm):
 
 
 def test_facility_notebook_runs_on_slurm_against_the_embedded_server(slurm, tmp_path, monkeypatch):
-    import nbformat
-    from nbclient import NotebookClient
+    from notebook_runner import run_notebook
 
-    for name in ("SONIC_SERVER", "SONIC_METRICS", "SONIC_TOKEN", "COFFEA_SONIC_CONFIG"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SONIC_NOTEBOOK_DIR", str(tmp_path))
-    monkeypatch.setenv("SONIC_EVENTS", "3000")
-    monkeypatch.setenv("SONIC_CLUSTER", "slurm")
-    notebook = nbformat.read(REPO / "notebooks" / "02_facility.ipynb", as_version=4)
-    NotebookClient(notebook, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    text = "".join(str(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
-                   for cell in notebook.cells for output in cell.get("outputs", []))
+    for name in list(os.environ):
+        if name.startswith(("COFFEA_SONIC_", "DASK_COFFEA_SONIC")) or name == "SONIC_TOKEN":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))  # no endpoints file yet
+    text = run_notebook("02_facility.ipynb", tmp_path, EVENTS=3000, CLUSTER="slurm",
+                        WORKDIR=str(tmp_path))
+    assert "playing the facility" in text
     assert "2 of 2 server(s) OK" in text
     assert "kind='slurm', workers=2/2" in text and "workers -> batch jobs" in text
     assert "6000 events in" in text and "QUEUE us/EXEC" in text

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Served vs in-process on one GPU at DEFAULT settings (issue 10), self-contained for the GPU machine.
 #
-#   here, once:  bash ../shared/device/prepare.sh .device           (.device is git-ignored, ~46 MB)
+#   here, once:  bash benchmarks/gpu/prepare_device.sh .device           (.device is git-ignored, ~46 MB)
 #   GPU machine: bash benchmarks/gpu/defaults_check.sh               (bring .device along)
 #                bash benchmarks/gpu/defaults_check.sh --plan sweep  (the sweep that chose them)
 #

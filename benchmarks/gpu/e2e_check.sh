@@ -2,7 +2,7 @@
 # The analysis end to end on a GPU machine (issue 12): in-process CPU inference vs in-process GPU in
 # every worker vs served on 1, 2, 4 GPUs (those the machine has), one command:
 #
-#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
+#   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
 #   GPU machine: bash benchmarks/gpu/e2e_check.sh             (bring .device along)
 #                EVENTS=1000000 WORKERS=60 bash benchmarks/gpu/e2e_check.sh
 #

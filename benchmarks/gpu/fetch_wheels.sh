@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run HERE (CPU box), from the project root, after ../shared/device/prepare.sh .device: adds to
+# Run HERE (CPU box), from the project root, after benchmarks/gpu/prepare_device.sh .device: adds to
 # .device/extra the wheels the GPU machine lacks for coffea and Dask (the end-to-end analysis, the
 # coffea-wrapper mode: coffea's triton_wrapper imports coffea.util -> awkward, uproot, hist;
 # tritonclient.http -> gevent).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The seeds' models on a GPU machine (issue 13, item 5), one command:
 #
-#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
+#   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
 #   GPU machine: bash benchmarks/gpu/pipeline_check.sh            (bring .device along)
 #
 # 1. benchmarks/pipeline_bench.py --device gpu --clients 1 8: the trackgnn pipeline in-process

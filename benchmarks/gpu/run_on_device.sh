@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-machine benchmark of benchmarks/RESULTS.md, self-contained for one command on the GPU machine.
 #
-#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh
+#   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/fetch_wheels.sh
 #   GPU machine: timeout 570 bash benchmarks/gpu/run_on_device.sh      (with .device copied there)
 #
 # It sets up tritonserver + the model Python (numpy 1.26 + the machine's torch) with

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-machine part of benchmarks/transport (issue 6), self-contained for one command on the GPU machine.
 #
-#   here, once:  bash ../shared/device/prepare.sh .device; mkdir -p .devtransport/whl
+#   here, once:  bash benchmarks/gpu/prepare_device.sh .device; mkdir -p .devtransport/whl
 #                ln -f .device/ts.tar.xz .devtransport/; ln -f .device/whl/*.whl .devtransport/whl/
 #   device run:  bash benchmarks/transport/run_on_device.sh      (carry: .devtransport)
 #

@@ -64,6 +64,8 @@ _EXPORTS: dict[str, str] = {
     "MissingDependencyError": "coffea_sonic.errors",
     "ClusterStartError": "coffea_sonic.errors",
     "UnservableModelError": "coffea_sonic.errors",
+    "AuthenticationError": "coffea_sonic.errors",
+    "QuotaExceededError": "coffea_sonic.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

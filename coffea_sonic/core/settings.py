@@ -149,6 +149,12 @@ SETTINGS: tuple[Setting, ...] = (
             sources=_ENV_ONLY),
     Setting("malloc_tuning", "1", "0 leaves glibc's malloc thresholds alone in gRPC clients",
             sources=_ENV_ONLY),
+    Setting("grpc_connections", None, "gRPC connections per server and process (default: the "
+            "transport's)", sources=_ENV_ONLY),
+    Setting("server_env", None, "an existing environment (venv or conda prefix) the embedded "
+            "server runs from", sources=_ENV_ONLY),
+    Setting("server_python", None, "the Python (3.8-3.12) that `coffea-sonic server install` "
+            "builds the server's environment with", sources=_ENV_ONLY),
 )
 _BY_NAME: Mapping[str, Setting] = {entry.name: entry for entry in SETTINGS}
 

@@ -34,7 +34,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -42,10 +41,8 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from coffea_sonic.bench.clients import ClientPool  # noqa: E402 (after the path)
+from coffea_sonic.bench.clients import ClientPool
+from coffea_sonic.bench.machine import machine_info
 
 logger = logging.getLogger("pipeline_bench")
 
@@ -185,18 +182,6 @@ def _stats(server: Any, model: str | None) -> Any:
     return server_statistics(statistics_transport(address), model)
 
 
-def _machine() -> dict:
-    info: dict = {"host": platform.node(), "cores": os.cpu_count(),
-                  "python": platform.python_version()}
-    try:
-        from coffea_sonic.bench.machine import gpu_names
-
-        info["gpus"] = gpu_names()
-    except Exception:  # noqa: BLE001 - informative only
-        pass
-    return info
-
-
 def _table(records: list[dict], device: str, events: int) -> str:
     lines = [f"trackgnn pipeline, device {device}, {events} events per call",
              "", "| mode | clients | events/s | hits/s | vs direct (same clients) | call p50 ms "
@@ -245,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     from coffea_sonic.bench.probes import GpuUtilisation
 
     records: list[dict] = []
-    report = {"machine": _machine(), "device": args.device, "events_per_call": args.events,
+    report = {"machine": machine_info(), "device": args.device, "events_per_call": args.events,
               "duration_s": args.duration, "records": records}
     server = None
     pool = ClientPool(max(args.clients), _run_task)

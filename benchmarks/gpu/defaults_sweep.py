@@ -34,13 +34,10 @@ written beside it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,11 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from coffea_sonic.bench.clients import ClientPool
+from coffea_sonic.bench.machine import machine_info
+from coffea_sonic.bench.report import format_rate
+
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))
-
-from coffea_sonic.bench.clients import ClientPool  # noqa: E402 (after the path)
-
 logger = logging.getLogger("defaults_sweep")
 
 MiB = 1 << 20
@@ -384,23 +382,6 @@ def server_stats(grpc_address: str, model: str) -> Any:
     return server_statistics(statistics_transport(grpc_address), model)
 
 
-def machine() -> dict:
-    info = {"host": platform.node(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "date": datetime.date.today().isoformat()}
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        info["gpu"] = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True).stdout.strip()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in cpuinfo
-                               if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return info
-
-
 # -- servers ------------------------------------------------------------------------------------------
 
 def start_server(config: Server, models: list[str], device: str, base: Path | None):
@@ -428,15 +409,6 @@ def start_server(config: Server, models: list[str], device: str, base: Path | No
 
 
 # -- main ---------------------------------------------------------------------------------------------
-
-def fmt_rate(value: float | None) -> str:
-    if value is None:
-        return "–"
-    for unit, scale in (("M", 1e6), ("k", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.0f}"
-
 
 def describe_client(run: Run) -> str:
     if run.kind == "verify":
@@ -488,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tag = args.tag or args.plan
     records: list[dict] = []
-    report = {"machine": machine(), "plan": args.plan, "duration_s": duration, "records": records,
+    report = {"machine": machine_info(), "plan": args.plan, "duration_s": duration, "records": records,
               "chunk_rows": CHUNK_ROWS}
     logger.info("machine: %s", report["machine"])
     models = sorted({run.model for server in plan for run in server.runs})
@@ -543,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
                     records.append(record)
                     logger.info("%-34s %-30s %-10s procs=%-2d %10s rows/s  ratio=%s  gpu=%s%%  "
                                 "server=%s client=%s %s", config.name, describe_client(run),
-                                run.model, run.procs, fmt_rate(record.get("rows_per_s")),
+                                run.model, run.procs, format_rate(record.get("rows_per_s")),
                                 record.get("ratio"), record.get("gpu_busy"), record.get("profile"),
                                 record.get("client_summary"), record.get("errors") or "")
                     (out / f"defaults-{tag}.json").write_text(json.dumps(report, indent=1))
@@ -565,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure(run: Run, config: Server, server, pool: Pool, gpu: Any, duration: float,
+def measure(run: Run, config: Server, server, pool: ClientPool, gpu: Any, duration: float,
             device: str) -> dict:
     from coffea_sonic.bench.probes import run_gpu_mean, server_profile
 
@@ -642,7 +614,7 @@ def summary_markdown(report: dict) -> str:
             continue
         lines.append(
             f"| {r['server']} | {r['client']} | {r['model']} | {r['procs']} | "
-            f"{fmt_rate(r['rows_per_s'])} | {fmt_rate(base.get(r['model']))} | "
+            f"{format_rate(r['rows_per_s'])} | {format_rate(base.get(r['model']))} | "
             f"{r.get('ratio', '–')} | {r.get('gpu_busy') if r.get('gpu_busy') is not None else '–'} | "
             f"{r.get('chunk_ms_p50')} | {r.get('profile', '–')} |")
     if report["plan"] == "final":

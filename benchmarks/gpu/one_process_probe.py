@@ -29,8 +29,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
 MODEL, ROWS = "emtrk_cnn", 2048
 

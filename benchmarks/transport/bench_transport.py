@@ -39,19 +39,19 @@ import sys
 import tempfile
 import time
 from collections import deque
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from coffea_sonic.bench import modes
+from coffea_sonic.bench.clients import ClientPool
+
+from sink import SINK_NAME, write_sink
+
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent.parent))
-
-from coffea_sonic.bench.clients import ClientPool  # noqa: E402 (after the path)
-
-from sink import SINK_NAME, write_sink  # noqa: E402
-
 logger = logging.getLogger("bench_transport")
 
 #: The declared outputs of the sink (``TensorInfo`` made lazily: see :func:`output_specs`).
@@ -172,11 +172,8 @@ PLANS: dict[str, list[tuple]] = {
 
 
 def row_bytes(model: str) -> int:
-    from coffea_sonic import zoo
-
-    if model == SINK_NAME:
-        return 48 * 48 * 4
-    return sum(int(np.prod(t.dims)) * np.dtype(t.dtype).itemsize for t in zoo.spec(model).inputs)
+    """Input bytes of one row (the sink takes emtrk_cnn's rows)."""
+    return modes.row_bytes("emtrk_cnn" if model == SINK_NAME else model)
 
 
 def example(model: str, rows: int) -> dict[str, np.ndarray]:
@@ -222,7 +219,7 @@ class _Client:
                 tensor.set_data_from_numpy(array)
                 tensors.append(tensor)
             answer = self.client.infer(self.model, tensors)
-            return _Done({spec.name: answer.as_numpy(spec.name) for spec in self.specs})
+            return _done({spec.name: answer.as_numpy(spec.name) for spec in self.specs})
         if self.kind == "grpc-framed":
             from coffea_sonic.transport.grpc.codec import decode_response
 
@@ -314,12 +311,11 @@ class FramedGrpc:
         return call.future(payload, timeout=120)
 
 
-class _Done:
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def result(self) -> Any:
-        return self.value
+def _done(value: Any) -> Future:
+    """A future that already holds ``value`` (answers computed in the calling thread)."""
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 class _Mapped:
@@ -357,8 +353,8 @@ class _Local:
             with torch.inference_mode():
                 values = self.engine.module(*prepared)
                 torch.cuda.synchronize()
-            return _Done(values)
-        return _Done(self.engine(prepared))
+            return _done(values)
+        return _done(self.engine(prepared))
 
 
 def _verify(task: dict) -> dict:

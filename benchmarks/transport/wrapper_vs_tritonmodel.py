@@ -62,10 +62,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from coffea_sonic.bench.report import format_rate
+from coffea_sonic.bench.slice_model import write_slice_model
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(HERE))
 
 logger = logging.getLogger("wrapper_vs_tritonmodel")
 
@@ -74,43 +75,14 @@ FEATURES, KEPT = 16, 2
 ROWS = 200_000
 MiB = 2**20
 
-CONFIG = """name: "slice16"
-backend: "python"
-max_batch_size: %(max_batch_size)d
-input { name: "x" data_type: TYPE_FP32 dims: [16] }
-output { name: "y" data_type: TYPE_FP32 dims: [2] }
-instance_group { count: 1 kind: KIND_CPU }
-%(batching)s"""
-
-MODEL_PY = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    """Transport-bound: the first two features of every row, nothing computed."""
-
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            y = np.ascontiguousarray(x[:, :2])
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y)]))
-        return responses
-'''
-
-
 def write_repository(dest: Path, max_batch_size: int, dynamic_batching: bool) -> Path:
-    """Write the ``slice16`` model repository into ``dest``; return ``dest``."""
-    version = dest / MODEL / "1"
-    version.mkdir(parents=True, exist_ok=True)
+    """Write the ``slice16`` model repository into ``dest`` (``x``: 16 floats per row, answer
+    ``y``: the first 2); return ``dest``."""
     # As in shared/TRITON-NOTES.md. Triton completes preferred_batch_size to max_batch_size, which
     # coffea's wrapper then takes as its request size (it reads max_batch_size without the block).
-    batching = "dynamic_batching { max_queue_delay_microseconds: 100 }\n" if dynamic_batching else ""
-    (dest / MODEL / "config.pbtxt").write_text(
-        CONFIG % {"max_batch_size": max_batch_size, "batching": batching})
-    (version / "model.py").write_text(MODEL_PY)
-    return dest
+    return write_slice_model(dest, MODEL, ("x", [FEATURES]), ("y", [KEPT]), instances=1,
+                             max_batch=max_batch_size,
+                             queue_delay_us=100 if dynamic_batching else None)
 
 
 # -- clients ----------------------------------------------------------------------------------------
@@ -505,10 +477,6 @@ def sampling_profiles(py_spy: str, max_batch_size: int, seconds: float) -> dict[
 
 # -- report ------------------------------------------------------------------------------------------
 
-def _rate(value: float) -> str:
-    return f"{value / 1e6:.2f} M"
-
-
 def _comparison_table(run: dict[str, Any]) -> list[str]:
     lines = ["| client | rows/s (median) | p25–p75 | ms/call | vs wrapper (medians) | vs wrapper "
              "(paired per round) | requests/call | server ms/call: request (input / infer / "
@@ -528,8 +496,8 @@ def _comparison_table(run: dict[str, Any]) -> list[str]:
         paired = row.get("ratio_to_wrapper_paired_median")
         requests = row.get("sent", {}).get("requests_per_call")
         lines.append(
-            f"| {row['client']} | {_rate(row['rows_per_s_median'])} | "
-            f"{_rate(row['rows_per_s_p25'])}–{_rate(row['rows_per_s_p75'])} | "
+            f"| {row['client']} | {format_rate(row['rows_per_s_median'])} | "
+            f"{format_rate(row['rows_per_s_p25'])}–{format_rate(row['rows_per_s_p75'])} | "
             f"{row['ms_per_call_median']:.1f} | {f'**{ratio:.2f}x**' if ratio else '–'} | "
             f"{f'{paired:.2f}x' if paired else '–'} | "
             f"{f'{requests:g}' if requests is not None else '–'} | {server_cell} |")
@@ -567,7 +535,7 @@ def _sweep_tables(records: list[dict[str, Any]]) -> list[str]:
             for window in windows:
                 match = [r for r in mine
                          if r["max_request_mib"] == size and r["max_in_flight"] == window]
-                cells.append(_rate(match[0]["rows_per_s_median"]) if match else "–")
+                cells.append(format_rate(match[0]["rows_per_s_median"]) if match else "–")
             lines.append(f"| {size:g} MiB | " + " | ".join(cells) + " |")
         lines.append("")
     return lines

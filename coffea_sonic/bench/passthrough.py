@@ -18,43 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .slice_model import write_slice_model
+
 __all__ = ["PASSTHROUGH", "passthrough_inputs", "write_passthrough"]
 
 PASSTHROUGH = "passthrough"
 
-_CONFIG = """name: "passthrough"
-backend: "python"
-max_batch_size: %(max_batch)d
-input { name: "x" data_type: TYPE_FP32 dims: [16] }
-output { name: "y" data_type: TYPE_FP32 dims: [2] }
-dynamic_batching { max_queue_delay_microseconds: 100 }
-instance_group { count: %(instances)d kind: KIND_CPU }
-"""
-
-_MODEL = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            y = np.ascontiguousarray(x[:, :2])
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", y)]))
-        return responses
-'''
-
-
 def write_passthrough(repository: Path, instances: int = 1, max_batch: int = 65536) -> Path:
     """Write the ``passthrough`` model into ``repository`` (created if missing); returns it."""
-    version = repository / PASSTHROUGH / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    (repository / PASSTHROUGH / "config.pbtxt").write_text(
-        _CONFIG % {"instances": instances, "max_batch": max_batch})
-    (version / "model.py").write_text(_MODEL)
-    return repository
+    return write_slice_model(repository, PASSTHROUGH, ("x", [16]), ("y", [2]),
+                             instances=instances, max_batch=max_batch, queue_delay_us=100)
 
 
 def passthrough_inputs(rows: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "coffea_sonic.share", "coffea_sonic.cache", "coffea_sonic.dispatch",
                 "coffea_sonic.answers", "coffea_sonic.retry", "coffea_sonic.endpoints",
                 "coffea_sonic.discovery", "coffea_sonic.provenance")),
-    ("glue", ("coffea_sonic.processor", "coffea_sonic.columns")),
+    ("glue", ("coffea_sonic.processor", "coffea_sonic.columns", "coffea_sonic.friends")),
     ("top", ("coffea_sonic.zoo", "coffea_sonic.engines", "coffea_sonic.server",
              "coffea_sonic.data", "coffea_sonic.examples", "coffea_sonic.demo",
              "coffea_sonic.bench", "coffea_sonic.facility", "coffea_sonic.cli",

@@ -62,3 +62,25 @@ def test_a_bad_connection_count_is_a_configuration_error(value, monkeypatch):
     monkeypatch.setenv("COFFEA_SONIC_GRPC_CONNECTIONS", value)
     with pytest.raises(ConfigurationError, match="COFFEA_SONIC_GRPC_CONNECTIONS"):
         default_connections()
+
+
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_compressed_requests_are_answered_exactly_over_grpc_and_http(passthrough_server,
+                                                                      monkeypatch, compression):
+    from coffea_sonic.transport.http import HttpTransport
+
+    monkeypatch.setenv("COFFEA_SONIC_COMPRESSION", compression.upper())
+    grpc_transport = GrpcTransport(ServerSettings(passthrough_server.grpc_address))
+    http_transport = HttpTransport(ServerSettings(passthrough_server.http_address, "http"))
+    assert grpc_transport.compression == http_transport.compression == compression
+    for transport in (grpc_transport, http_transport):
+        request = _request(20_000, seed=5)
+        answer = transport.submit(request).result(60)
+        np.testing.assert_array_equal(answer.outputs["y"], request.inputs["x"][:, :2])
+    http_transport.close()
+
+
+def test_an_unknown_compression_is_a_configuration_error(monkeypatch):
+    monkeypatch.setenv("COFFEA_SONIC_COMPRESSION", "zstd")
+    with pytest.raises(ConfigurationError, match="compression must be one of none, gzip"):
+        GrpcTransport(ServerSettings("127.0.0.1:1"))

@@ -149,6 +149,8 @@ SETTINGS: tuple[Setting, ...] = (
             sources=_ENV_ONLY),
     Setting("malloc_tuning", "1", "0 leaves glibc's malloc thresholds alone in gRPC clients",
             sources=_ENV_ONLY),
+    Setting("compression", "none", "none, gzip or deflate: requests compressed over gRPC and HTTP "
+            "(pays only on slow links: benchmarks/RESULTS.md)"),
     Setting("grpc_connections", None, "gRPC connections per server and process (default: the "
             "transport's)", sources=_ENV_ONLY),
     Setting("server_env", None, "an existing environment (venv or conda prefix) the embedded "

@@ -26,6 +26,7 @@ from ...stats import ServerStatistics
 from ..base import InferRequest, Transport, TransportFuture, answer_from
 from ..errors import TransportError, from_grpc
 from ..messages import model_info_from_responses, models_in_index, statistics_from_response
+from ..compression import configured_compression
 from .channel import Connection, get_connection
 from .codec import decode_response, encode_framed
 from .heap import tune_heap
@@ -40,11 +41,15 @@ class GrpcTransport(Transport):
 
     name = "grpc"
 
-    def __init__(self, settings: ServerSettings, connections: int | None = None) -> None:
+    def __init__(self, settings: ServerSettings, connections: int | None = None,
+                 compression: str | None = None) -> None:
         self.settings = settings
         self.address = settings.address
         #: HTTP/2 connections requests are spread over (round robin, each made on first use)
         self.connections = connections or default_connections()
+        #: how inference requests are compressed: "none", "gzip" or "deflate" (the server
+        #: decompresses; its answers come back as it sends them)
+        self.compression = configured_compression(compression)
         self._pid = -1
         self._connection: Connection | None = None
         self._metadata: tuple[tuple[str, str], ...] = ()
@@ -54,7 +59,7 @@ class GrpcTransport(Transport):
 
     def __reduce__(self):
         # configuration only: every process makes its own channel
-        return (GrpcTransport, (self.settings, self.connections))
+        return (GrpcTransport, (self.settings, self.connections, self.compression))
 
     @property
     def connection(self) -> Connection:
@@ -126,7 +131,8 @@ class GrpcTransport(Transport):
             return
         try:
             response = self._next_infer()(payload, timeout=request.timeout_s,
-                                          metadata=self.metadata)
+                                          metadata=self.metadata,
+                                          compression=_grpc_compression(self.compression))
         except Exception as error:  # noqa: BLE001 - reported through the future
             future.fail(from_grpc(error, self.address))
             return
@@ -188,6 +194,16 @@ class GrpcTransport(Transport):
         return {"name": answer.name, "version": answer.version,
                 "extensions": list(answer.extensions)}
 
+
+
+
+
+def _grpc_compression(name: str) -> Any:
+    """gRPC's enum member for a compression name."""
+    import grpc
+
+    return {"none": grpc.Compression.NoCompression, "gzip": grpc.Compression.Gzip,
+            "deflate": grpc.Compression.Deflate}[name]
 
 #: gRPC connections per server and process (a bound: each is a socket on the server too)
 MAX_CONNECTIONS = 8

@@ -53,6 +53,7 @@ from ...core.tensors import ModelInfo
 from ...errors import ConfigurationError, InferenceError
 from ...stats import ServerStatistics
 from ..base import InferAnswer, InferRequest, Transport, TransportFuture, answer_from
+from ..compression import configured_compression
 from ..errors import TransportError, from_http_status
 from ..messages import model_info_from_responses, models_in_index, statistics_from_response
 from .wire import (Connection, ProtocolError, Response, compress, decode_outputs, decompress,
@@ -87,6 +88,9 @@ class HttpTransport(Transport):
 
     def __init__(self, settings: ServerSettings, *, max_connections: int = 8,
                  compression: Compression | None = None) -> None:
+        if compression is None:  # the setting (default none)
+            configured = configured_compression()
+            compression = None if configured == "none" else configured  # type: ignore[assignment]
         if compression not in (None, "gzip", "deflate"):
             raise ConfigurationError(
                 f"compression must be None, 'gzip' or 'deflate', not {compression!r}")

@@ -246,7 +246,21 @@ def plan_wire() -> list[Server]:
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 
-PLANS = {"final": plan_final, "wire": plan_wire, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
+def plan_wire2() -> list[Server]:
+    """The gRPC default (2 MiB x 4) beside other request sizes and windows, 1 and 8 processes."""
+    def grpc(procs: int, mrb: float | None = None, mif: int | None = None, connections: int = 1):
+        run = _t("emtrk_cnn", procs, mrb, mif, "grpc")
+        run.client["connections"] = connections
+        return run
+
+    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
+            Server("defaults", default=True, runs=[
+                grpc(1), grpc(1, 2, 8), grpc(1, 2.25, 8), grpc(1, 1, 8), grpc(1, 2, 8, 4),
+                grpc(8), grpc(8, 2, 8), grpc(8, 9, 2), grpc(8, 32, 1), Run("triton", "emtrk_cnn", 1)]),
+            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+
+
+PLANS = {"final": plan_final, "wire": plan_wire, "wire2": plan_wire2, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
          "smoke": plan_smoke}
 
 

@@ -8,14 +8,15 @@ and nothing else: the CLI lists that package and calls each module's ``register(
     import argparse
 
     from ...cliargs import add_list_option
-    from . import add_output, print_written, progress_printer
+    from . import print_written, progress_printer, scenario_parser
 
 
     def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-        parser = subparsers.add_parser("NAME", help="one line for `coffea-sonic bench --help`")
+        parser = scenario_parser(                         # with -o/--output, bench-output/NAME
+            subparsers, "NAME", help="one line for `coffea-sonic bench --help`",
+            description="what it measures\n\nexamples:\n  coffea-sonic bench NAME --quick")
         parser.add_argument("--quick", action="store_true")
         add_list_option(parser, "--clients", type=int)   # lists: spaces or commas
-        add_output(parser, "NAME")                        # -o/--output, bench-output/NAME
         parser.set_defaults(func=run)
         return parser
 

@@ -4,7 +4,7 @@ Every module in this package is a scenario: it defines ``register(subparsers)``,
 parser named like the module (``bench/commands/fairness.py`` -> ``coffea-sonic bench
 fairness``) and sets ``func``, the function that runs it. :func:`register_all` finds the modules
 by listing the package, so adding a scenario touches no other file. The helpers below keep the
-scenarios' options alike: :func:`add_output` (``-o/--output DIR``, default
+scenarios alike: :func:`scenario_parser` (the parser, with ``-o/--output DIR``, default
 ``bench-output/SCENARIO``), :func:`progress_printer` and :func:`print_written`.
 
 >>> import argparse
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from ...cliargs import add_output_option
 
 __all__ = ["DEFAULT_OUTPUT_ROOT", "add_output", "print_written", "progress_printer",
-           "register_all", "scenario_names"]
+           "register_all", "scenario_names", "scenario_parser"]
 
 #: Scenarios write into DEFAULT_OUTPUT_ROOT/SCENARIO unless ``-o`` says otherwise.
 DEFAULT_OUTPUT_ROOT = "bench-output"
@@ -51,6 +51,16 @@ def register_all(subparsers: argparse._SubParsersAction) -> list[str]:
 def add_output(parser: argparse.ArgumentParser, scenario: str) -> argparse.Action:
     """``-o/--output DIR`` of a scenario, default ``bench-output/SCENARIO``."""
     return add_output_option(parser, f"{DEFAULT_OUTPUT_ROOT}/{scenario}")
+
+
+def scenario_parser(subparsers: argparse._SubParsersAction, name: str, *, help: str,
+                    description: str) -> argparse.ArgumentParser:
+    """The parser of scenario ``name``: its one-line ``help``, its ``description`` (printed as
+    written, examples included) and ``-o/--output DIR`` (default ``bench-output/NAME``)."""
+    parser = subparsers.add_parser(name, help=help, description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_output(parser, name)
+    return parser
 
 
 def progress_printer(started: float | None = None) -> Callable[[str], None]:

@@ -19,19 +19,18 @@ import sys
 import time
 
 from ...cliargs import add_list_option
-from . import add_output, print_written, progress_printer
+from . import print_written, progress_printer, scenario_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``e2e`` to the ``bench`` scenarios."""
-    parser = subparsers.add_parser(
-        "e2e", help="the demo analysis end to end: in-process CPU / GPU vs served on 1, 2, 4 GPUs",
+    parser = scenario_parser(
+        subparsers, "e2e", help="the demo analysis end to end: in-process CPU / GPU vs served on 1, 2, 4 GPUs",
         description=(
             "The demo analysis end to end on this machine (a GPU node): in-process CPU, "
             "in-process GPU in every worker, and served on the first 1, 2, 4 GPUs (those the "
             "machine has). Writes results.json, results.md and e2e_machine.png.\n\n"
-            "example:\n  coffea-sonic bench e2e --events 1000000 --workers 15 -o e2e"),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+            "example:\n  coffea-sonic bench e2e --events 1000000 --workers 15 -o e2e"))
     parser.add_argument("--events", type=int, default=1_000_000, metavar="N",
                         help="events per dataset (default: %(default)s)")
     parser.add_argument("--workers", type=int, metavar="W",
@@ -41,7 +40,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                          "(default: 1 2 4)")
     parser.add_argument("--no-local-gpu", action="store_true",
                         help="leave out the in-process GPU run")
-    add_output(parser, "e2e")
     parser.set_defaults(func=run)
     return parser
 

@@ -16,24 +16,22 @@ from __future__ import annotations
 import argparse
 import time
 
-from . import add_output, progress_printer
+from . import progress_printer, scenario_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``fairness`` to the ``bench`` scenarios."""
-    parser = subparsers.add_parser(
-        "fairness", help="several users share one server: goodput fairness and latency",
+    parser = scenario_parser(
+        subparsers, "fairness", help="several users share one server: goodput fairness and latency",
         description=(
             "8 users (processes) share one embedded server, one with 10x the load: Jain's index "
             "of goodput while all saturate, and the light users' p95 latency beside the heavy "
             "one vs alone. Exit code 1 if a goal is missed.\n\n"
-            "example:\n  coffea-sonic bench fairness --quick -o fairness   # under a minute"),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+            "example:\n  coffea-sonic bench fairness --quick -o fairness   # under a minute"))
     parser.add_argument("--quick", action="store_true", help="the quick preset (default: full)")
     parser.add_argument("--policy", choices=("fair", "fifo", "gateway"), default=None,
                         help="priorities by depth (fair, default), none (fifo), or a quota per "
                              "user at the HAProxy gateway (gateway: no priorities, no yield gate)")
-    add_output(parser, "fairness")
     parser.set_defaults(func=run)
     return parser
 

@@ -13,21 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import add_output, print_written
+from . import print_written, scenario_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``report`` to the ``bench`` scenarios."""
-    parser = subparsers.add_parser(
-        "report", help="re-derive and re-plot a suite's results without measuring",
+    parser = scenario_parser(
+        subparsers, "report", help="re-derive and re-plot a suite's results without measuring",
         description=(
             "Re-derive targets and the scaling fit, and rewrite markdown and plots, from an "
             "earlier results.json of `bench suite` (or the results.partial.json a stopped run "
             "left), without measuring.\n\n"
-            "example:\n  coffea-sonic bench report bench-output/suite/results.partial.json -o report"),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+            "example:\n  coffea-sonic bench report bench-output/suite/results.partial.json -o report"))
     parser.add_argument("results", metavar="JSON", help="results.json or results.partial.json")
-    add_output(parser, "report")
     parser.set_defaults(func=run)
     return parser
 

@@ -19,7 +19,7 @@ from ... import zoo
 from ...cliargs import add_list_option
 from ...errors import ConfigurationError
 from ..config import MODES, PRESETS
-from . import add_output, print_written, progress_printer
+from . import print_written, progress_printer, scenario_parser
 
 EXAMPLES = """\
 examples:
@@ -53,15 +53,14 @@ def _rows_per_event(text: str) -> tuple[str, float]:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``suite`` to the ``bench`` scenarios."""
-    parser = subparsers.add_parser(
-        "suite", help="CPU vs local GPU vs served (ours and coffea's wrapper): sweeps and fit",
+    parser = scenario_parser(
+        subparsers, "suite", help="CPU vs local GPU vs served (ours and coffea's wrapper): sweeps and fit",
         description=(
             "Measure rows/s, events/s, latency percentiles, bytes, server queue vs compute time, "
             "GPU utilisation and client memory for every inference mode on the same data, check "
             "that all modes return the same outputs, fit the SONIC scaling model to the "
             "concurrent-clients sweep, and write JSON, markdown and PNG plots.\n\n"
-            f"modes: {', '.join(MODES)} (local-gpu only where torch sees a GPU)\n\n" + EXAMPLES),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+            f"modes: {', '.join(MODES)} (local-gpu only where torch sees a GPU)\n\n" + EXAMPLES))
     parser.add_argument("--quick", action="store_true", help="small sweeps (same as --preset quick)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
                         help="sweep sizes to start from (default: full, or quick with --quick)")
@@ -95,7 +94,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "(0: skip)")
     add_list_option(parser, "--e2e-workers", type=int, metavar="W",
                     help="Dask worker counts of the end-to-end run")
-    add_output(parser, "suite")
     parser.set_defaults(func=run)
     return parser
 

@@ -162,3 +162,29 @@ def test_past_the_deadline_the_quota_refusal_raises_an_error_naming_the_quota(se
         for _ in range(5):  # 5 x 16 requests within 1 s each, 4/s allowed
             model(_rows(4, rows=ROWS * 16))
     assert model.stats.fallback_rows == 0
+
+
+def test_shared_memory_and_model_control_calls_are_refused_and_auto_sends_over_grpc(
+        setup: _Setup):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    token = setup.token_file("carol")
+    metadata = (("authorization", f"Bearer {token.read_text()}"),)
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(setup.gateway.address))
+    calls = [("SystemSharedMemoryRegister", service_pb2.SystemSharedMemoryRegisterRequest(
+                 name="probe", key="/probe", offset=0, byte_size=64)),
+             ("RepositoryModelUnload", service_pb2.RepositoryModelUnloadRequest(
+                 model_name="jet_tagger"))]
+    for method, request in calls:
+        with pytest.raises(grpc.RpcError) as refused:
+            getattr(stub, method)(request, metadata=metadata, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, method
+    # the gateway is on this host, but it is not the server: auto finds out and uses gRPC
+    model = TritonModel(setup.gateway.url("jet_tagger"), transport="auto",
+                        headers={"authorization": Secret.from_file(str(token), prefix="Bearer ")})
+    inputs = _rows(5)
+    np.testing.assert_array_equal(model(inputs)["probs"], _direct(setup, inputs))
+    assert model.transport_kind == "grpc"
+    # and the model is still loaded for everyone
+    np.testing.assert_array_equal(_direct(setup, inputs), model(inputs)["probs"])

@@ -190,6 +190,21 @@ def test_the_demo_runs_across_hosts_behind_the_gateway(
     assert (output / "scores.png").stat().st_size > 0
 
 
+def test_check_on_the_workers_says_they_send_over_grpc_because_the_server_is_elsewhere(
+        facility: Facility, dask_client: Any):
+    result = subprocess.run(
+        [sys.executable, "-m", "coffea_sonic.cli", "check", facility.url("jet_tagger"),
+         "--token-file", str(facility.token_file), "--on-workers", facility.scheduler,
+         "--no-color", "--pings", "1"], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for worker in ("worker1", "worker2"):
+        assert f"(from {worker})" in result.stdout
+    lines = [line for line in result.stdout.splitlines() if "transport" in line]
+    assert len(lines) == 2 and all(
+        "over grpc: shared memory is not used: the server is not on this host" in line
+        for line in lines), lines
+
+
 def test_the_analysis_across_hosts_gives_the_single_host_histograms(
         facility: Facility, dask_client: Any, sample: dict[str, list[str]],
         single_host: dict[str, Any]):

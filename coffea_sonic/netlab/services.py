@@ -157,7 +157,7 @@ def start_worker(host: "Host", scheduler: str, *, name: str | None = None, threa
     return host.popen([_dask_command(), "worker", scheduler, "--host", host.ip, "--name",
                        worker_name, "--nthreads", str(threads), "--no-nanny", "--no-dashboard",
                        "--death-timeout", "120"], name=f"dask-worker-{worker_name}",
-                      env=environment)
+                      env=environment, grace_s=3.0)  # its goodbye to a stopped scheduler hangs
 
 
 def wait_for_workers(client, count: int, timeout_s: float = 120.0) -> None:

@@ -73,6 +73,7 @@ from .errors import ConfigurationError, ServerUnavailableError, SonicError
 from .retry import RetryPolicy
 from .routing import get_router
 from .stats import InferenceStats, ServerStatistics
+from .tracing import TraceHook
 from .transport.errors import TransportError, to_sonic_error
 from .transport.kinds import KINDS, REQUESTABLE
 from .validation import GRPC_MESSAGE_LIMIT, NonFinitePolicy
@@ -210,7 +211,7 @@ class TritonModel:
                 "cache=DIR and a URL that pins the version (.../model/VERSION)")
         #: extension points of every call (:class:`~coffea_sonic.dispatch.CallHooks`), in order;
         #: pickled with the model, so hooks must be picklable to reach Dask workers
-        self.call_hooks: tuple[CallHooks, ...] = ()
+        self.call_hooks: tuple[CallHooks, ...] = (TraceHook(),)
         self._init_runtime_fields()
 
     def _init_runtime_fields(self) -> None:

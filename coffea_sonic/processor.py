@@ -33,14 +33,16 @@ while the graph is built.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import secrets
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import awkward as ak
 import numpy as np
 
-from . import columns, config
+from . import columns, config, tracing
 from .errors import ConfigurationError, InputValidationError
 from .provenance import Provenance, ProvenanceHook
 from .stats import InferenceStats
@@ -215,12 +217,24 @@ class SonicMixin:
         for ``[events][hits]`` inputs, ``[events][jets]`` for ``[events][jets][constituents]``).
         """
         rows, counts, meta_pass = self._prepare(name, inputs, like)
-        if ragged:
-            return self._infer_ragged(name, rows, counts, meta_pass)
-        if meta_pass:
-            return SonicResult(None, None, done_outputs=self._meta_outputs(name, counts))
-        handle = self.sonic_model(name).infer_async(rows)
+        # every request of this chunk, of every model, carries the chunk's trace id
+        with self._sonic_chunk_trace(like if like is not None else next(iter(inputs.values()))):
+            if ragged:
+                return self._infer_ragged(name, rows, counts, meta_pass)
+            if meta_pass:
+                return SonicResult(None, None, done_outputs=self._meta_outputs(name, counts))
+            handle = self.sonic_model(name).infer_async(rows)
         return SonicResult(handle, counts)
+
+    def _sonic_chunk_trace(self, array: Any) -> contextlib.AbstractContextManager:
+        """:func:`coffea_sonic.tracing.chunk_trace` for the chunk ``array`` belongs to (its
+        dataset, file and entry range, from coffea's metadata), in this processor's run; a null
+        context where the array says nothing of its chunk."""
+        label = chunk_label(array)
+        if label is None:
+            return contextlib.nullcontext()
+        run = self.__dict__.setdefault("_sonic_run", secrets.token_hex(8))
+        return tracing.chunk_trace(label, run=run)
 
     def _infer_ragged(self, name: str, rows: dict[str, np.ndarray], counts: Any,
                       meta_pass: bool) -> SonicResult:
@@ -298,12 +312,32 @@ class SonicMixin:
 
     # -- pickling --------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
+        # the run's id goes with the processor: a chunk has one trace id on every worker
+        self.__dict__.setdefault("_sonic_run", secrets.token_hex(8))
         state = self.__dict__.copy()
         # Clients are cheap to remake and hold per-process state; workers build their own.
         state.pop("_sonic_clients", None)
         state.pop("_sonic_baseline", None)
         state.pop("_sonic_provenance", None)
         return state
+
+
+def chunk_label(array: Any) -> str | None:
+    """``dataset:file:start-stop`` of the coffea chunk that ``array`` (NanoEvents, or a collection
+    of them) was read from, None if it does not say.
+
+    >>> chunk_label(np.zeros(3)) is None
+    True
+    """
+    try:
+        events = array._events() if hasattr(array, "_events") else array
+        metadata = getattr(events, "metadata", None)
+    except Exception:  # noqa: BLE001 - anything not NanoEvents: no chunk
+        return None
+    if not isinstance(metadata, Mapping) or "entrystart" not in metadata:
+        return None
+    return (f"{metadata.get('dataset', '')}:{metadata.get('filename', '')}:"
+            f"{metadata['entrystart']}-{metadata.get('entrystop', '')}")
 
 
 def _same_counts(first: Any, second: Any) -> bool:

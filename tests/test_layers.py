@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("transport", ("coffea_sonic.transport",)),
     ("client", ("coffea_sonic.model", "coffea_sonic.calls", "coffea_sonic.routing",
                 "coffea_sonic.fallback", "coffea_sonic.validation", "coffea_sonic.ragged",
-                "coffea_sonic.share", "coffea_sonic.cache", "coffea_sonic.dispatch",
+                "coffea_sonic.share", "coffea_sonic.tracing", "coffea_sonic.cache", "coffea_sonic.dispatch",
                 "coffea_sonic.answers", "coffea_sonic.retry", "coffea_sonic.endpoints",
                 "coffea_sonic.discovery", "coffea_sonic.provenance")),
     ("glue", ("coffea_sonic.processor", "coffea_sonic.columns", "coffea_sonic.friends")),

@@ -63,6 +63,9 @@ class InferRequest:
     out: Mapping[str, np.ndarray] | None = None
     priority: int = 0
     caller_waits: bool = False
+    #: headers of this request alone, sent after the server settings' (gRPC metadata, HTTP
+    #: headers): e.g. a W3C ``traceparent``; names lower-case
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def nbytes(self) -> int:

@@ -131,7 +131,7 @@ class GrpcTransport(Transport):
             return
         try:
             response = self._next_infer()(payload, timeout=request.timeout_s,
-                                          metadata=self.metadata,
+                                          metadata=self.metadata + request.headers,
                                           compression=_grpc_compression(self.compression))
         except Exception as error:  # noqa: BLE001 - reported through the future
             future.fail(from_grpc(error, self.address))

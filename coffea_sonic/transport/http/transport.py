@@ -263,7 +263,8 @@ class HttpTransport(Transport):
         sent = sum(memoryview(blob).nbytes for blob in blobs)
         parts: list[Any] = [header, *blobs]
         extra: list[tuple[str, Any]] = [("Content-Type", "application/octet-stream"),
-                                        ("Inference-Header-Content-Length", len(header))]
+                                        ("Inference-Header-Content-Length", len(header)),
+                                        *request.headers]
         if self.compression:
             parts = compress(self.compression, parts)
             extra += [("Content-Encoding", self.compression), ("Accept-Encoding", self.compression)]

@@ -203,8 +203,9 @@ class SlotTransport(Transport):
             self.pool.release(slot)
             return
         try:
-            response = self.grpc.connection.stub.ModelInfer(message, timeout=request.timeout_s,
-                                                            metadata=self.grpc.metadata)
+            response = self.grpc.connection.stub.ModelInfer(
+                message, timeout=request.timeout_s,
+                metadata=self.grpc.metadata + request.headers)
         except Exception as error:  # noqa: BLE001 - a timed-out request may still be written
             self.pool.drop(slot)
             failure = from_grpc(error, self.address)

@@ -1,0 +1,97 @@
+"""W3C trace context on every request: one trace per chunk, followed from the Dask task to Triton.
+
+Every call of a :class:`~coffea_sonic.model.TritonModel` gets a span (a new span id) and sends a
+``traceparent`` header (``00-<trace id>-<span id>-01``) with each of its requests, over gRPC and
+HTTP alike. Triton started with ``--trace-config mode=opentelemetry`` continues that trace: its
+spans carry our trace id and name our span as their parent, and are exported over OTLP. The trace
+id is the chunk's: inside :func:`chunk_trace` (which :class:`~coffea_sonic.processor.SonicMixin`
+enters for each chunk's calls, keyed on the chunk's dataset, file and entry range) every call of
+every model shares one trace id; outside, each call starts its own trace. The client logs, at
+INFO on ``coffea_sonic.tracing``, each chunk's trace id with its label and each call's
+``traceparent``: a slow chunk in the Dask dashboard leads to its trace id in the worker's log,
+and from there to the server's spans.
+
+>>> parent = format_traceparent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
+>>> parent
+'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
+>>> with chunk_trace("ttbar:/data/a.root:0-1000", run="run-1") as trace_id:
+...     trace_id == chunk_trace_id("ttbar:/data/a.root:0-1000", run="run-1") == current_trace()
+True
+>>> current_trace() is None
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import hashlib
+import logging
+import secrets
+from typing import TYPE_CHECKING, Iterator
+
+from .dispatch import CallHooks
+
+if TYPE_CHECKING:
+    from .calls import Call, Piece
+    from .transport.base import InferRequest
+
+__all__ = ["TraceHook", "chunk_trace", "chunk_trace_id", "current_trace", "format_traceparent"]
+
+logger = logging.getLogger(__name__)
+
+#: the trace id of the chunk being processed in this thread (or task), if any
+_chunk: contextvars.ContextVar[str | None] = contextvars.ContextVar("coffea_sonic_trace",
+                                                                    default=None)
+
+
+def format_traceparent(trace_id: str, span_id: str) -> str:
+    """The W3C ``traceparent`` value (version 00, sampled)."""
+    return f"00-{trace_id}-{span_id}-01"
+
+
+def chunk_trace_id(label: str, run: str = "") -> str:
+    """The trace id of the chunk ``label`` in run ``run``: the same on every worker and for every
+    retry of the chunk, different between runs (32 hex digits, never all zero)."""
+    digest = hashlib.sha256(f"{run}\0{label}".encode()).hexdigest()[:32]
+    return digest if digest.strip("0") else "1" + digest[1:]
+
+
+def current_trace() -> str | None:
+    """The trace id of the chunk being processed here, or None outside :func:`chunk_trace`."""
+    return _chunk.get()
+
+
+@contextlib.contextmanager
+def chunk_trace(label: str, *, run: str = "") -> Iterator[str]:
+    """Calls made inside share one trace id (the chunk's; see :func:`chunk_trace_id`)."""
+    trace_id = chunk_trace_id(label, run)
+    if _chunk.get() != trace_id:
+        logger.info("coffea-sonic: chunk %s: trace %s", label, trace_id)
+    token = _chunk.set(trace_id)
+    try:
+        yield trace_id
+    finally:
+        _chunk.reset(token)
+
+
+class TraceHook(CallHooks):
+    """The call hook that puts a ``traceparent`` on every request (every ``TritonModel`` has
+    one). Stateless, so it pickles to Dask workers."""
+
+    def on_call(self, call: "Call") -> None:
+        trace_id = _chunk.get() or secrets.token_hex(16)
+        parent = format_traceparent(trace_id, secrets.token_hex(8))
+        call.context["traceparent"] = parent
+        logger.info("coffea-sonic: call %d (%d rows in %d requests): traceparent %s",
+                    call.call_id, call.rows, len(call.pieces), parent)
+
+    def decorate(self, piece: "Piece", request: "InferRequest") -> "InferRequest":
+        parent = piece.call.context.get("traceparent")
+        if not parent:
+            return request
+        return dataclasses.replace(request, headers=(*request.headers, ("traceparent", parent)))
+
+    def __repr__(self) -> str:
+        return "TraceHook()"

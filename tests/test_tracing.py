@@ -1,0 +1,93 @@
+"""One trace per chunk: every request carries a W3C ``traceparent``; a real tritonserver traced
+with ``--trace-config mode=opentelemetry`` continues that trace (its spans, received over OTLP/HTTP
+by tests/otlp_receiver.py, carry our trace id and name our span as parent), on every transport;
+under coffea's Runner every call of a chunk, of every model, shares the chunk's trace id, which
+the client logs with the chunk's dataset, file and entry range."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from typing import Iterator
+
+import numpy as np
+import pytest
+from coffea import processor
+from coffea.nanoevents import NanoAODSchema
+
+from coffea_sonic import TritonModel
+from coffea_sonic.data.synthetic import write_sample
+from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
+from coffea_sonic.server import LocalTritonServer
+from helpers import wait_for
+from otlp_receiver import OtlpReceiver, tracing_arguments
+
+QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
+PARENT = re.compile(r"traceparent 00-([0-9a-f]{32})-([0-9a-f]{16})-01")
+CHUNK = re.compile(r"chunk (\S+): trace ([0-9a-f]{32})")
+
+
+@pytest.fixture(scope="module")
+def traced() -> Iterator[tuple[LocalTritonServer, OtlpReceiver]]:
+    with OtlpReceiver() as receiver, LocalTritonServer(
+            models=["jet_tagger", "particlenet_lite"], device="cpu",
+            extra_args=tracing_arguments(receiver)) as server:
+        yield server, receiver
+
+
+def _server_spans_under(receiver: OtlpReceiver, trace_id: str, span_id: str) -> list[dict]:
+    """The server's request spans that name our span as their parent."""
+    return [span for span in receiver.spans_of(trace_id) if span.get("parentSpanId") == span_id]
+
+
+@pytest.mark.parametrize("transport", ["grpc", "shm", "http"])
+def test_every_request_carries_the_calls_traceparent_into_the_servers_trace(
+        traced: tuple[LocalTritonServer, OtlpReceiver], transport: str,
+        caplog: pytest.LogCaptureFixture):
+    server, receiver = traced
+    url = (f"triton+http://{server.http_address}/jet_tagger" if transport == "http"
+           else server.url("jet_tagger"))
+    # three requests: 3 x 100 rows of 24 bytes
+    model = TritonModel(url, transport=transport, max_request_bytes=2400, max_in_flight=1)
+    inputs = {"features": np.random.default_rng(7).normal(size=(300, 6)).astype(np.float32)}
+    caplog.set_level(logging.INFO, logger="coffea_sonic.tracing")
+    model(inputs)
+    assert model.stats.requests == 3
+    (parent,) = PARENT.findall(caplog.text)  # one call, one span, logged once
+    trace_id, span_id = parent
+    spans = wait_for(lambda: len(_server_spans_under(receiver, trace_id, span_id)) == 3
+                     and _server_spans_under(receiver, trace_id, span_id), 60,
+                     lambda: f"3 server spans under {parent}; got {receiver.spans_of(trace_id)}")
+    assert {span["name"] for span in spans} == {"InferRequest"}
+    # and a second call is a new trace (outside a chunk, each call starts its own)
+    caplog.clear()
+    model(inputs)
+    ((second, _),) = PARENT.findall(caplog.text)
+    assert second != trace_id
+
+
+def test_every_call_of_a_chunk_shares_the_chunks_trace_id_and_the_server_sees_it(
+        traced: tuple[LocalTritonServer, OtlpReceiver], tmp_path,
+        caplog: pytest.LogCaptureFixture):
+    server, receiver = traced
+    sample = write_sample(tmp_path, events=300, files=1, seed=3, datasets=["ttbar"])
+    analysis = JetTaggingProcessor(f"triton+grpc://{server.grpc_address}")
+    runner = processor.Runner(executor=processor.IterativeExecutor(status=False),
+                              schema=QuietSchema, chunksize=100)
+    caplog.set_level(logging.INFO, logger="coffea_sonic.tracing")
+    runner({name: {"files": {path: "Events" for path in files}} for name, files in sample.items()},
+           treename="Events", processor_instance=analysis)
+    chunks = dict(CHUNK.findall(caplog.text))
+    assert len(chunks) == 3 and len(set(chunks.values())) == 3, chunks
+    assert all(label.startswith("ttbar:") and label.endswith(("0-100", "100-200", "200-300"))
+               for label in chunks), chunks
+    # both models' calls of a chunk carry its trace id, each call its own span
+    calls: dict[str, set[str]] = defaultdict(set)
+    for trace_id, span_id in PARENT.findall(caplog.text):
+        calls[trace_id].add(span_id)
+    assert set(calls) == set(chunks.values())
+    assert all(len(spans) == 2 for spans in calls.values()), calls  # jet_tagger, particlenet_lite
+    for trace_id, spans in calls.items():
+        wait_for(lambda: all(_server_spans_under(receiver, trace_id, span) for span in spans), 60,
+                 f"the server's spans of trace {trace_id}")

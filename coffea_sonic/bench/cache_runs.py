@@ -113,7 +113,8 @@ def record_calls(base: str, fileset: dict[str, list[str]], folder: Path,
     TritonModel.infer_async = recording_infer  # type: ignore[method-assign]
     JetTaggingProcessor.process = counting_process  # type: ignore[method-assign]
     try:
-        processor.Runner(executor=processor.IterativeExecutor(), schema=schema,
+        # no retries: a chunk done twice would be recorded twice
+        processor.Runner(executor=processor.IterativeExecutor(retries=0), schema=schema,
                          chunksize=chunksize, savemetrics=False)(
             {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()},
             treename="Events",
@@ -143,11 +144,11 @@ def user_main(argv: list[str] | None = None) -> int:
     # analysts on other machines reach the server over gRPC (no shared memory)
     models = {name: TritonModel(f"{args.server}/{name}", cache=False, transport="grpc")
               for name in {call["model"] for call in calls}}
-    inputs = [dict(np.load(folder / f"call{index}.npz")) for index in range(len(calls))]
     digest = xxhash.xxh3_64()
     started = time.perf_counter()
     for chunk in sorted({call["chunk"] for call in calls}):
-        pending = [models[call["model"]].infer_async(inputs[index])
+        # one chunk's inputs in memory at a time (ten users share the box's memory)
+        pending = [models[call["model"]].infer_async(dict(np.load(folder / f"call{index}.npz")))
                    for index, call in enumerate(calls) if call["chunk"] == chunk]
         for handle in pending:
             for name, array in sorted(handle.result().items()):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import socket
@@ -46,6 +47,8 @@ from .eviction import SizeLimit, touch
 from .store import ENTRY_SUFFIX, read_entry, write_entry
 
 __all__ = ["DEFAULT_MAX_BYTES", "InferenceCache", "parse_size"]
+
+logger = logging.getLogger(__name__)
 
 #: the size limit when none is given (``COFFEA_SONIC_INFERENCE_CACHE_SIZE``)
 DEFAULT_MAX_BYTES = 20 * 10**9
@@ -131,7 +134,10 @@ class InferenceCache:
         model_dir = self.root / _SAFE.sub("_", info.name) / _SAFE.sub("_", version)
         marker = (info.name, version, info.checksum)
         if marker not in self._remembered:
-            self._remember(model_dir, info)
+            try:
+                self._remember(model_dir, info)
+            except OSError as error:  # a read-only cache still answers what it holds
+                logger.warning("coffea-sonic cache: cannot write %s: %s", model_dir, error)
             with self._lock:
                 self._remembered.add(marker)
         return model_dir / _SAFE.sub("_", info.checksum)

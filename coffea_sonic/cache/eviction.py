@@ -84,8 +84,10 @@ class SizeLimit:
         with self._lock:
             self._written += size
             known = self._known_bytes
-            due = known is None or time.monotonic() - self._scanned_at > RESCAN_S
-            full = known is not None and known + self._written > self.max_bytes
+            since = time.monotonic() - self._scanned_at
+            due = known is None or since > RESCAN_S
+            # over the limit: scan again, but not on every write while another process evicts
+            full = known is not None and known + self._written > self.max_bytes and since > 1.0
         if due or full:
             self.evict()
 

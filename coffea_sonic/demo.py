@@ -235,6 +235,7 @@ def summarise(output: Mapping[str, Any], wall_s: float, workers: int,
         "server": {name: delta.to_dict() for name, delta in server_delta.items()},
         "cutflow": {name: {key: int(value) for key, value in entry.items()}
                     for name, entry in output["cutflow"].items()},
+        "provenance": output["provenance"].to_dict() if "provenance" in output else [],
     }
 
 
@@ -284,6 +285,12 @@ def print_summary(summary: Mapping[str, Any]) -> None:
             print(f"{'':18s}{int(stats['cache_hit_rows']):>12,d} objects from the inference "
                   f"cache ({int(stats['cache_hits'])} hits, {int(stats['cache_misses'])} misses, "
                   f"{stats['cache_bytes_saved'] / 1e6:.1f} MB not sent)")
+        if stats.get("shadow_rows", 0):
+            print(f"{'':18s}{int(stats['shadow_rows']):>12,d} objects recomputed in-process by "
+                  f"shadow validation, {int(stats['shadow_alarms'])} over its tolerance")
+    for record in summary.get("provenance", []):
+        print(f"answered by       {record['rows']:>12,d} rows of {record['model']} version "
+              f"{record['version'] or '?'} at {record['source']} (config {record['config_digest']})")
     share = summary["inference_wait_share"]
     if share is not None:
         print(f"waiting on inference: {100 * share:.1f} % of worker wall time "

@@ -72,6 +72,7 @@ from .dispatch import CallHooks, CallRunner
 from .errors import ConfigurationError, ServerUnavailableError, SonicError
 from .retry import RetryPolicy
 from .routing import get_router
+from .shadow import ShadowAction, ShadowHook, resolve_shadow
 from .stats import InferenceStats, ServerStatistics
 from .tracing import TraceHook
 from .transport.errors import TransportError, to_sonic_error
@@ -152,6 +153,12 @@ class TritonModel:
     cache_offline:
         With ``cache`` and a pinned version: when no server answers the model's metadata, use
         the signature last served through the cache, so cached rows are answered offline.
+    shadow, shadow_tolerance, shadow_action:
+        Recompute about this fraction of served rows with the in-process reference engine (the
+        fallback factory, else ``"cpu"``) off the critical path and compare; above the tolerance
+        (default by where the server runs the model) ``"raise"`` on the next call or
+        ``"quarantine"`` the server. None: the setting ``shadow`` (default 0, off). See
+        :mod:`coffea_sonic.shadow`.
 
     >>> TritonModel("triton+grpc://127.0.0.1:8001/jet_tagger").version
     ''
@@ -176,6 +183,9 @@ class TritonModel:
         priority: int | None = None,
         cache: CacheChoice = None,
         cache_offline: bool = False,
+        shadow: float | None = None,
+        shadow_tolerance: float | None = None,
+        shadow_action: ShadowAction = "raise",
     ) -> None:
         self.transport = _checked_transport(transport)
         self.urls = [url] if isinstance(url, str) else list(url)
@@ -212,6 +222,11 @@ class TritonModel:
         #: extension points of every call (:class:`~coffea_sonic.dispatch.CallHooks`), in order;
         #: pickled with the model, so hooks must be picklable to reach Dask workers
         self.call_hooks: tuple[CallHooks, ...] = (TraceHook(),)
+        #: fraction of served rows recomputed in-process and compared (:mod:`coffea_sonic.shadow`)
+        self.shadow = resolve_shadow(shadow)
+        if self.shadow > 0:
+            self.call_hooks += (ShadowHook(self.shadow, tolerance=shadow_tolerance,
+                                           action=shadow_action, reference=self.fallback),)
         self._init_runtime_fields()
 
     def _init_runtime_fields(self) -> None:

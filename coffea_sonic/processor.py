@@ -45,6 +45,7 @@ import numpy as np
 from . import columns, config, tracing
 from .errors import ConfigurationError, InputValidationError
 from .provenance import Provenance, ProvenanceHook
+from .shadow import shadow_hook
 from .stats import InferenceStats
 
 logger = logging.getLogger(__name__)
@@ -291,9 +292,15 @@ class SonicMixin:
         """Client statistics per model since the previous call (put them in ``process``'s output).
 
         They add up under coffea's accumulator, so the final output holds the run's totals.
+        With shadow validation on, waits for this chunk's comparisons first and raises
+        :class:`~coffea_sonic.shadow.ShadowDivergenceError` if a server diverged.
         """
         baselines = self.__dict__.setdefault("_sonic_baseline", {})
         collected: dict[str, InferenceStats] = {}
+        for client in self.__dict__.get("_sonic_clients", {}).values():
+            hook = shadow_hook(client)
+            if hook is not None:  # the chunk's comparisons count here, and a divergence fails it
+                hook.drain()
         for name, client in self.__dict__.get("_sonic_clients", {}).items():
             now = client.stats.copy()
             collected[name] = _stats_difference(now, baselines.get(name, InferenceStats()))

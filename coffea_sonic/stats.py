@@ -75,6 +75,10 @@ class InferenceStats:
     cache_hit_rows: int = 0
     cache_miss_rows: int = 0
     cache_bytes_saved: int = 0
+    #: rows recomputed in-process by shadow validation, and comparisons over its tolerance
+    #: (:mod:`coffea_sonic.shadow`)
+    shadow_rows: int = 0
+    shadow_alarms: int = 0
 
     @classmethod
     def identity(cls) -> "InferenceStats":

@@ -1,0 +1,253 @@
+"""Shadow validation: recompute a fraction of the served rows in-process and compare.
+
+A wrongly converted model (fp16, TensorRT, an export that drifted) or a server holding another
+model under the same name answers with the right shapes and types and passes every signature
+check. ``TritonModel(url, shadow=0.001)`` (or the setting ``shadow``, ``COFFEA_SONIC_SHADOW``)
+takes about that fraction of every answer's rows, sampled at random, and recomputes them with the
+in-process reference engine (the model's fallback factory; ``"cpu"``, the zoo model on
+onnxruntime, when the model has none) on one background thread per process: requests are never
+delayed. Per server and output it keeps the rows compared and the largest divergence,
+``|served - reference| / max(1, |reference|)`` (absolute below 1, relative above: scores and
+GeV alike).
+
+Above the tolerance (``shadow_tolerance``; default by where the server runs the model, see
+:data:`DEFAULT_TOLERANCE`) it acts as ``shadow_action`` says:
+
+* ``"raise"`` (default): the model's next call raises :class:`ShadowDivergenceError` naming the
+  server, output, version, divergence and tolerance (:meth:`ShadowHook.drain`, which
+  :meth:`~coffea_sonic.processor.SonicMixin.sonic_stats` calls at the end of every chunk, raises
+  it too, so a chunk whose rows diverged fails);
+* ``"quarantine"``: that server is quarantined (its requests go to the others, or to the
+  fallback) and the divergence logged at ERROR.
+
+Counted in the model's stats (``shadow_rows``, ``shadow_alarms``). Ragged calls and rows answered
+by the fallback or a lookup (the cache) are not shadowed.
+
+Default tolerances, from measured honest differences: the same ONNX file served on the CPU and run
+in-process answers identically (0); TorchScript served against onnxruntime in-process within
+1.5e-5 (an experiment's repository); a GPU against the CPU up to 2.4e-4 before the zoo's
+TorchScript was traced in fp32 and 1e-6 after. A model the server runs on the CPU gets 1e-4 (7x the
+largest CPU difference), on a GPU 1e-3 (4x the largest GPU one). An fp16 cast of a model
+(relative rounding 4.9e-4 per value) or weights off by 1 % move outputs by more.
+
+>>> round(divergence(np.array([0.5, 200.0]), np.array([0.5001, 201.0])), 5)
+0.00498
+>>> tolerance_for(gpu=False), tolerance_for(gpu=True)
+(0.0001, 0.001)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from . import fallback as fallback_module
+from .core.process_local import ProcessLocal
+from .dispatch import CallHooks, PieceAnswer
+from .errors import ConfigurationError, InferenceError, MissingDependencyError
+
+__all__ = ["DEFAULT_TOLERANCE", "ShadowAction", "ShadowDivergenceError", "ShadowHook",
+           "divergence", "resolve_shadow", "shadow_hook", "tolerance_for"]
+
+logger = logging.getLogger(__name__)
+
+ShadowAction = Literal["raise", "quarantine"]
+#: Tolerance on :func:`divergence` by where the server runs the model (see the module docstring).
+DEFAULT_TOLERANCE: dict[str, float] = {"cpu": 1e-4, "gpu": 1e-3}
+_NOT_SHADOWED = ("fallback engine", "hook")
+_executors: ProcessLocal[str, ThreadPoolExecutor] = ProcessLocal("shadow thread")
+
+
+class ShadowDivergenceError(InferenceError):
+    """A server's answers differ from the in-process reference beyond the tolerance."""
+
+
+def divergence(served: np.ndarray, reference: np.ndarray) -> float:
+    """Largest ``|served - reference| / max(1, |reference|)`` (0 for empty arrays)."""
+    served = np.asarray(served, dtype=np.float64)
+    reference = np.asarray(reference, dtype=np.float64)
+    if served.size == 0:
+        return 0.0
+    scale = np.maximum(1.0, np.abs(reference))
+    return float(np.max(np.abs(served - reference) / scale))
+
+
+def tolerance_for(*, gpu: bool) -> float:
+    """The default tolerance of a model the server runs on a GPU or on the CPU."""
+    return DEFAULT_TOLERANCE["gpu" if gpu else "cpu"]
+
+
+def resolve_shadow(fraction: float | str | None) -> float:
+    """The shadow fraction: ``fraction``, else the setting ``shadow`` (default 0: off)."""
+    if fraction is None:
+        from . import config
+
+        fraction = config.setting("shadow", 0.0)
+    try:
+        value = float(fraction or 0.0)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"shadow must be a fraction of rows between 0 and 1, not "
+                                 f"{fraction!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise ConfigurationError(f"shadow must be a fraction of rows between 0 and 1, not {value}")
+    return value
+
+
+@dataclass
+class Divergence:
+    """What one server's answers of one output looked like against the reference."""
+
+    rows: int = 0
+    largest: float = 0.0
+    alarms: int = 0
+
+
+class ShadowHook(CallHooks):
+    """Recomputes ``fraction`` of the rows of every served answer (see the module docstring)."""
+
+    def __init__(self, fraction: float, *, tolerance: float | None = None,
+                 action: ShadowAction = "raise", reference: Any = None) -> None:
+        if action not in ("raise", "quarantine"):
+            raise ConfigurationError(f"shadow_action must be 'raise' or 'quarantine', not {action!r}")
+        if tolerance is not None and tolerance <= 0:
+            raise ConfigurationError(f"shadow_tolerance must be > 0, not {tolerance}")
+        self.fraction, self.tolerance, self.action = float(fraction), tolerance, action
+        #: the reference engine's factory (a fallback choice); None: "cpu"
+        self.reference = reference
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        self._lock = threading.Lock()
+        self._rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
+        self._pending: list[Future] = []
+        self._error: ShadowDivergenceError | None = None
+        #: (server, output) -> Divergence
+        self.divergences: dict[tuple[str, str], Divergence] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"fraction": self.fraction, "tolerance": self.tolerance, "action": self.action,
+                "reference": self.reference}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_runtime()
+
+    # -- hooks ------------------------------------------------------------------------------------
+
+    def on_call(self, call: Any) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def on_answer(self, answer: PieceAnswer) -> None:
+        call = answer.piece.call
+        if answer.source in _NOT_SHADOWED or call.ragged is not None or not call.arrays:
+            return
+        rows = answer.piece.rows
+        with self._lock:
+            count = int(self._rng.binomial(rows, self.fraction))
+            if count == 0:
+                return
+            picked = np.sort(self._rng.choice(rows, size=count, replace=False))
+        start = answer.piece.start
+        inputs = {name: np.ascontiguousarray(array[start:start + rows][picked])
+                  for name, array in call.arrays.items()}
+        served = {name: np.array(np.asarray(value)[:rows][picked])
+                  for name, value in answer.outputs.items()}
+        endpoint = answer.piece.endpoint
+        gpu = bool(call.info.gpu)
+        future = _executor().submit(self._compare, answer.model, answer.source, answer.version,
+                                    inputs, served, gpu, endpoint, call.runtime)
+        with self._lock:
+            self._pending = [f for f in self._pending if not f.done()] + [future]
+
+    # -- the comparison, on the shadow thread -----------------------------------------------------
+
+    def _engine(self, model: str) -> Any:
+        choice = self.reference or "cpu"
+        try:
+            return fallback_module.fallback_engine(choice, model)
+        except ImportError as error:
+            raise MissingDependencyError(
+                f"shadow validation of {model!r} runs the reference engine in-process and it "
+                f"needs {error.name or 'a missing package'}: pip install 'coffea-sonic[onnx]' "
+                "(onnxruntime), or pass a reference/fallback factory") from error
+
+    def _compare(self, model: str, source: str, version: str, inputs: dict[str, np.ndarray],
+                 served: dict[str, np.ndarray], gpu: bool, endpoint: Any, runtime: Any) -> None:
+        try:
+            self._check(model, source, version, inputs, served, gpu, endpoint, runtime)
+        except Exception as error:  # noqa: BLE001 - a broken reference must be seen, not hidden
+            with self._lock:
+                self._error = self._error or (
+                    error if isinstance(error, ShadowDivergenceError) else ShadowDivergenceError(
+                        f"shadow validation of model {model!r} could not compare answers of "
+                        f"{source}: {type(error).__name__}: {error}"))
+
+    def _check(self, model: str, source: str, version: str, inputs: dict[str, np.ndarray],
+               served: dict[str, np.ndarray], gpu: bool, endpoint: Any, runtime: Any) -> None:
+        reference = self._engine(model)(inputs)
+        limit = self.tolerance or tolerance_for(gpu=gpu)
+        rows = len(next(iter(inputs.values())))
+        alarms = []
+        with self._lock:
+            for name, value in served.items():
+                if name not in reference:
+                    continue
+                found = divergence(value, np.asarray(reference[name]).reshape(value.shape))
+                record = self.divergences.setdefault((source, name), Divergence())
+                record.rows += rows
+                record.largest = max(record.largest, found)
+                if found > limit:
+                    record.alarms += 1
+                    alarms.append((name, found))
+        if alarms:  # acted on before counted: a caller that sees the count sees the alarm
+            self._alarm(model, source, version, alarms, limit, endpoint, runtime)
+        runtime.count(shadow_rows=rows, shadow_alarms=len(alarms))
+
+    def _alarm(self, model: str, source: str, version: str, alarms: list[tuple[str, float]],
+               limit: float, endpoint: Any, runtime: Any) -> None:
+        what = ", ".join(f"output {name!r} diverges by {found:.3g}" for name, found in alarms)
+        message = (f"shadow validation: model {model!r} version {version or '?'} at {source}: "
+                   f"{what} from the in-process reference (tolerance {limit:g}); the served model "
+                   "is not the one the reference runs (a wrong conversion or another model)")
+        if self.action == "quarantine" and endpoint is not None:
+            logger.error("coffea-sonic: %s; quarantining %s", message, source)
+            runtime.router.mark_failed(endpoint, message)
+            return
+        with self._lock:
+            self._error = self._error or ShadowDivergenceError(message)
+
+    # -- results ----------------------------------------------------------------------------------
+
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """Wait for the comparisons started so far; raise a divergence found (action "raise")."""
+        with self._lock:
+            pending = list(self._pending)
+        wait(pending, timeout=timeout_s)
+        if self._error is not None:
+            raise self._error
+
+    def report(self) -> dict[str, dict[str, dict[str, float]]]:
+        """``{server: {output: {"rows", "largest", "alarms"}}}`` so far."""
+        with self._lock:
+            found: dict[str, dict[str, dict[str, float]]] = {}
+            for (server, output), record in sorted(self.divergences.items()):
+                found.setdefault(server, {})[output] = {
+                    "rows": record.rows, "largest": record.largest, "alarms": record.alarms}
+            return found
+
+
+def shadow_hook(model: Any) -> ShadowHook | None:
+    """The :class:`ShadowHook` of a ``TritonModel`` (None when shadow validation is off)."""
+    return next((hook for hook in model.call_hooks if isinstance(hook, ShadowHook)), None)
+
+
+def _executor() -> ThreadPoolExecutor:
+    return _executors.get("shadow", lambda: ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="coffea-sonic-shadow"))

@@ -26,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import venv
 from collections import deque
 from pathlib import Path
@@ -125,36 +126,43 @@ def run_all(root: Path, python: Path, args: list[str], env: dict[str, str]) -> i
     wanted = os.environ.get("DEV_STACKS", "main," + ",".join(STACKS)).split(",")
     results = []
     if "main" in wanted:
-        results.append(("main", *run_pytest(python, args, root, env, "main")))
+        started = time.monotonic()
+        results.append(("main", *run_pytest(python, args, root, env, "main"),
+                        f"tests {time.monotonic() - started:.0f} s"))
     options, paths = _split(root, args)
     for name, (_, _, suites) in STACKS.items():
         selected = [p for p in paths if p.split("::")[0] in suites] if paths else list(suites)
         if name not in wanted or not selected:
             continue
+        started = time.monotonic()
         try:
             stack_python = build(root, name)
         except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
             print(error, flush=True)
-            results.append((name, 1, {"failed": 1}))
+            results.append((name, 1, {"failed": 1}, "venv failed"))
             continue
+        built = time.monotonic()
         stack_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         stack_env["PATH"] = f"{stack_python.parent}{os.pathsep}{os.environ.get('PATH', '')}"
         stack_env.setdefault("COFFEA_SONIC_SERVER_ENV", str(python.parent.parent))
-        results.append((name, *run_pytest(stack_python, [*options, *selected], root, stack_env,
-                                          name)))
+        outcome = run_pytest(stack_python, [*options, *selected], root, stack_env, name)
+        results.append((name, *outcome, f"venv {built - started:.0f} s, tests "
+                                        f"{time.monotonic() - built:.0f} s"))
     return _report(results)
 
 
-def _report(results: list[tuple[str, int, dict[str, int]]]) -> int:
+def _report(results: list[tuple[str, int, dict[str, int], str]]) -> int:
     total: dict[str, int] = {}
-    for name, code, counts in results:
-        print(f"{name}: exit {code}, " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    for name, code, counts, took in results:
+        print(f"[{name}] exit {code}: " + ", ".join(f"{v} {k}" for k, v in counts.items())
+              + f" ({took}; load now {load})")
         for kind, number in counts.items():
             total[kind] = total.get(kind, 0) + number
     failed = total.get("failed", 0) + total.get("errors", 0)
     print(f"total: {total.get('passed', 0)} passed, {failed} failed, "
           f"{total.get('skipped', 0)} skipped", flush=True)
-    codes = [code for _, code, _ in results]
+    codes = [code for _, code, _, _ in results]
     bad = [code for code in codes if code not in (0, 5)]
     if bad:
         return bad[0]

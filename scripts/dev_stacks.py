@@ -9,7 +9,8 @@ nvidia-pytriton and numpy < 2):
   that pip resolves that day (printed). ``coffea[dask-awkward]`` rather than a bare coffea: a bare
   ``coffea dask distributed dask-awkward`` resolved dask 2026.8 with dask-awkward 2025.3.0 on
   2026-11-26, a pair whose axis-0 reductions and graph optimisation fail without coffea-sonic.
-* ``oldest``: the oldest supported coffea (2025.7.0) and tritonclient (2.58.0).
+* ``oldest``: the oldest supported coffea (2025.7.0) with dask and distributed, and the oldest
+  supported tritonclient (2.58.0) installed with the core.
 
 Installing the core must change none of coffea, numpy, awkward, dask, distributed, uproot (``pip
 freeze`` before and after). A venv is reused the same day (the stack is resolved once a day).
@@ -37,7 +38,8 @@ CLIENT_SUITES = ("tests/test_processor.py", "tests/test_bad_inputs.py", "tests/t
 STACKS = {
     "newest": (["coffea[dask-awkward]", "dask", "distributed", "dask-awkward", "numpy>=2"], [],
                CLIENT_SUITES),
-    "oldest": (["coffea==2025.7.0"], ["tritonclient[grpc]==2.58.0"], ("tests/test_processor.py",)),
+    "oldest": (["coffea==2025.7.0", "dask", "distributed"], ["tritonclient[grpc]==2.58.0"],
+               ("tests/test_processor.py",)),
 }
 UNCHANGED = ("coffea", "numpy", "awkward", "dask", "distributed", "uproot")
 SHOWN = UNCHANGED + ("dask-awkward", "dask-histogram", "pyarrow", "tritonclient", "protobuf",

@@ -248,10 +248,21 @@ def resolve(build: bool = True) -> ServerEnvironment:
 
 
 def is_this_interpreter(environment: ServerEnvironment) -> bool:
+    """Whether ``environment`` is the one this process runs in."""
     return Path(environment.python) == Path(sys.executable)
 
 
-def export_generated_models(environment: ServerEnvironment, names: list[str] | None) -> None:
+#: Settings that, all four set, say where the server, its backends and its Python come from.
+OVERRIDES = ("TRITONSERVER_BIN", "TRITON_BACKEND_DIR", "TRITON_SERVER_PATH",
+             "TRITON_SERVER_LD_LIBRARY_PATH")
+
+
+def overridden() -> bool:
+    """Whether the launcher's overrides name everything (then no environment is looked for)."""
+    return all(os.environ.get(name) for name in OVERRIDES)
+
+
+def export_generated_models(environment: ServerEnvironment | None, names: list[str] | None) -> None:
     """Export the zoo's generated models (torch) in the server's environment when torch is not here.
 
     A client-only install has no torch; the server's environment has it. Only this package's own
@@ -262,9 +273,11 @@ def export_generated_models(environment: ServerEnvironment, names: list[str] | N
 
     from .. import zoo
 
+    if environment is None or is_this_interpreter(environment) or importlib.util.find_spec("torch"):
+        return
     wanted = [name for name in (names if names is not None else zoo.names())
               if name in zoo.names() and not zoo.spec(name).shipped]
-    if not wanted or is_this_interpreter(environment) or importlib.util.find_spec("torch"):
+    if not wanted:
         return
     package = Path(zoo.__file__).resolve().parents[1]
     with tempfile.TemporaryDirectory(prefix="coffea-sonic-path-") as path_dir:

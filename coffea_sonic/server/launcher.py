@@ -166,16 +166,16 @@ def server_environment(environment: ServerEnvironment | None = None) -> dict[str
     PATH; without this interpreter's LIBDIR first it can load Debian's libpython against another
     stdlib. ``$TRITON_SERVER_PATH`` / ``$TRITON_SERVER_LD_LIBRARY_PATH`` replace the computed values.
     """
-    environment = environment or server_env.resolve()
+    if environment is None and not server_env.overridden():
+        environment = server_env.resolve()
     env = dict(os.environ)
     env["PATH"] = os.environ.get("TRITON_SERVER_PATH") or os.pathsep.join(
         [str(environment.bin_dir), os.environ.get("PATH", "")])
-    libdir = environment.libdir
     env["LD_LIBRARY_PATH"] = os.environ.get("TRITON_SERVER_LD_LIBRARY_PATH") or os.pathsep.join(
-        part for part in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if part)
+        part for part in (environment.libdir, os.environ.get("LD_LIBRARY_PATH", "")) if part)
     # The model's Python must not pick up a user's PYTHONPATH with another numpy.
     env.pop("PYTHONHOME", None)
-    if not server_env.is_this_interpreter(environment):
+    if environment is not None and not server_env.is_this_interpreter(environment):
         env.pop("PYTHONPATH", None)
     return env
 
@@ -416,7 +416,7 @@ class LocalTritonServer:
         # several python-backend instances per GPU: one instance's host-side work per
         # request, not the GPU, is the bottleneck (see GPU_INSTANCES)
         instances = self.instances or (GPU_INSTANCES if self.device == "gpu" else 1)
-        self.environment = server_env.resolve()
+        self.environment = None if server_env.overridden() else server_env.resolve()
         prepared = None
         if self.repository is not None:
             try:  # refusals come before anything starts, and leave nothing behind

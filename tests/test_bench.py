@@ -154,6 +154,7 @@ def test_end_to_end_demo_analysis_reports_inference_share_and_speedup(triton_ser
     assert set(rows) == {"cpu", "served"}
     assert rows["cpu"]["events"] == rows["served"]["events"] == 2000
     assert rows["cpu"]["inference_rows"] == rows["served"]["inference_rows"]
+    assert rows["cpu"]["histograms"] and rows["cpu"]["histograms"] == rows["served"]["histograms"]
     assert 0 < rows["cpu"]["inference_share"] < 1
     assert rows["served"]["speedup"] > 0 and rows["served"]["server_busy_s"] > 0
     analysis = analysis_scaling(e2e, {}, config)

@@ -1,8 +1,8 @@
 """``coffea-sonic bench e2e`` on this machine: a real (small) run of every way it can.
 
 Without a GPU the scenario runs the analysis in-process on CPU and served by a CPU tritonserver,
-through real ``processor.Runner`` + Dask workers, and must see the same events and the same
-inference rows both ways.
+through real ``processor.Runner`` + Dask workers, and must see the same events, the same
+inference rows and the same histograms both ways.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ def test_e2e_scenario_runs_every_way_and_counts_the_same_events(tmp_path):
     assert cpu["events"] == served["events"] > 0
     # every selected jet went through particlenet, every event through deepmet, both ways
     assert cpu["inference_rows"] == served["inference_rows"]
+    # and the same histograms, bin by bin, every dataset (particlenet's and deepmet's outputs too)
+    assert cpu["histograms"] and cpu["histograms"] == served["histograms"]
     assert cpu["inference_rows"]["deepmet"] == cpu["events"]
     assert cpu["inference_rows"]["particlenet"] == cpu["jets"] > 0
     assert cpu["worker_memory_bytes"] > 0 and cpu["worker_peak_rss_bytes"] > 0

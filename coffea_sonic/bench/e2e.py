@@ -186,6 +186,26 @@ def _worker_peak_rss() -> int:
     return _rss_and_peak()[1]
 
 
+def histogram_bins(output: dict) -> dict[str, dict[str, list]]:
+    """Every bin (flow bins too) of every histogram of an analysis output, per dataset: what two
+    ways of running the same analysis must agree on (datasets are keyed by name, so the order in
+    which Dask workers filled them does not matter).
+
+    >>> import hist
+    >>> h = hist.Hist(hist.axis.StrCategory([], growth=True, name="dataset"),
+    ...               hist.axis.Regular(2, 0, 1, name="x"))
+    >>> _ = h.fill(dataset="tt", x=[0.2, 0.7, 0.8])
+    >>> histogram_bins({"histograms": {"score": h}})
+    {'score': {'tt': [0.0, 1.0, 2.0, 0.0]}}
+    """
+    bins: dict[str, dict[str, list]] = {}
+    for name, histogram in output.get("histograms", {}).items():
+        datasets = list(histogram.axes["dataset"])
+        bins[name] = {dataset: np.asarray(histogram[{"dataset": dataset}].values(flow=True))
+                      .ravel().tolist() for dataset in datasets}
+    return bins
+
+
 def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[str]], workers: int,
               chunksize: int, measure_server: Callable | None, gpu: Any = None) -> dict:
     from coffea import processor
@@ -220,6 +240,7 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
         "inference_seconds": sum(stats.wait_s for stats in inference.values()),
         "inference_rows": {name: int(stats.rows) for name, stats in inference.items()},
         "bytes_sent": sum(int(stats.bytes_sent) for stats in inference.values()),
+        "histograms": histogram_bins(output),
     }
     row["inference_share"] = row["inference_seconds"] / (wall_s * workers)
     if before is not None and after is not None:

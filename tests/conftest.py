@@ -24,6 +24,13 @@ def jet_tagger_server():
         yield server
 
 
+@pytest.fixture(scope="session")
+def trackgnn_server():
+    """A server of the tracking pipelines (trackgnn, trackgnn_ensemble), for the tracking suites."""
+    with LocalTritonServer(models=["trackgnn", "trackgnn_ensemble"], device="cpu") as server:
+        yield server
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_thread_pools():
     # Two cores shared by server and client: keep onnxruntime/BLAS from oversubscribing them.

@@ -173,26 +173,36 @@ def test_all_servers_down_without_fallback_names_every_server_tried(chunks):
     assert "fallback='cpu'" in message and "no server could serve" in message
 
 
-def test_server_slower_than_the_timeout_is_retried_elsewhere(tmp_path, chunks, engine):
-    slow = _jet_server(repository=_slow_repository(tmp_path / "slow", delay_s=3.0))
-    fast = _jet_server()
-    try:
-        model = TritonModel([slow.url("jet_tagger"), fast.url("jet_tagger")], timeout_s=0.5,
-                            max_request_bytes=24 * 500)
-        outputs = _run(model, chunks[:2])
-        _assert_same(outputs, [engine(chunk)["probs"] for chunk in chunks[:2]])
-        assert model.stats.retries >= 1 and model.stats.failovers >= 1
-        assert "DEADLINE_EXCEEDED" in model._get_runtime().router.endpoints[0].last_error
-    finally:
-        slow.stop()
-        fast.stop()
-
-
-def test_overloaded_server_gets_backoff_and_the_run_completes(tmp_path, chunks, engine):
-    repository = _slow_repository(tmp_path / "busy", delay_s=0.05, max_queue_size=1)
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory):
+    """jet_tagger taking 3 s per execution (for every transport of the module)."""
+    repository = _slow_repository(tmp_path_factory.mktemp("slow"), delay_s=3.0)
     with LocalTritonServer(repository=repository, device="cpu") as server:
-        model = TritonModel(server.url("jet_tagger"), max_in_flight=8, max_request_bytes=24 * 100)
-        outputs = _run(model, chunks[:1])
+        yield server
+
+
+@pytest.fixture(scope="module")
+def busy_server(tmp_path_factory):
+    """jet_tagger taking 50 ms per execution with room for one queued request."""
+    repository = _slow_repository(tmp_path_factory.mktemp("busy"), delay_s=0.05,
+                                  max_queue_size=1)
+    with LocalTritonServer(repository=repository, device="cpu") as server:
+        yield server
+
+
+def test_server_slower_than_the_timeout_is_retried_elsewhere(slow_server, jet_tagger_server,
+                                                             chunks, engine):
+    model = TritonModel([slow_server.url("jet_tagger"), jet_tagger_server.url("jet_tagger")],
+                        timeout_s=0.5, max_request_bytes=24 * 500)
+    outputs = _run(model, chunks[:2])
+    _assert_same(outputs, [engine(chunk)["probs"] for chunk in chunks[:2]])
+    assert model.stats.retries >= 1 and model.stats.failovers >= 1
+    assert "DEADLINE_EXCEEDED" in model._get_runtime().router.endpoints[0].last_error
+
+
+def test_overloaded_server_gets_backoff_and_the_run_completes(busy_server, chunks, engine):
+    model = TritonModel(busy_server.url("jet_tagger"), max_in_flight=8, max_request_bytes=24 * 100)
+    outputs = _run(model, chunks[:1])
     _assert_same(outputs, [engine(chunks[0])["probs"]])
     stats = model.stats
     assert stats.requests == 15 and stats.retries >= 1 and stats.failed_requests >= 1
@@ -200,8 +210,8 @@ def test_overloaded_server_gets_backoff_and_the_run_completes(tmp_path, chunks, 
     assert model._get_runtime().router.endpoints[0].healthy  # overload is not quarantine
 
 
-def test_restarted_server_is_readmitted(chunks):
-    first, second = _jet_server(), _jet_server()
+def test_restarted_server_is_readmitted(chunks, jet_tagger_server):
+    first, second = _jet_server(), jet_tagger_server
     port = first.ports["grpc"]
     model = TritonModel([first.url("jet_tagger"), second.url("jet_tagger")],
                         max_request_bytes=24 * 250, retry={"quarantine_s": 0.2,
@@ -221,7 +231,7 @@ def test_restarted_server_is_readmitted(chunks):
         wait_for(lambda: _requests_served(restarted) > 0, timeout=10,
                  what="the restarted server's statistics to count its requests")
     finally:
-        second.stop()
+        first.stop()
         if restarted is not None:
             restarted.stop()
 

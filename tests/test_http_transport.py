@@ -31,7 +31,6 @@ from coffea_sonic.transport.http import HttpTransport
 
 MODEL = "jet_tagger"
 ROWS = 1000
-RESTRICTED_KEY = ("csonic-key", "open-sesame")
 
 
 @pytest.fixture(scope="module")
@@ -318,30 +317,25 @@ def test_grpc_port_is_not_http(server):
     assert caught.value.kind == "down" and "HTTP port" in str(caught.value)
 
 
-def test_restricted_api(info, data):
+def test_restricted_api(info, data, restricted_tritonserver, restriction):
     """``--http-restricted-api``: 403 "This API is restricted" (kind restricted) until the key
     is sent under its own header name; inference, metadata and health stay open."""
     inputs, reference = data
-    key, value = RESTRICTED_KEY
-    groups = "model-repository,shared-memory,statistics"
-    restricted = LocalTritonServer(models=[MODEL], device="cpu", extra_args=[
-        f"--http-restricted-api={groups}:{key}={value}"]).start()
-    try:
-        open_transport = HttpTransport(ServerSettings(restricted.http_address, protocol="http"))
-        assert open_transport.ready(5.0) and open_transport.model_ready(MODEL, "", 5.0)
-        assert open_transport.model_info(MODEL, "", 5.0) == info
-        assert_close(open_transport.infer(request_of(info, inputs)).outputs, reference)
-        assert kind_of(lambda: open_transport.model_index(5.0)) == "restricted"
-        assert kind_of(lambda: open_transport.statistics(MODEL, "", 5.0)) == "restricted"
-        keyed = HttpTransport(ServerSettings.build(
-            restricted.http_address, protocol="http", protocol_key=(key, Secret(value))))
-        assert keyed.model_index(5.0) == {MODEL: ("1",)}
-        assert keyed.statistics(MODEL, "", 5.0).success_count >= 1
-        wrong = HttpTransport(ServerSettings.build(
-            restricted.http_address, protocol="http", protocol_key=(key, "nope")))
-        assert kind_of(lambda: wrong.model_index(5.0)) == "restricted"
-    finally:
-        restricted.stop()
+    key, value = restriction.key, restriction.value
+    restricted = restricted_tritonserver  # model-repository, shared-memory, statistics restricted
+    open_transport = HttpTransport(ServerSettings(restricted.http_address, protocol="http"))
+    assert open_transport.ready(5.0) and open_transport.model_ready(MODEL, "", 5.0)
+    assert open_transport.model_info(MODEL, "", 5.0) == info
+    assert_close(open_transport.infer(request_of(info, inputs)).outputs, reference)
+    assert kind_of(lambda: open_transport.model_index(5.0)) == "restricted"
+    assert kind_of(lambda: open_transport.statistics(MODEL, "", 5.0)) == "restricted"
+    keyed = HttpTransport(ServerSettings.build(
+        restricted.http_address, protocol="http", protocol_key=(key, Secret(value))))
+    assert keyed.model_index(5.0) == {MODEL: ("1",)}
+    assert keyed.statistics(MODEL, "", 5.0).success_count >= 1
+    wrong = HttpTransport(ServerSettings.build(
+        restricted.http_address, protocol="http", protocol_key=(key, "nope")))
+    assert kind_of(lambda: wrong.model_index(5.0)) == "restricted"
 
 
 # -- TLS ----------------------------------------------------------------------------------------

@@ -29,23 +29,21 @@ def test_demo_command_prints_the_summary_and_writes_a_separating_plot(tmp_path):
     assert summary["server"]["jet_tagger"]["inference_count"] == summary["jets"]
 
 
-def test_demo_plot_separates_ttbar_from_light_jets(tmp_path):
+def test_demo_plot_separates_ttbar_from_light_jets(tmp_path, jet_tagger_server):
     # the same histograms the PNG shows: b-tagged jets per event differ strongly between datasets
     from coffea import processor
     from coffea.nanoevents import NanoAODSchema
 
     from coffea_sonic.data.synthetic import write_sample
     from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
-    from coffea_sonic.server import LocalTritonServer
 
     fileset = write_sample(tmp_path, events=1000, files=1)
     schema = type("Quiet", (NanoAODSchema,), {"warn_missing_crossrefs": False})
-    with LocalTritonServer(models=["jet_tagger"], device="cpu") as server:
-        output = processor.Runner(executor=processor.IterativeExecutor(), schema=schema)(
-            {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()},
-            treename="Events",
-            processor_instance=JetTaggingProcessor(f"triton+grpc://{server.grpc_address}",
-                                                   use_constituents=False))
+    output = processor.Runner(executor=processor.IterativeExecutor(), schema=schema)(
+        {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()},
+        treename="Events",
+        processor_instance=JetTaggingProcessor(f"triton+grpc://{jet_tagger_server.grpc_address}",
+                                               use_constituents=False))
     n_btag = output["histograms"]["n_btag"]
     mean = {d: np.average(np.arange(8), weights=n_btag[{"dataset": d}].values()) for d in fileset}
     assert mean["ttbar"] > 3 * mean["qcd_light"]

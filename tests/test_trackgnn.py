@@ -52,11 +52,8 @@ def _with_small_events(events: int = 40) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def server():
-    from coffea_sonic.server import LocalTritonServer
-
-    with LocalTritonServer(models=["trackgnn", "trackgnn_ensemble"], device="cpu") as running:
-        yield running
+def server(trackgnn_server):
+    return trackgnn_server
 
 
 def test_sample_hits_read_back_through_nanoevents_with_counts_aligned(tmp_path):

@@ -27,11 +27,8 @@ QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": F
 
 
 @pytest.fixture(scope="module")
-def server():
-    from coffea_sonic.server import LocalTritonServer
-
-    with LocalTritonServer(models=["trackgnn", "trackgnn_ensemble"], device="cpu") as running:
-        yield running
+def server(trackgnn_server):
+    return trackgnn_server
 
 
 def _events_with_empty_ones() -> ak.Array:

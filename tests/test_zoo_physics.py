@@ -34,11 +34,9 @@ def fresh_events(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server():
-    from coffea_sonic.server import LocalTritonServer
-
-    with LocalTritonServer(models=["jet_tagger", "particlenet", "deepmet"], device="cpu") as running:
-        yield running
+def server(triton_server):
+    """The session's server (it serves jet_tagger, particlenet and deepmet among the zoo)."""
+    return triton_server
 
 
 def _particlenet_inputs(events):

@@ -4,7 +4,8 @@
   a folder of results (``demo``, ``sample``, ``models export``, every ``bench`` scenario).
 * **Lists**: one or more values after the option, separated by spaces; commas work too, so
   ``--models jet_tagger emtrk_cnn`` and ``--models jet_tagger,emtrk_cnn`` are the same
-  (:func:`add_list_option`). Lists of paths split on spaces only.
+  (:func:`add_list_option`). Lists of paths split on spaces only; an option whose value holds
+  commas itself (``models add --input NAME:TYPE:DIMS``) is repeated instead.
 * **Machine-readable output**: ``--json`` (:func:`add_json_option`) prints one JSON document
   instead of the text report, exit codes unchanged.
 * **Logging**: ``-v`` (info) / ``-vv`` (debug), before or after the subcommand.

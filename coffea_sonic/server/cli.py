@@ -141,8 +141,8 @@ def _add_models_add(actions: argparse._SubParsersAction) -> None:
     add.add_argument("--max-batch-size", type=int, metavar="N",
                      help="largest batch Triton forms; 0 = the model does not batch (DIMS are full "
                           "shapes); required for TorchScript")
-    add.add_argument("--preferred-batch-size", type=int, nargs="+", default=[], metavar="N",
-                     help="batch sizes the dynamic batcher aims for")
+    add_list_option(add, "--preferred-batch-size", type=int, default=[],
+                    help="batch sizes the dynamic batcher aims for")
     add.add_argument("--max-queue-delay-us", type=int, metavar="US",
                      help="how long the dynamic batcher may wait to fill a batch")
     add.add_argument("--instances", type=int, default=1, metavar="N",

@@ -15,7 +15,8 @@ recorded, or the failure decided on (``_on_transport_error``): retried after a b
 elsewhere if possible (``_retry``), handed to the in-process fallback, or the call failed with
 every server's error.
 
-Extension points (:class:`CallHooks`; a model's ``call_hooks`` are asked in order):
+Extension points (:class:`~coffea_sonic.hooks.CallHooks`; a model's ``call_hooks`` are asked in
+order):
 
 * ``on_call(call)``: a call was validated and split, before anything is sent; ``call.context``
   holds per-call metadata (e.g. a W3C ``traceparent`` made once per call).
@@ -34,8 +35,29 @@ the server and retries elsewhere, ``busy`` (queue full, ``RESOURCE_EXHAUSTED``) 
 and deprioritises the server for a backoff without quarantining it and without counting an
 attempt (bounded by the retry policy's ``total_s``), anything not retryable fails the call.
 
->>> CallHooks().lookup(None) is None
-True
+A hook that counts the rows each source answered, on an in-memory server:
+
+>>> import numpy as np
+>>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
+>>> from coffea_sonic.hooks import CallHooks
+>>> from coffea_sonic.model import TritonModel
+>>> from coffea_sonic.transport.memory import MemoryTransport
+>>> info = ModelInfo("double", ("1",), "python", 1024, (TensorInfo("x", "FP32", (4,)),),
+...                  (TensorInfo("y", "FP32", (4,)),))
+>>> server = MemoryTransport({"double": (info, lambda inputs: {"y": inputs["x"] * 2})},
+...                          address="memory:1")
+>>> class RowsBySource(CallHooks):
+...     def __init__(self):
+...         self.rows = {}
+...     def on_answer(self, answer):
+...         self.rows[answer.source] = self.rows.get(answer.source, 0) + answer.rows
+>>> model = TritonModel("triton+grpc://memory:1/double", transport=lambda settings: server,
+...                     max_request_bytes=16 * 100)
+>>> model.call_hooks = (RowsBySource(),)
+>>> model({"x": np.ones((250, 4), np.float32)})["y"].sum()
+2000.0
+>>> model.call_hooks[0].rows
+{'memory:1': 250}
 """
 
 from __future__ import annotations
@@ -45,7 +67,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -57,6 +78,7 @@ from .calls import Call, InferenceHandle, Piece, Window
 from .core.tensors import ModelInfo
 from .errors import (InferenceError, ModelNotFoundError, QuotaExceededError,
                      ServerUnavailableError)
+from .hooks import CallHooks, PieceAnswer
 from .retry import RetryPolicy, call_later
 from .routing import Router
 from .stats import InferenceStats
@@ -65,6 +87,7 @@ from .transport.errors import TransportError, to_sonic_error
 from .transport.kinds import transport_kind
 from .validation import NonFinitePolicy, empty_outputs, piece_arrays, plan_pieces, validate_inputs
 
+#: CallHooks and PieceAnswer live in :mod:`coffea_sonic.hooks` (importable from here too)
 __all__ = ["CallHooks", "CallOwner", "CallRunner", "PieceAnswer"]
 
 logger = logging.getLogger(__name__)
@@ -85,43 +108,6 @@ class CallOwner(Protocol):
     nonfinite: NonFinitePolicy
     call_hooks: Sequence["CallHooks"]
     stats: InferenceStats
-
-
-@dataclass(frozen=True)
-class PieceAnswer:
-    """A piece's checked outputs and where they came from (for :meth:`CallHooks.on_answer`)."""
-
-    piece: Piece
-    outputs: Mapping[str, np.ndarray]
-    #: the server's ``host:port``, ``"fallback engine"``, or ``"hook"`` (a hook's lookup)
-    source: str
-    model: str
-    #: the version that answered (the requested one where the answer does not say)
-    version: str
-
-    @property
-    def rows(self) -> int:
-        return self.piece.rows
-
-
-class CallHooks:
-    """Extension points of the call machinery (see the module docstring); each does nothing
-    here. Hooks run in transport threads: keep them quick and thread-safe."""
-
-    def on_call(self, call: Call) -> None:
-        """A call was validated and split; nothing is sent yet."""
-
-    def lookup(self, piece: Piece) -> Mapping[str, Any] | None:
-        """Outputs for ``piece`` without a server (rows ``piece.start:piece.stop`` plus
-        ``piece.pad`` padding rows), or None to send it."""
-        return None
-
-    def decorate(self, piece: Piece, request: InferRequest) -> InferRequest:
-        """The request for ``piece`` as it should be sent."""
-        return request
-
-    def on_answer(self, answer: PieceAnswer) -> None:
-        """A piece's outputs were checked and are about to be recorded."""
 
 
 class CallRunner:

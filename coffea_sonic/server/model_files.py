@@ -36,7 +36,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 from google.protobuf import text_format
@@ -255,6 +255,64 @@ def _copy_onnx(source: Path, target: Path) -> None:
         shutil.copyfile(source.parent / location, target.parent / location)
 
 
+def _checked_config(source: Path, name: str, notes: list[str], *, max_batch_size: int | None,
+                    inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
+                    example_input: str | os.PathLike | None, **options: Any
+                    ) -> tuple[model_config_pb2.ModelConfig, bool]:
+    """The config of model file ``source`` (and whether it is ONNX), checked against the file;
+    ``ConfigurationError`` lists every mismatch. ``options``: :func:`build_config`'s."""
+    onnx_file = signatures.is_onnx(source)
+    platform = ONNX_PLATFORM if onnx_file else TORCH_PLATFORM
+    if onnx_file:
+        if example_input is not None:
+            notes.append("--example-input is not needed for ONNX (the graph has the shapes); ignored")
+        max_batch_size, ins, outs = _onnx_signature(source, max_batch_size, inputs, outputs, notes)
+    else:
+        max_batch_size, ins, outs = _torchscript_signature(
+            source, max_batch_size, inputs, outputs,
+            Path(example_input) if example_input is not None else None)
+    config = build_config(name, platform, max_batch_size, ins, outs, **options)
+    if onnx_file:
+        mismatches = signatures.compare_onnx(config, source)
+    else:
+        try:
+            module = signatures.load_torchscript(source)
+        except ImportError:
+            module = None
+            notes.append("torch is not installed: the TorchScript module was not checked against "
+                         "the config (pip install 'coffea-sonic[torch]', then models validate)")
+        mismatches = signatures.compare_torchscript(config, module) if module is not None else []
+    if mismatches:
+        raise ConfigurationError(f"{source} does not match the signature given or derived "
+                                 "(expected: what the model needs):\n" + "\n".join(
+                                     f"  {m.describe()}" for m in mismatches))
+    return config, onnx_file
+
+
+def _existing_config(config_path: Path, config: model_config_pb2.ModelConfig, source: Path,
+                     notes: list[str]) -> model_config_pb2.ModelConfig:
+    """The config already at ``config_path``, which every version shares: it must declare the
+    signature of the new version's ``config``."""
+    existing = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+    if _signature(existing) != _signature(config):
+        raise ConfigurationError(
+            f"{config_path} declares another signature than {source}; every version shares "
+            "one config: add it under another --name, or pass --force to rewrite the config")
+    notes.append(f"kept the existing {config_path} (its settings apply to every version)")
+    return existing
+
+
+def _write_version(source: Path, version_dir: Path, model_path: Path, onnx_file: bool) -> None:
+    """Copy the model file into a fresh ``version_dir``."""
+    if version_dir.exists():
+        shutil.rmtree(version_dir)
+    version_dir.mkdir(parents=True)
+    if onnx_file:
+        _copy_onnx(source, model_path)
+    else:
+        shutil.copyfile(source, model_path)
+
+
 def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike, *,
               max_batch_size: int | None = None, preferred_batch_sizes: Sequence[int] = (),
               max_queue_delay_us: int | None = None, instances: int = 1, device: Device = "cpu",
@@ -283,33 +341,11 @@ def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike,
     if version < 1:
         raise ConfigurationError(f"version must be >= 1 (a folder name), not {version}")
     notes: list[str] = []
-    onnx_file = signatures.is_onnx(source)
+    config, onnx_file = _checked_config(
+        source, name, notes, max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
+        example_input=example_input, preferred_batch_sizes=preferred_batch_sizes,
+        max_queue_delay_us=max_queue_delay_us, instances=instances, device=device)
     platform = ONNX_PLATFORM if onnx_file else TORCH_PLATFORM
-    if onnx_file:
-        if example_input is not None:
-            notes.append("--example-input is not needed for ONNX (the graph has the shapes); ignored")
-        max_batch_size, ins, outs = _onnx_signature(source, max_batch_size, inputs, outputs, notes)
-    else:
-        max_batch_size, ins, outs = _torchscript_signature(
-            source, max_batch_size, inputs, outputs,
-            Path(example_input) if example_input is not None else None)
-    config = build_config(name, platform, max_batch_size, ins, outs,
-                          preferred_batch_sizes=preferred_batch_sizes,
-                          max_queue_delay_us=max_queue_delay_us, instances=instances, device=device)
-    if onnx_file:
-        mismatches = signatures.compare_onnx(config, source)
-    else:
-        try:
-            module = signatures.load_torchscript(source)
-        except ImportError:
-            module = None
-            notes.append("torch is not installed: the TorchScript module was not checked against "
-                         "the config (pip install 'coffea-sonic[torch]', then models validate)")
-        mismatches = signatures.compare_torchscript(config, module) if module is not None else []
-    if mismatches:
-        raise ConfigurationError(f"{source} does not match the signature given or derived "
-                                 "(expected: what the model needs):\n" + "\n".join(
-                                     f"  {m.describe()}" for m in mismatches))
     folder = repository / name
     version_dir = folder / str(version)
     config_path, model_path = folder / "config.pbtxt", version_dir / DEFAULT_FILENAMES[platform]
@@ -317,20 +353,8 @@ def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike,
         raise ConfigurationError(f"{version_dir} already exists: pass --version N for a new version "
                                  "of the model, or --force to replace this one")
     if config_path.exists() and not force:
-        existing = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
-        if _signature(existing) != _signature(config):
-            raise ConfigurationError(
-                f"{config_path} declares another signature than {source}; every version shares "
-                "one config: add it under another --name, or pass --force to rewrite the config")
-        config = existing
-        notes.append(f"kept the existing {config_path} (its settings apply to every version)")
-    if version_dir.exists():
-        shutil.rmtree(version_dir)
-    version_dir.mkdir(parents=True)
-    if onnx_file:
-        _copy_onnx(source, model_path)
-    else:
-        shutil.copyfile(source, model_path)
+        config = _existing_config(config_path, config, source, notes)
+    _write_version(source, version_dir, model_path, onnx_file)
     if response_cache:
         config.response_cache.enable = True
     if checksum:

@@ -341,6 +341,12 @@ def compare_torchscript(config: Any, module: Any) -> list[Mismatch]:
     except Exception as error:  # noqa: BLE001 (whatever the module raises is the finding)
         return [Mismatch("running the module on zeros of the declared input shapes failed", "",
                          error_summary(error), "check the inputs' dims, types and order")]
+    return mismatches + _output_mismatches(config, outputs, results)
+
+
+def _output_mismatches(config: Any, outputs: list, results: list) -> list[Mismatch]:
+    """The declared ``outputs`` against what a run of the module returned (``results``)."""
+    mismatches: list[Mismatch] = []
     out_positions = _positions([t.name for t in outputs]) or list(range(len(outputs)))
     for index, tensor in zip(out_positions, outputs):
         if index >= len(results):

@@ -11,6 +11,45 @@ Two variants:
 Configs are built as ``model_config_pb2.ModelConfig`` messages and printed with protobuf's
 text_format, so every written config.pbtxt parses back with tritonclient's own schema.
 
+Tuning knobs of :func:`model_config` (see ``benchmarks/transport/RESULTS-transport.md`` for what they
+bought):
+
+* ``instances``: model instances (per GPU with ``device="gpu"``); with the python backend each
+  is its own process, so 2-3 per GPU let one's host copies overlap another's GPU work.
+* ``preferred_batch_sizes`` / ``max_queue_delay_microseconds`` / ``max_queue_size``: Triton's
+  dynamic batcher (defaults from the zoo declaration).
+* python backend on GPU: ``staging`` (``"pinned"``: host inputs go through a reused pinned
+  buffer with asynchronous copies; ``"pageable"``: copied from the backend's memory directly),
+  ``gpu_input_tensors`` (hand inputs that arrive in GPU memory, e.g. from CUDA shared memory,
+  to the model without a trip through the host: ``FORCE_CPU_ONLY_INPUT_TENSORS: no``; default
+  on: host inputs still arrive on the host, measured no slower on an H100),
+  ``torchscript_optimize`` (let TorchScript fuse ops: faster, but then a row's outputs differ
+  in the last bits depending on which call and instance served it; off by default),
+  ``copy_threads`` (threads per instance that copy one large host input, >= 4 MiB, into the
+  pinned buffer in parts, each part's DMA overlapping the next part's copy; default 4: 5-15 %
+  more rows/s for 9-19 MB requests on an H100, benchmarks/gpu/defaults_sweep.py).
+* onnxruntime backend on GPU: ``tensorrt`` (TensorRT execution accelerator, FP32).
+* several users on one server: ``priority_levels`` (Triton's batcher serves a request of
+  priority 1 before any of 2, ...; within a level in arrival order), ``default_priority_level``
+  (requests that name none; default: the lowest, ``priority_levels``) and ``queue_policies``
+  (``{level: QueuePolicy}``, e.g. a bounded queue for the lowest level). Clients send the
+  level as the request's ``priority`` (``TritonModel(priority=...)``);
+  :mod:`coffea_sonic.bench.fairness` measures what it buys.
+* ``rate_limiter_resources``: ``{name: count}`` each instance needs to execute; with
+  tritonserver ``--rate-limit=execution_count --rate-limit-resource=NAME:N`` at most ``N``
+  such executions run at once, however many instances wait (Triton's rate limiter).
+* ``response_cache``: ``response_cache { enable: true }``: identical requests answered from
+  the server's cache (the server needs one: :mod:`coffea_sonic.server.response_cache`).
+
+>>> shared = model_config("jet_tagger", priority_levels=4,
+...                       queue_policies={4: QueuePolicy(max_queue_size=16)})
+>>> batcher = shared.dynamic_batching
+>>> batcher.priority_levels, batcher.default_priority_level, batcher.priority_queue_policy[4].max_queue_size
+(4, 4, 16)
+>>> model_config("jet_tagger", rate_limiter_resources={"execution": 1}
+...              ).instance_group[0].rate_limiter.resources[0].name
+'execution'
+
 >>> import tempfile
 >>> repo = write_repository(tempfile.mkdtemp(), models=["jet_tagger"])
 >>> sorted(p.name for p in (repo / "jet_tagger").iterdir())
@@ -82,56 +121,18 @@ class QueuePolicy:
 
 
 def model_config(
-    name: str,
-    *,
-    backend: Backend = "python",
-    device: Device = "cpu",
-    instances: int = 1,
+    name: str, *, backend: Backend = "python", device: Device = "cpu", instances: int = 1,
     max_queue_delay_microseconds: int | None = None,
-    preferred_batch_sizes: Iterable[int] | None = None,
-    max_queue_size: int | None = None,
-    intra_op_threads: int = 0,
-    tensorrt: bool = False,
-    staging: Staging = "pinned",
-    gpu_input_tensors: bool | None = None,
-    torchscript_optimize: bool = False,
-    copy_threads: int | None = None,
-    priority_levels: int = 0,
+    preferred_batch_sizes: Iterable[int] | None = None, max_queue_size: int | None = None,
+    intra_op_threads: int = 0, tensorrt: bool = False, staging: Staging = "pinned",
+    gpu_input_tensors: bool | None = None, torchscript_optimize: bool = False,
+    copy_threads: int | None = None, priority_levels: int = 0,
     default_priority_level: int | None = None,
     queue_policies: Mapping[int, QueuePolicy] | None = None,
-    rate_limiter_resources: Mapping[str, int] | None = None,
-    response_cache: bool = False,
+    rate_limiter_resources: Mapping[str, int] | None = None, response_cache: bool = False,
 ) -> model_config_pb2.ModelConfig:
-    """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device.
-
-    Tuning knobs (see ``benchmarks/transport/RESULTS-transport.md`` for what they bought):
-
-    * ``instances``: model instances (per GPU with ``device="gpu"``); with the python backend each
-      is its own process, so 2-3 per GPU let one's host copies overlap another's GPU work.
-    * ``preferred_batch_sizes`` / ``max_queue_delay_microseconds`` / ``max_queue_size``: Triton's
-      dynamic batcher (defaults from the zoo declaration).
-    * python backend on GPU: ``staging`` (``"pinned"``: host inputs go through a reused pinned
-      buffer with asynchronous copies; ``"pageable"``: copied from the backend's memory directly),
-      ``gpu_input_tensors`` (hand inputs that arrive in GPU memory, e.g. from CUDA shared memory,
-      to the model without a trip through the host: ``FORCE_CPU_ONLY_INPUT_TENSORS: no``; default
-      on: host inputs still arrive on the host, measured no slower on an H100),
-      ``torchscript_optimize`` (let TorchScript fuse ops: faster, but then a row's outputs differ
-      in the last bits depending on which call and instance served it; off by default),
-      ``copy_threads`` (threads per instance that copy one large host input, >= 4 MiB, into the
-      pinned buffer in parts, each part's DMA overlapping the next part's copy; default 4: 5-15 %
-      more rows/s for 9-19 MB requests on an H100, benchmarks/gpu/defaults_sweep.py).
-    * onnxruntime backend on GPU: ``tensorrt`` (TensorRT execution accelerator, FP32).
-    * several users on one server: ``priority_levels`` (Triton's batcher serves a request of
-      priority 1 before any of 2, ...; within a level in arrival order), ``default_priority_level``
-      (requests that name none; default: the lowest, ``priority_levels``) and ``queue_policies``
-      (``{level: QueuePolicy}``, e.g. a bounded queue for the lowest level). Clients send the
-      level as the request's ``priority`` (``TritonModel(priority=...)``);
-      :mod:`coffea_sonic.bench.fairness` measures what it buys.
-    * ``rate_limiter_resources``: ``{name: count}`` each instance needs to execute; with
-      tritonserver ``--rate-limit=execution_count --rate-limit-resource=NAME:N`` at most ``N``
-      such executions run at once, however many instances wait (Triton's rate limiter).
-    * ``response_cache``: ``response_cache { enable: true }``: identical requests answered from
-      the server's cache (the server needs one: :mod:`coffea_sonic.server.response_cache`).
+    """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device (the
+    tuning knobs: the module docstring).
 
     >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
     >>> config.platform, config.instance_group[0].kind == config.instance_group[0].KIND_GPU
@@ -139,23 +140,45 @@ def model_config(
     >>> gpu = model_config("emtrk_cnn", device="gpu", instances=2, gpu_input_tensors=True)
     >>> gpu.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value, gpu.instance_group[0].count
     ('no', 2)
-    >>> shared = model_config("jet_tagger", priority_levels=4,
-    ...                       queue_policies={4: QueuePolicy(max_queue_size=16)})
-    >>> batcher = shared.dynamic_batching
-    >>> batcher.priority_levels, batcher.default_priority_level, batcher.priority_queue_policy[4].max_queue_size
-    (4, 4, 16)
-    >>> model_config("jet_tagger", rate_limiter_resources={"execution": 1}
-    ...              ).instance_group[0].rate_limiter.resources[0].name
-    'execution'
     """
-    if staging not in STAGINGS:
-        raise ConfigurationError(f"staging must be one of {STAGINGS}, not {staging!r}")
-    if backend not in BACKENDS:
-        raise ConfigurationError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    if device not in DEVICES:
-        raise ConfigurationError(f"device must be one of {DEVICES}, not {device!r}")
+    for option, value, choices in (("staging", staging, STAGINGS), ("backend", backend, BACKENDS),
+                                   ("device", device, DEVICES)):
+        if value not in choices:
+            raise ConfigurationError(f"{option} must be one of {choices}, not {value!r}")
     model_spec = zoo.spec(name)
     config = model_config_pb2.ModelConfig(name=name, max_batch_size=model_spec.max_batch_size)
+    _backend_settings(config, backend, device, intra_op_threads=intra_op_threads,
+                      staging=staging, torchscript_optimize=torchscript_optimize,
+                      copy_threads=copy_threads, gpu_input_tensors=gpu_input_tensors,
+                      tensorrt=tensorrt)
+    for tensors, targets in ((model_spec.inputs, config.input), (model_spec.outputs, config.output)):
+        for tensor in tensors:
+            target = targets.add(name=tensor.name)
+            target.dims[:] = tensor.dims
+            target.data_type = model_config_pb2.DataType.Value(tensor.triton_dtype)
+    batching = config.dynamic_batching
+    batching.preferred_batch_size[:] = list(preferred_batch_sizes or model_spec.preferred_batch_sizes)
+    batching.max_queue_delay_microseconds = (
+        model_spec.max_queue_delay_microseconds if max_queue_delay_microseconds is None
+        else max_queue_delay_microseconds)
+    if max_queue_size is not None:
+        batching.default_queue_policy.max_queue_size = max_queue_size
+    _priorities(batching, priority_levels, default_priority_level, queue_policies or {})
+    group = config.instance_group.add(count=instances)
+    group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
+    for resource, count in (rate_limiter_resources or {}).items():
+        group.rate_limiter.resources.add(name=resource, count=int(count))
+    if response_cache:
+        config.response_cache.enable = True
+    return config
+
+
+def _backend_settings(config: model_config_pb2.ModelConfig, backend: Backend, device: Device, *,
+                      intra_op_threads: int, staging: Staging, torchscript_optimize: bool,
+                      copy_threads: int | None, gpu_input_tensors: bool | None,
+                      tensorrt: bool) -> None:
+    """The backend, platform and backend parameters of a zoo model's config (module docstring:
+    the tuning knobs)."""
     if backend == "python":
         config.backend = "python"
         config.parameters["device"].string_value = device
@@ -176,28 +199,6 @@ def model_config(
             accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add()
             accelerator.name = "tensorrt"
             accelerator.parameters["precision_mode"] = "FP32"
-    for tensor, target in ((t, config.input.add()) for t in model_spec.inputs):
-        target.name, target.dims[:] = tensor.name, tensor.dims
-        target.data_type = model_config_pb2.DataType.Value(tensor.triton_dtype)
-    for tensor, target in ((t, config.output.add()) for t in model_spec.outputs):
-        target.name, target.dims[:] = tensor.name, tensor.dims
-        target.data_type = model_config_pb2.DataType.Value(tensor.triton_dtype)
-    batching = config.dynamic_batching
-    batching.preferred_batch_size[:] = list(preferred_batch_sizes or model_spec.preferred_batch_sizes)
-    batching.max_queue_delay_microseconds = (
-        model_spec.max_queue_delay_microseconds if max_queue_delay_microseconds is None
-        else max_queue_delay_microseconds)
-    if max_queue_size is not None:
-        batching.default_queue_policy.max_queue_size = max_queue_size
-    _priorities(batching, priority_levels, default_priority_level, queue_policies or {})
-    group = config.instance_group.add()
-    group.count = instances
-    group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
-    for name, count in (rate_limiter_resources or {}).items():
-        group.rate_limiter.resources.add(name=name, count=int(count))
-    if response_cache:
-        config.response_cache.enable = True
-    return config
 
 
 def _priorities(batching: model_config_pb2.ModelDynamicBatching, levels: int,
@@ -368,7 +369,19 @@ def ragged_model_config(
         config.parameters["device"].string_value = device
     for key, value in (parameters or {}).items():
         config.parameters[key].string_value = str(value)
+    _declare_ragged(config, source, inputs, object_outputs, event_outputs, index_input)
+    config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_microseconds
+    group = config.instance_group.add()
+    group.count = instances
+    group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
+    return config
 
+
+def _declare_ragged(config: model_config_pb2.ModelConfig, source: str,
+                    inputs: Sequence[TensorInfo], object_outputs: Sequence[TensorInfo],
+                    event_outputs: Sequence[TensorInfo], index_input: str | None) -> None:
+    """The tensors of a ragged model: ragged inputs and their counts, outputs per object
+    (scattered by ``source``'s shape) and per event, and the optional index batch input."""
     def declare(target, tensor: TensorInfo, dims: Sequence[int]) -> None:
         target.name, target.dims[:] = tensor.name, list(dims)
         target.data_type = model_config_pb2.DataType.Value(f"TYPE_{tensor.datatype}")
@@ -393,11 +406,6 @@ def ragged_model_config(
             kind=model_config_pb2.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT,
             target_name=[index_input], data_type=model_config_pb2.TYPE_INT32,
             source_input=[source])
-    config.dynamic_batching.max_queue_delay_microseconds = max_queue_delay_microseconds
-    group = config.instance_group.add()
-    group.count = instances
-    group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
-    return config
 
 
 def write_model(dest: str | os.PathLike, config: model_config_pb2.ModelConfig,

@@ -256,46 +256,15 @@ def _version_problem(backend: str, platform: str, config: model_config_pb2.Model
 def _plan_model(model_dir: Path, device: str,
                 ops: Sequence[str] = ()) -> tuple[ServedModel | None, list[Refusal]]:
     name = model_dir.name
-    config_path = model_dir / "config.pbtxt"
-    config = None
-    if config_path.exists():
-        try:
-            config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
-        except (text_format.ParseError, UnicodeDecodeError) as error:
-            return None, [Refusal(name, None, f"{config_path} is not a valid Triton model config: "
-                                              f"{error}")]
-        if config.name and config.name != name:
-            return None, [Refusal(name, None, f"config.pbtxt names the model {config.name!r} but "
-                                              f"its folder is {name!r}; Triton needs them equal")]
-        agents = agent_problems(model_dir, config)
-        if agents:
-            return None, [Refusal(name, None, problem.describe().removeprefix(f"model {name!r} "))
-                          for problem in agents]
+    config, refusal = _read_config(model_dir)
+    if refusal:
+        return None, refusal
     available = version_folders(model_dir)
     backend, platform = _backend_of(config, model_dir, available)
     label = f"platform {platform or backend or 'unknown'}"
-    if not backend:
-        return None, [Refusal(name, None, "no config.pbtxt and no model file Triton recognises "
-                                          f"(one of {sorted(set(DEFAULT_FILENAMES.values()))})"
-                              if config is None else "config.pbtxt names neither platform nor "
-                              "backend, and no version folder holds a model file to tell it")]
-    if backend in _WHY_NOT:
-        return None, [Refusal(name, None, f"{label}: {_WHY_NOT[backend]}")]
-    if backend not in ADAPTED and backend not in AS_IS:
-        return None, [Refusal(name, None, f"backend {backend!r} is a custom backend "
-                                          f"(libtriton_{backend}.so), which the embedded server "
-                                          "does not have")]
-    if config is not None and config.runtime and config.runtime != f"libtriton_{backend}.so":
-        return None, [Refusal(name, None, f"{label}: runtime {config.runtime!r} (e.g. PyTorch 2's "
-                                          "python-based backend) is not supported here")]
-    if config is None and backend in ("pytorch", "ensemble"):
-        return None, [Refusal(name, None, f"{label}: no config.pbtxt; Triton cannot complete a "
-                                          f"{'TorchScript' if backend == 'pytorch' else 'ensemble'}"
-                                          " config by itself: write one (`coffea-sonic models add`)")]
-    if backend == "pytorch" and importlib.util.find_spec("torch") is None:
-        return None, [Refusal(name, None, f"{label}: TorchScript needs torch in the server's Python "
-                                          "and it is not importable: pip install "
-                                          "'coffea-sonic[torch]'")]
+    why_not = _backend_refusal(config, backend, label)
+    if why_not:
+        return None, [Refusal(name, None, why_not)]
     selected, missing = selected_versions(config, available)
     refusals = [Refusal(name, v, f"{label}: version_policy asks for version {v}, which has no "
                                  "folder") for v in missing]
@@ -312,14 +281,74 @@ def _plan_model(model_dir: Path, device: str,
             refusals.append(Refusal(name, version, f"{label}: {problem}"))
     if not served:
         return None, refusals
-    notes: list[str] = []
-    original = config
     if config is None and backend == "python":
         return ServedModel(name, model_dir, backend, platform, tuple(served), None), refusals
-    config = model_config_pb2.ModelConfig() if config is None else _copy(config)
+    notes: list[str] = []
+    served_config = _served_config(model_dir, config, backend, platform, served, device, ops,
+                                   notes)
+    if len(served) < len(selected) + len(missing):
+        served_config.version_policy.specific.versions[:] = served
+        notes.append(f"version_policy: only versions {served} (the others are refused)")
+    return ServedModel(name, model_dir, backend, platform, tuple(served), served_config,
+                       config_changed=config is None or served_config != config,
+                       notes=notes), refusals
+
+
+def _read_config(model_dir: Path) -> tuple[model_config_pb2.ModelConfig | None, list[Refusal]]:
+    """The model's config.pbtxt (None without one), or why the model is refused."""
+    name = model_dir.name
+    config_path = model_dir / "config.pbtxt"
+    if not config_path.exists():
+        return None, []
+    try:
+        config = text_format.Parse(config_path.read_text(), model_config_pb2.ModelConfig())
+    except (text_format.ParseError, UnicodeDecodeError) as error:
+        return None, [Refusal(name, None, f"{config_path} is not a valid Triton model config: "
+                                          f"{error}")]
+    if config.name and config.name != name:
+        return None, [Refusal(name, None, f"config.pbtxt names the model {config.name!r} but "
+                                          f"its folder is {name!r}; Triton needs them equal")]
+    agents = agent_problems(model_dir, config)
+    if agents:
+        return None, [Refusal(name, None, problem.describe().removeprefix(f"model {name!r} "))
+                      for problem in agents]
+    return config, []
+
+
+def _backend_refusal(config: model_config_pb2.ModelConfig | None, backend: str,
+                     label: str) -> str:
+    """Why the embedded server cannot run a model of ``backend`` ("" if it can)."""
+    if not backend:
+        return ("no config.pbtxt and no model file Triton recognises "
+                f"(one of {sorted(set(DEFAULT_FILENAMES.values()))})" if config is None
+                else "config.pbtxt names neither platform nor backend, and no version folder "
+                "holds a model file to tell it")
+    if backend in _WHY_NOT:
+        return f"{label}: {_WHY_NOT[backend]}"
+    if backend not in ADAPTED and backend not in AS_IS:
+        return (f"backend {backend!r} is a custom backend (libtriton_{backend}.so), which the "
+                "embedded server does not have")
+    if config is not None and config.runtime and config.runtime != f"libtriton_{backend}.so":
+        return (f"{label}: runtime {config.runtime!r} (e.g. PyTorch 2's python-based backend) is "
+                "not supported here")
+    if config is None and backend in ("pytorch", "ensemble"):
+        return (f"{label}: no config.pbtxt; Triton cannot complete a "
+                f"{'TorchScript' if backend == 'pytorch' else 'ensemble'} config by itself: write "
+                "one (`coffea-sonic models add`)")
+    if backend == "pytorch" and importlib.util.find_spec("torch") is None:
+        return (f"{label}: TorchScript needs torch in the server's Python and it is not "
+                "importable: pip install 'coffea-sonic[torch]'")
+    return ""
+
+
+def _served_config(model_dir: Path, original: model_config_pb2.ModelConfig | None,
+                   backend: str, platform: str, served: list[int], device: str,
+                   ops: Sequence[str], notes: list[str]) -> model_config_pb2.ModelConfig:
+    """The config the embedded server gets: completed and adapted (each change in ``notes``)."""
+    config = model_config_pb2.ModelConfig() if original is None else _copy(original)
     if backend == "onnxruntime" and (not config.input or not config.output):
         if original is None:
-            config.name, config.platform, config.backend = name, platform, backend
+            config.name, config.platform, config.backend = model_dir.name, platform, backend
         filename = config.default_model_filename or DEFAULT_FILENAMES["onnxruntime_onnx"]
         notes += _onnx_signature(config, model_dir / str(served[-1]) / filename)
     if strip_agents(config):
@@ -341,11 +370,7 @@ def _plan_model(model_dir: Path, device: str,
                                or accelerators.cpu_execution_accelerator):
         notes.append("optimization.execution_accelerators (TensorRT / OpenVINO) are not used: the "
                      "model runs in plain onnxruntime / torch")
-    if len(served) < len(selected) + len(missing):
-        config.version_policy.specific.versions[:] = served
-        notes.append(f"version_policy: only versions {served} (the others are refused)")
-    return ServedModel(name, model_dir, backend, platform, tuple(served), config,
-                       config_changed=original is None or config != original, notes=notes), refusals
+    return config
 
 
 def _onnxruntime_has_cuda() -> bool:

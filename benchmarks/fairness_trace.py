@@ -1,4 +1,4 @@
-"""Where does a light user's latency go in the fairness scenario? (issue 12, item 3)
+"""Where does a light user's latency go in the fairness scenario?
 
 Runs ``coffea_sonic.bench.fairness`` with Triton's request trace on (``--trace-config
 level=TIMESTAMPS rate=1``) and per-process CPU sampling, then splits every light request's latency

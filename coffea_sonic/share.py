@@ -1,4 +1,4 @@
-"""A bulk user that yields to the others on a shared server (issue 12).
+"""A bulk user that yields to the others on a shared server.
 
 When several analyses share one server, a bulk job (many requests in flight, a high rate) slows
 the interactive ones down even when the server has capacity left: its executions share the cores

@@ -1,4 +1,4 @@
-"""Served vs in-process throughput on one GPU: the defaults check of issue 10 and the sweep behind it.
+"""Served vs in-process throughput on one GPU: the defaults check and the sweep behind it.
 
 Every client is its own (spawned) process that loops on fixed chunks: ``model(chunk)`` with
 ``TritonModel`` (or ``GpuEngine(model)(chunk)`` in-process), synchronously, as an analysis worker
@@ -11,7 +11,7 @@ request. The in-process baselines run in the same command on the same GPU.
 Plans:
 
 ``final``
-    the issue-10 targets at DEFAULTS: ``LocalTritonServer(models=..., device="gpu")`` and
+    the targets at DEFAULTS: ``LocalTritonServer(models=..., device="gpu")`` and
     ``TritonModel(url)``, no options: emtrk_cnn 2048-row chunks with 1 and 8 (and 16) client
     processes vs one in-process ``GpuEngine`` on 2048-row chunks; jet_tagger 65 536-row chunks with
     8 processes vs in-process; every ratio from this one run.
@@ -215,7 +215,7 @@ def plan_smoke() -> list[Server]:
 
 
 def plan_gpus() -> list[Server]:
-    """Several GPUs (issue 12): the default server uses every visible GPU; aggregate served rows/s
+    """Several GPUs: the default server uses every visible GPU; aggregate served rows/s
     against one process in-process on one GPU (goal: >= 0.9 x N GPUs). Client processes scale
     with the machine (about 14 per GPU, leaving cores to the server)."""
     cores = os.cpu_count() or 16
@@ -228,7 +228,7 @@ def plan_gpus() -> list[Server]:
 
 
 def plan_wire() -> list[Server]:
-    """The gRPC path and one process (issue 20): the default client beside gRPC forced with 1, 2
+    """The gRPC path and one process: the default client beside gRPC forced with 1, 2
     and 4 connections per server, smaller requests, 8 processes, and CUDA memory with the chunk
     in 2 or 4 pieces (the next piece's host-to-device copy overlapping the current request)."""
     def grpc(procs: int, connections: int, mrb: float | None = None, mif: int | None = None):
@@ -632,7 +632,7 @@ def summary_markdown(report: dict) -> str:
             f"{r.get('ratio', '–')} | {r.get('gpu_busy') if r.get('gpu_busy') is not None else '–'} | "
             f"{r.get('chunk_ms_p50')} | {r.get('profile', '–')} |")
     if report["plan"] == "final":
-        lines += ["", "targets (issue 10): emtrk_cnn 1 process >= 0.7x, 8 processes >= 0.9x with GPU "
+        lines += ["", "targets: emtrk_cnn 1 process >= 0.7x, 8 processes >= 0.9x with GPU "
                   ">= 80 %; jet_tagger 8 processes >= 1x"]
         for r in report["records"]:
             if r.get("default_server") and r.get("ratio") is not None:

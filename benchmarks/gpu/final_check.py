@@ -1,4 +1,4 @@
-"""Issue-2 check on a GPU machine, step by step with timings (prints as it goes).
+"""Check on a GPU machine, step by step with timings (prints as it goes).
 
     python benchmarks/gpu/final_check.py [--instances N]
 

@@ -1,7 +1,7 @@
 """Transport benchmark: rows/s and GB/s of tensor payload, per transport, client processes and server.
 
 Runs a real tritonserver (the embedded one, or the GPU machine's via the ``TRITON*`` environment of
-``triton-gpu-env.sh``) twice: with the server model as it was before issue 6
+``triton-gpu-env.sh``) twice: with the earlier server model
 (``model_before.py.tmpl``, one instance) and as it is now (``coffea_sonic/server/model.py.tmpl``,
 ``--instances`` per device). Client processes (spawned, so nothing gRPC crosses a fork) send
 back-to-back requests of a fixed batch for ``--duration`` seconds, all starting together; the
@@ -463,8 +463,8 @@ def phase_instances(phase: str, default: int) -> int:
 
 def write_phase_repository(root: Path, phase: str, device: str, instances: int,
                            models: list[str], staging: str) -> Path:
-    """The repository of one phase: ``before`` = the model.py of before issue 6, one instance;
-    ``after[-iN]`` = today's model.py with the default (or N) instances; plus ``payload_sink``."""
+    """The repository of one phase: ``before`` = model_before.py.tmpl, one instance;
+    ``after[-iN]`` = the package's model.py with the default (or N) instances; plus ``payload_sink``."""
     from coffea_sonic.server import write_repository
     from coffea_sonic.server.repository import config_text, model_config
 

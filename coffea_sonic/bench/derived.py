@@ -133,7 +133,7 @@ def equality_summary(measurements: list[dict], server_device: str | None = None)
             "all_equal": all_equal, "max_abs_diff_vs_local_gpu": vs_local_gpu}
 
 
-#: Served aggregate / in-process on the same GPU (issue 6): model -> minimum ratio.
+#: Served aggregate / in-process on the same GPU: model -> minimum ratio.
 SERVED_VS_LOCAL_GPU_TARGETS: dict[str, float] = {"emtrk_cnn": 0.9, "jet_tagger": 0.5}
 WRAPPER_RATIO_TARGET = 3.0
 GPU_UTILISATION_TARGET = 80.0
@@ -155,7 +155,7 @@ def _target(name: str, model: str, target: float | None, measured: float | None,
 
 
 def compute_targets(measurements: list[dict]) -> list[dict]:
-    """The issue's ratios from this run's measurements (same server, model and data)."""
+    """The target ratios from this run's measurements (same server, model and data)."""
     targets: list[dict] = []
     for model in sorted({record["model"] for record in measurements}):
         targets += _wrapper_targets(measurements, model)

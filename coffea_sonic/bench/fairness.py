@@ -39,7 +39,7 @@ Figures (``results.json``, key ``fairness``):
   correct answer) in the ``contended`` phases, over the same percentile for the light user alone
   in the ``solo`` phases (requests sent after ``settle_s`` in each phase).
 
-Goals (issue 12): ``jain >= 0.9`` and ``light_p95_ratio <= 1.5``.
+Goals: ``jain >= 0.9`` and ``light_p95_ratio <= 1.5``.
 
 Policy ``fair`` (the default) is what Triton offers, from the repository writer
 (:func:`coffea_sonic.server.repository.model_config`): ``light_lanes + 1`` dynamic-batcher priority

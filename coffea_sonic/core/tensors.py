@@ -119,8 +119,8 @@ class ModelInfo:
         ``transport="auto"`` then hands tensors over on the GPU), and the model has no response
         cache (Triton hashes only inputs in CPU memory: requests from CUDA memory would always
         run the model). With instances on several GPUs the others would copy every input over
-        from GPU 0: on 2x H200, emtrk_cnn from 28 processes, 1.84x one GPU that way against
-        2.10x through system memory (benchmarks/RESULTS.md).
+        from GPU 0, slower than system memory (benchmarks/RESULTS.md, "Latest: one transport
+        layer at its defaults").
 
         >>> x = (TensorInfo("x", "FP32", (2,)),)
         >>> ModelInfo("m", ("1",), "onnx", 8, x, x, gpus=(0,)).on_gpu_zero

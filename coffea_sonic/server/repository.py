@@ -26,8 +26,8 @@ bought):
   ``torchscript_optimize`` (let TorchScript fuse ops: faster, but then a row's outputs differ
   in the last bits depending on which call and instance served it; off by default),
   ``copy_threads`` (threads per instance that copy one large host input, >= 4 MiB, into the
-  pinned buffer in parts, each part's DMA overlapping the next part's copy; default 4: 5-15 %
-  more rows/s for 9-19 MB requests on an H100, benchmarks/gpu/defaults_sweep.py).
+  pinned buffer in parts, each part's DMA overlapping the next part's copy; default 4, from
+  benchmarks/gpu/defaults_sweep.py: benchmarks/RESULTS.md, "What sets each default").
 * onnxruntime backend on GPU: ``tensorrt`` (TensorRT execution accelerator, FP32).
 * several users on one server: ``priority_levels`` (Triton's batcher serves a request of
   priority 1 before any of 2, ...; within a level in arrival order), ``default_priority_level``

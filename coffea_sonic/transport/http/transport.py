@@ -4,9 +4,8 @@ The wire of ``triton+http[s]://`` URLs. Tensors go from the arrays' memory to th
 come back into one buffer per answer that the outputs view (:mod:`.wire`), so an answer is copied
 once, into the request's ``out`` destinations where they fit. gRPC's Python client copies every
 tensor into a protobuf message and again into gRPC's buffers while holding the GIL; the socket
-calls here release it. Measured in ``benchmarks/transport/RESULTS-transport.md`` (one process, 4 in
-flight): 1.18-1.21 GB/s vs gRPC's 1.01-1.15 at 2.4-4.7 MB requests; at 19 MB Triton's HTTP server
-is the bottleneck (0.54-0.66 vs 0.70).
+calls here release it. How it compares with gRPC per request size: benchmarks/RESULTS.md,
+"Fast-transport targets" (at large requests Triton's HTTP server is the bottleneck).
 
 * ``max_connections``: requests in flight through :meth:`HttpTransport.submit` (a thread and a
   keep-alive connection each); idle connections are kept for the next request. A pooled

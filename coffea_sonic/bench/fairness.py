@@ -57,55 +57,14 @@ sharing the cores with theirs, so while they are served it sends at most 0.2 tim
 others get ~3 M rows/s together, the cap (~0.6 M) does not bind, and the priorities share the
 server. Policy ``fifo`` is the same server without priorities and without the cap, for comparison.
 
-Where a light request's time goes (``benchmarks/fairness_trace.py``: Triton's per-request
-trace against the clients' timestamps, and each process' CPU and run-queue wait; numbers in
-``benchmarks/RESULTS.md``). With 2048-row requests (ratio 3-4), the light users' slowest 5 %
-beside the heavy user spent ~10 ms each waiting to reach the server, in Triton's queue and getting
-the answer back into the client (alone: 1-4 ms), with both cores busy and 3-4 client threads
-waiting for a core on average; the light users *alone* (the heavy one idle) already gave 1.4-1.6,
-so no scheduling of the heavy user could reach 1.5 there. What brought the ratio down
-(``--quick`` runs on the 2-core box, 2026-11-26):
-
-* bigger requests (above): the light users alone 1.0-1.1; with the heavy one (niced 19) 1.2-1.9;
-* ``TritonModel.__call__`` sending a one-request call in the caller's thread (a blocking gRPC
-  call): gRPC's asynchronous calls start a new thread whenever the channel had no call in flight,
-  i.e. for every request of a client with one request at a time, and hand the answer to the
-  caller through two more threads; each hand-off is a wait for a core on a busy machine. Client
-  CPU per request -30 %; light p95 alone 10-13 -> 6-12 ms, beside the heavy user 16-20 ->
-  10-18 ms;
-* the heavy user niced: with 19, 1.21-1.51 over five runs, but its client then gets almost no CPU
-  while all saturate and Jain fell to 0.89 in two of them (heavy share 1 %); with 10, 1.50-1.59
-  (Jain 0.93); with 0, 1.50-1.60 (Jain 0.97-0.99, heavy share 16-19 %); with 5 (the default),
-  1.34-2.20 over five runs (Jain 0.99, heavy share 9-11 %).
-
-Without the cap the goal sat at the edge: one run in three met it, and a run's rounds spread by up
-to 2.6 (other jobs keep 0.2-1.5 of the two cores busy, and they change between rounds). The rest
-of a light request's extra time was the heavy user's executions sharing the two cores with the
-light ones (a light execution's slowest 5 %: 11 ms beside the heavy user, 6 ms alone) and light
-requests waiting for both instances: throttling the heavy user to twice a light one's load gave
-1.24. Tried without a clear gain: the rate limiter (one execution at a time,
-``concurrent_executions=1``: 1.28 and 1.78; with the cap 1.33, 1.02, 1.27, 1.50), three instances
-(solo p95 twice as long), an unbounded overflow queue (no refusals), fewer heavy lanes, pinning
-server and users to separate cores, shared memory, the heavy user's rows in four times fewer,
-four times larger requests (1.48, Jain 0.86: its level-1 requests carry four times the rows), and
-two client-side throttles of the heavy user keyed on its own latency or time (delay-based like
-LEDBAT, and a duty cycle: they stalled it or starved it, Jain 0.88). Triton 2.51 stalls requests
-for 0.5 s at a time when a model with *one* instance has any non-default queue policy (priority
-levels, a queue size or timeouts: its batcher then waits in its idle loop), so the model has two.
-
-What met the goal (``--quick`` on the 2-core box, 2026-11-26; RESULTS.md has every run):
-
-* the yield gate, keyed on what the *others* get (the server's statistics) rather than on the heavy
-  user's own latency: ratio 1.14-1.43 over fifteen runs with shares 0.2-0.3 (Jain 0.98-0.99),
-  1.14-1.34 over the nine with today's defaults (share 0.2, the preset below), 1.08 with 0.1 (Jain
-  0.96: the cap then binds while all saturate); the heavy user almost idle beside the light ones
-  (share 0.01) gave 1.43 once and Jain 0.89, so what is left is the light users' own load (seven
-  of them instead of one) and the other jobs, not the heavy user;
-* paced lanes woken one at a time (one condition shared by the heavy user's 20 lane threads woke
-  all of them for every request and every answer);
-* six rounds with 10 s solo phases instead of four with 6 s: the solo p95 (the denominator, one
-  user at ~6 requests/s) rests on ~340 requests instead of ~125, and solo and contended phases
-  alternate every 15 s, so both see the same load of the other jobs; ``--quick`` takes ~2 min.
+Why the policy is built this way (where a light request's time goes, what brought the ratio
+down, what was tried without a gain, and every run): benchmarks/RESULTS.md, "Many users on one
+server" (``benchmarks/fairness_trace.py`` traces a run). In short: on a machine where clients and
+server share the cores, a light user's extra latency is the heavy user's work on those cores, so
+the heavy user yields (keyed on what the others get, not on its own latency); one-request calls are
+sent in the caller's thread (no hand-offs between threads); the heavy user's lanes are woken one at
+a time; and the model has two instances, since Triton stalls queued requests for 0.5 s at a time
+when a one-instance model has a non-default queue policy.
 
 >>> jain([1.0, 1.0, 1.0, 1.0]), round(jain([10.0, 1, 1, 1, 1, 1, 1, 1]), 3)
 (1.0, 0.338)

@@ -165,27 +165,16 @@ class TritonModel:
     """
 
     def __init__(
-        self,
-        url: str | Sequence[str],
-        *,
-        timeout_s: float = 60.0,
-        max_in_flight: int | None = None,
-        ssl: TlsOptions | Mapping[str, Any] | bool | None = None,
-        headers: Mapping[str, str | Secret] | None = None,
-        max_request_bytes: int | None = None,
-        connect_timeout_s: float = 10.0,
-        nonfinite: NonFinitePolicy = "pass",
-        expected_checksum: str | None = None,
-        retry: RetryPolicy | Mapping[str, Any] | None = None,
+        self, url: str | Sequence[str], *, timeout_s: float = 60.0,
+        max_in_flight: int | None = None, ssl: TlsOptions | Mapping[str, Any] | bool | None = None,
+        headers: Mapping[str, str | Secret] | None = None, max_request_bytes: int | None = None,
+        connect_timeout_s: float = 10.0, nonfinite: NonFinitePolicy = "pass",
+        expected_checksum: str | None = None, retry: RetryPolicy | Mapping[str, Any] | None = None,
         fallback: fallback_module.FallbackChoice = None,
         transport: str | Callable[[ServerSettings], Any] | None = None,
-        protocol_key: Any = None,
-        priority: int | None = None,
-        cache: CacheChoice = None,
-        cache_offline: bool = False,
-        shadow: float | None = None,
-        shadow_tolerance: float | None = None,
-        shadow_action: ShadowAction = "raise",
+        protocol_key: Any = None, priority: int | None = None, cache: CacheChoice = None,
+        cache_offline: bool = False, shadow: float | None = None,
+        shadow_tolerance: float | None = None, shadow_action: ShadowAction = "raise",
     ) -> None:
         self.transport = _checked_transport(transport)
         self.urls = [url] if isinstance(url, str) else list(url)

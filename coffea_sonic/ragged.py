@@ -34,6 +34,12 @@ one request of batch size 1:
 and the model answers every per-object output as ``[1, R, *E]`` and every per-event output as
 ``[G, *E]``. Answers of any other shape fail the call: outputs are never misaligned.
 
+Triton's own ragged format (what experiments' repositories use, e.g. CMS's SONIC tests): a model
+with ``allow_ragged_batch`` inputs and no counts input reads its batch inputs, which the server
+builds from the requests it batched, so the client sends each event as its own request
+``x [1, n_i, *D]`` (many in flight, as SonicTriton does) and the server concatenates them; each
+answer holds that event's per-object rows ``[1, n_i, *E]`` and per-event row ``[1, *E]``.
+
 Triton compatibility: ``np.cumsum(counts)`` is the ``BATCH_ACCUMULATED_ELEMENT_COUNT`` batch input
 Triton builds (for backends that build batch inputs) when the same events are sent one request
 each as ``[1, n_i, *D]``, counted in rows (Triton counts elements: ``x prod(D)``), and
@@ -92,9 +98,16 @@ class RaggedSignature:
 
     model: str
     inputs: tuple[TensorInfo, ...]
-    counts: str
+    #: the counts input; None: a model in Triton's own ragged format (batch inputs built by the
+    #: server), sent one request per event (:attr:`per_event`)
+    counts: str | None
     object_outputs: tuple[TensorInfo, ...]
     event_outputs: tuple[TensorInfo, ...]
+
+    @property
+    def per_event(self) -> bool:
+        """Whether each event goes in its own request (no counts input: SonicTriton's way)."""
+        return self.counts is None
 
     @property
     def object_output_names(self) -> tuple[str, ...]:
@@ -137,15 +150,15 @@ def signature(info: ModelInfo) -> RaggedSignature:
     counts = [t for t in info.inputs
               if t.name.endswith(COUNTS_SUFFIX) and t.name[: -len(COUNTS_SUFFIX)] in
               {d.name for d in data}]
-    if len(counts) != 1:
+    if len(counts) > 1:
         expected = " or ".join(repr(t.name + COUNTS_SUFFIX) for t in data)
         got = [t.name for t in counts]
         raise InputValidationError(
             f"model {name!r}: expected exactly one counts input {expected} (TYPE_INT64, dims [-1]) "
             f"for its ragged inputs {[t.name for t in data]}, it declares {got or 'none'}; "
             f"{_declaration_help(name)}")
-    count = counts[0]
-    if count.datatype != "INT64" or tuple(count.dims) != (-1,):
+    count = counts[0] if counts else None
+    if count is not None and (count.datatype != "INT64" or tuple(count.dims) != (-1,)):
         raise InputValidationError(
             f"model {name!r} input {count.name!r}: expected TYPE_INT64 dims [-1] (rows per "
             f"event), the model declares {count.datatype}{list(count.dims)}")
@@ -154,7 +167,7 @@ def signature(info: ModelInfo) -> RaggedSignature:
     return RaggedSignature(
         model=name,
         inputs=tuple(TensorInfo(t.name, t.datatype, tuple(t.dims[1:])) for t in data),
-        counts=count.name, object_outputs=tuple(object_outputs),
+        counts=count.name if count is not None else None, object_outputs=tuple(object_outputs),
         event_outputs=tuple(event_outputs))
 
 
@@ -253,7 +266,7 @@ class RaggedCall:
               nonfinite: NonFinitePolicy = "pass") -> "RaggedCall":
         """Check ``inputs`` (rows of the ragged inputs) and ``counts`` against ``info``."""
         sig = signature(info)
-        if isinstance(inputs, Mapping) and sig.counts in inputs:
+        if isinstance(inputs, Mapping) and sig.counts is not None and sig.counts in inputs:
             raise InputValidationError(
                 f"model {sig.model!r}: input {sig.counts!r} is filled by the client from "
                 "counts=; leave it out of the inputs")
@@ -282,6 +295,8 @@ class RaggedCall:
         event over the cap goes alone, one over gRPC's limit raises InputValidationError."""
         if not self.events:
             return []
+        if self.signature.per_event:  # Triton concatenates them: one request per event
+            return [(event, event + 1, 0) for event in range(self.events)]
         event_bytes = self.counts * self._row_bytes() + 8
         ends = np.cumsum(event_bytes)
         greedy = self._groups(event_bytes, ends, max_request_bytes, None)
@@ -328,7 +343,8 @@ class RaggedCall:
         """The request of events ``start:stop``: ``x [1, R, *D]`` and ``x__counts [1, G]``."""
         first, last = int(self.offsets[start]), int(self.offsets[stop])
         tensors = {name: array[first:last][np.newaxis] for name, array in self.arrays.items()}
-        tensors[self.signature.counts] = self.counts[start:stop][np.newaxis]
+        if self.signature.counts is not None:
+            tensors[self.signature.counts] = self.counts[start:stop][np.newaxis]
         return tensors
 
     def request_outputs(self, start: int, stop: int) -> tuple[TensorInfo, ...]:

@@ -60,3 +60,21 @@ def test_ragged_requests_in_flight_are_concatenated_and_the_outputs_scattered(ra
     statistics = client.get_inference_statistics("ragged_io").model_stats[0]
     assert statistics.execution_count < len(entries)  # the server batched ragged requests
     client.close()
+
+
+def test_tritonmodel_sends_one_request_per_event_to_a_triton_ragged_model(ragged_server,
+                                                                           each_transport):
+    from coffea_sonic import TritonModel
+
+    _, server = ragged_server
+    counts = np.array([3, 0, 7, 1, 12, 5, 2, 9, 4, 4], dtype=np.int64)
+    values = np.random.default_rng(6).normal(size=int(counts.sum())).astype(np.float32)
+    model = TritonModel(server.url("ragged_io"), fallback="off")
+    try:
+        answer = model({"INPUT0": values}, counts=counts)
+        requests = model.stats.requests
+    finally:
+        model.close()
+    np.testing.assert_array_equal(answer["OUTPUT0"], 2 * values)  # per object, in event order
+    np.testing.assert_array_equal(answer["COUNT"], counts[:, None].astype(np.float32))
+    assert requests == len(counts)  # SonicTriton's way: one request per event

@@ -19,12 +19,10 @@ Environment overrides (for machines where the server comes from elsewhere, e.g. 
 from __future__ import annotations
 
 import atexit
-import glob
 import logging
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -37,10 +35,13 @@ from collections import deque
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
-from ..errors import ConfigurationError, MissingDependencyError, ServerStartError
+from ..errors import ConfigurationError, ServerStartError
 from . import environment as server_env
 from .environment import ServerEnvironment
 from .pipelines import write_models
+from .process import (build_backend_dir, finalize, parent_death_prefix, remove_shm_regions,
+                      remove_stale_shm_regions, server_binary, server_environment,
+                      stop_process_group)
 from .response_cache import server_flags
 from .served import install_adapters, prepare_repository
 
@@ -121,133 +122,16 @@ def _cache_bytes(size: int | str | None) -> int | None:
     return parse_size(size, "response cache size")
 
 
-def server_binary(environment: ServerEnvironment | None = None) -> Path:
-    """Path of the tritonserver binary (``$TRITONSERVER_BIN`` or the nvidia-pytriton wheel's)."""
-    override = os.environ.get("TRITONSERVER_BIN")
-    path = Path(override) if override else (
-        (environment or server_env.resolve()).server_dir / "bin" / "tritonserver")
-    if not path.is_file():
-        raise MissingDependencyError(f"tritonserver binary not found at {path}")
-    return path
-
-
-def build_backend_dir(dest: Path, environment: ServerEnvironment | None = None) -> Path:
-    """Backend folder whose python backend uses the stub built for the server Python's version.
-
-    ``$TRITON_BACKEND_DIR`` wins if set (it must already hold ``python/`` with a matching stub).
-    """
-    override = os.environ.get("TRITON_BACKEND_DIR")
-    if override:
-        return Path(override)
-    environment = environment or server_env.resolve()
-    server_dir, version = environment.server_dir, environment.version
-    stub = server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
-    if not stub.is_file():
-        available = sorted(p.name for p in (server_dir / "python_backend_stubs").iterdir())
-        raise MissingDependencyError(
-            f"nvidia-pytriton has no python-backend stub for Python {version} "
-            f"(it has {available}); run coffea-sonic's server under one of those")
-    python_dir = dest / "python"
-    python_dir.mkdir(parents=True, exist_ok=True)
-    backend_files = server_dir / "backends" / "python"
-    for source in (backend_files / "libtriton_python.so",
-                   backend_files / "triton_python_backend_utils.py", stub):
-        target = python_dir / source.name
-        if not target.exists():
-            # Symlinks keep the binaries' RPATHs pointing at the wheel's bundled libraries.
-            target.symlink_to(source)
-    return dest
-
-
-def server_environment(environment: ServerEnvironment | None = None) -> dict[str, str]:
-    """Environment for tritonserver: the server Python's python3 and libpython found first.
-
-    The python-backend stub embeds Python in isolated mode and locates it through ``python3`` on
-    PATH; without this interpreter's LIBDIR first it can load Debian's libpython against another
-    stdlib. ``$TRITON_SERVER_PATH`` / ``$TRITON_SERVER_LD_LIBRARY_PATH`` replace the computed values.
-    """
-    if environment is None and not server_env.overridden():
-        environment = server_env.resolve()
-    env = dict(os.environ)
-    env["PATH"] = os.environ.get("TRITON_SERVER_PATH") or os.pathsep.join(
-        [str(environment.bin_dir), os.environ.get("PATH", "")])
-    env["LD_LIBRARY_PATH"] = os.environ.get("TRITON_SERVER_LD_LIBRARY_PATH") or os.pathsep.join(
-        part for part in (environment.libdir, os.environ.get("LD_LIBRARY_PATH", "")) if part)
-    # The model's Python must not pick up a user's PYTHONPATH with another numpy.
-    env.pop("PYTHONHOME", None)
-    if environment is not None and not server_env.is_this_interpreter(environment):
-        env.pop("PYTHONPATH", None)
-    return env
-
-
-def _parent_death_prefix() -> list[str]:
-    """``setpriv --pdeathsig TERM`` when available: the server gets SIGTERM when we die.
-
-    Without it a client killed with SIGKILL (or a timed-out job) leaves an orphaned server. No
-    ``preexec_fn``: that runs Python (and every at-fork hook) in the forked child of a threaded
-    process, which can deadlock.
-    """
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
-
-
-def _remove_stale_shm_regions() -> list[str]:
-    """Regions of servers whose starting process is gone (``csonic_<pid>_...``)."""
-    removed = []
-    for region in glob.glob("/dev/shm/csonic_*_*"):
-        owner = os.path.basename(region).split("_")[1]
-        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
-            try:
-                os.unlink(region)
-                removed.append(region)
-            except OSError:
-                pass
-    return removed
-
-
-def _stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
-    if process.poll() is not None:
-        # the server died (SIGKILL, crash) but its python-backend stubs, in its process
-        # group, live on: they must not outlive it
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        logger.warning("tritonserver %d ignored SIGTERM for %.0f s; killing it", process.pid, grace_s)
-    # Stubs are in the same session: make sure none outlives the server.
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait()
-
-
-def _remove_shm_regions(prefix: str) -> list[str]:
-    removed = []
-    for region in glob.glob(f"/dev/shm/{prefix}*"):
-        try:
-            os.unlink(region)
-            removed.append(region)
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def _finalize(process: subprocess.Popen | None, shm_prefix: str, workdir: Path | None,
-              keep_workdir: bool, grace_s: float) -> None:
-    if process is not None:
-        _stop_process_group(process, grace_s)
-    _remove_shm_regions(shm_prefix)
-    if workdir is not None and not keep_workdir:
-        shutil.rmtree(workdir, ignore_errors=True)
+def _check_options(device: str, models: Iterable[str] | None,
+                   repository: str | os.PathLike | None, gpus: Sequence[int] | None) -> None:
+    """Raise ``ConfigurationError`` for options of a LocalTritonServer that cannot work."""
+    if device not in ("auto", "cpu", "gpu"):
+        raise ConfigurationError(f"device must be auto, cpu or gpu, not {device!r}")
+    if models is not None and repository is not None:
+        raise ConfigurationError("give either models (from the zoo) or repository, not both")
+    if gpus is not None and (not list(gpus) or not all(
+            isinstance(g, int) and g >= 0 for g in gpus)):
+        raise ConfigurationError(f"gpus must be a non-empty list of GPU indices, not {gpus!r}")
 
 
 class _PortTaken(ServerStartError):
@@ -300,21 +184,14 @@ class LocalTritonServer:
         response_cache: int | str | None = None,
         torch_ops_libraries: Sequence[str | os.PathLike] = (),
     ) -> None:
-        if device not in ("auto", "cpu", "gpu"):
-            raise ConfigurationError(f"device must be auto, cpu or gpu, not {device!r}")
-        if models is not None and repository is not None:
-            raise ConfigurationError("give either models (from the zoo) or repository, not both")
+        _check_options(device, models, repository, gpus)
         self.models = list(models) if models is not None else None
         self.repository = Path(repository).resolve() if repository is not None else None
-        self.requested_device = device
+        self.requested_device, self.host, self.instances = device, host, instances
         self.ports = {"grpc": grpc_port, "http": http_port, "metrics": metrics_port}
-        self.host = host
-        self.instances = instances
-        self.startup_timeout_s = startup_timeout_s
-        self.extra_args = list(extra_args)
+        self.startup_timeout_s, self.extra_args = startup_timeout_s, list(extra_args)
         self.workdir = Path(workdir) if workdir is not None else None
-        self.keep_workdir = keep_workdir
-        self.log_verbose = log_verbose
+        self.keep_workdir, self.log_verbose = keep_workdir, log_verbose
         self.repository_options = dict(repository_options or {})
         #: bytes of Triton's response cache (None: off); zoo models are served with it enabled
         self.response_cache = _cache_bytes(response_cache)
@@ -326,9 +203,6 @@ class LocalTritonServer:
         self.skip_unservable = skip_unservable
         #: operator libraries the repository's TorchScript models may need (server/torch_ops.py)
         self.torch_ops_libraries = tuple(str(Path(p).resolve()) for p in torch_ops_libraries)
-        if gpus is not None and (not list(gpus) or not all(
-                isinstance(g, int) and g >= 0 for g in gpus)):
-            raise ConfigurationError(f"gpus must be a non-empty list of GPU indices, not {gpus!r}")
         #: GPUs the server may use (None: every visible one); the model instances per GPU
         #: (``instances``) are placed on each of them
         self.gpus = list(gpus) if gpus is not None else None
@@ -441,9 +315,16 @@ class LocalTritonServer:
             backend_dir, self._library_paths = install_adapters(
                 backend_dir, workdir / "backends-adapted")
         self.log_path = workdir / "tritonserver.log"
-        stale = _remove_stale_shm_regions()
+        stale = remove_stale_shm_regions()
         if stale:
             logger.info("removed %d shared-memory regions of servers whose owner is gone", len(stale))
+        self._start_on_free_ports(repository, backend_dir, workdir)
+        logger.info("tritonserver ready: grpc %s, http %s, metrics %s (pid %d)",
+                    self.grpc_address, self.http_address, self.metrics_url, self.pid)
+        return self
+
+    def _start_on_free_ports(self, repository: Path, backend_dir: Path, workdir: Path) -> None:
+        """Spawn the server and wait for it; again on new ports where one picked free was taken."""
         picked = [kind for kind, port in self.ports.items() if port == 0]
         for attempt in range(1, PORT_ATTEMPTS + 1):
             for kind in picked:
@@ -462,9 +343,6 @@ class LocalTritonServer:
                 logger.info("%s; starting again on new ports (attempt %d of %d)", taken,
                             attempt + 1, PORT_ATTEMPTS)
                 self._discard_failed_start()
-        logger.info("tritonserver ready: grpc %s, http %s, metrics %s (pid %d)",
-                    self.grpc_address, self.http_address, self.metrics_url, self.pid)
-        return self
 
     def _spawn(self, command: list[str], workdir: Path) -> None:
         """Start the tritonserver process; its finalizer stops it and cleans up after it."""
@@ -477,12 +355,12 @@ class LocalTritonServer:
             environment["LD_LIBRARY_PATH"] = os.pathsep.join(
                 part for part in (environment.get("LD_LIBRARY_PATH"), *self._library_paths) if part)
         with open(self.log_path, "wb") as log:
-            prefix = _parent_death_prefix() if self.die_with_parent else []
+            prefix = parent_death_prefix() if self.die_with_parent else []
             self.process = subprocess.Popen(
                 prefix + command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=environment, start_new_session=True)
         self._finalizer = weakref.finalize(
-            self, _finalize, self.process, self.shm_prefix, workdir if self.workdir is None else None,
+            self, finalize, self.process, self.shm_prefix, workdir if self.workdir is None else None,
             self.keep_workdir, 10.0)
         atexit.register(self._finalizer)
         self._workdir_in_use = workdir
@@ -494,8 +372,8 @@ class LocalTritonServer:
             atexit.unregister(self._finalizer)
             self._finalizer = None
         if self.process is not None:
-            _stop_process_group(self.process, 10.0)
-        _remove_shm_regions(self.shm_prefix)
+            stop_process_group(self.process, 10.0)
+        remove_shm_regions(self.shm_prefix)
 
     def _metrics_enabled(self) -> bool:
         return not any(arg.replace(" ", "") in ("--allow-metrics=false", "--allow-metrics=0")

@@ -1,0 +1,162 @@
+"""The tritonserver binary as a process: where it is, its backend folder and environment, stopping it.
+
+:class:`~coffea_sonic.server.launcher.LocalTritonServer` starts the server with these; they are
+public for tools that start the same binary themselves (interop tests, benchmarks).
+
+The binary, the stub and the model's Python come from the server's environment
+(:mod:`.environment`). Environment overrides (for machines where the server comes from
+elsewhere, e.g. the GPU machine): ``TRITONSERVER_BIN``, ``TRITON_BACKEND_DIR``,
+``TRITON_SERVER_PATH``, ``TRITON_SERVER_LD_LIBRARY_PATH``.
+
+>>> isinstance(parent_death_prefix(), list)
+True
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from ..errors import MissingDependencyError
+from . import environment as server_env
+from .environment import ServerEnvironment
+
+__all__ = ["build_backend_dir", "finalize", "parent_death_prefix", "remove_shm_regions",
+           "remove_stale_shm_regions", "server_binary", "server_environment",
+           "stop_process_group"]
+
+logger = logging.getLogger("coffea_sonic.server.launcher")
+
+
+def server_binary(environment: ServerEnvironment | None = None) -> Path:
+    """Path of the tritonserver binary (``$TRITONSERVER_BIN`` or the nvidia-pytriton wheel's)."""
+    override = os.environ.get("TRITONSERVER_BIN")
+    path = Path(override) if override else (
+        (environment or server_env.resolve()).server_dir / "bin" / "tritonserver")
+    if not path.is_file():
+        raise MissingDependencyError(f"tritonserver binary not found at {path}")
+    return path
+
+
+def build_backend_dir(dest: Path, environment: ServerEnvironment | None = None) -> Path:
+    """Backend folder whose python backend uses the stub built for the server Python's version.
+
+    ``$TRITON_BACKEND_DIR`` wins if set (it must already hold ``python/`` with a matching stub).
+    """
+    override = os.environ.get("TRITON_BACKEND_DIR")
+    if override:
+        return Path(override)
+    environment = environment or server_env.resolve()
+    server_dir, version = environment.server_dir, environment.version
+    stub = server_dir / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        available = sorted(p.name for p in (server_dir / "python_backend_stubs").iterdir())
+        raise MissingDependencyError(
+            f"nvidia-pytriton has no python-backend stub for Python {version} "
+            f"(it has {available}); run coffea-sonic's server under one of those")
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    backend_files = server_dir / "backends" / "python"
+    for source in (backend_files / "libtriton_python.so",
+                   backend_files / "triton_python_backend_utils.py", stub):
+        target = python_dir / source.name
+        if not target.exists():
+            # Symlinks keep the binaries' RPATHs pointing at the wheel's bundled libraries.
+            target.symlink_to(source)
+    return dest
+
+
+def server_environment(environment: ServerEnvironment | None = None) -> dict[str, str]:
+    """Environment for tritonserver: the server Python's python3 and libpython found first.
+
+    The python-backend stub embeds Python in isolated mode and locates it through ``python3`` on
+    PATH; without this interpreter's LIBDIR first it can load Debian's libpython against another
+    stdlib. ``$TRITON_SERVER_PATH`` / ``$TRITON_SERVER_LD_LIBRARY_PATH`` replace the computed values.
+    """
+    if environment is None and not server_env.overridden():
+        environment = server_env.resolve()
+    env = dict(os.environ)
+    env["PATH"] = os.environ.get("TRITON_SERVER_PATH") or os.pathsep.join(
+        [str(environment.bin_dir), os.environ.get("PATH", "")])
+    env["LD_LIBRARY_PATH"] = os.environ.get("TRITON_SERVER_LD_LIBRARY_PATH") or os.pathsep.join(
+        part for part in (environment.libdir, os.environ.get("LD_LIBRARY_PATH", "")) if part)
+    # The model's Python must not pick up a user's PYTHONPATH with another numpy.
+    env.pop("PYTHONHOME", None)
+    if environment is not None and not server_env.is_this_interpreter(environment):
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def parent_death_prefix() -> list[str]:
+    """``setpriv --pdeathsig TERM`` when available: the server gets SIGTERM when we die.
+
+    Without it a client killed with SIGKILL (or a timed-out job) leaves an orphaned server. No
+    ``preexec_fn``: that runs Python (and every at-fork hook) in the forked child of a threaded
+    process, which can deadlock.
+    """
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
+
+
+def remove_stale_shm_regions() -> list[str]:
+    """Regions of servers whose starting process is gone (``csonic_<pid>_...``)."""
+    removed = []
+    for region in glob.glob("/dev/shm/csonic_*_*"):
+        owner = os.path.basename(region).split("_")[1]
+        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+            try:
+                os.unlink(region)
+                removed.append(region)
+            except OSError:
+                pass
+    return removed
+
+
+def stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
+    if process.poll() is not None:
+        # the server died (SIGKILL, crash) but its python-backend stubs, in its process
+        # group, live on: they must not outlive it
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        logger.warning("tritonserver %d ignored SIGTERM for %.0f s; killing it", process.pid, grace_s)
+    # Stubs are in the same session: make sure none outlives the server.
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def remove_shm_regions(prefix: str) -> list[str]:
+    removed = []
+    for region in glob.glob(f"/dev/shm/{prefix}*"):
+        try:
+            os.unlink(region)
+            removed.append(region)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def finalize(process: subprocess.Popen | None, shm_prefix: str, workdir: Path | None,
+              keep_workdir: bool, grace_s: float) -> None:
+    if process is not None:
+        stop_process_group(process, grace_s)
+    remove_shm_regions(shm_prefix)
+    if workdir is not None and not keep_workdir:
+        shutil.rmtree(workdir, ignore_errors=True)

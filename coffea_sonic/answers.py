@@ -27,10 +27,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .core.tensors import ModelInfo
+from .core.tensors import ModelInfo, TensorInfo
 from .errors import InferenceError
 
-__all__ = ["assemble", "check_outputs", "check_version", "preallocate"]
+__all__ = ["assemble", "cast_output", "check_outputs", "check_version", "preallocate"]
 
 
 def check_version(model: str, requested: str, answered: str, address: str) -> None:
@@ -70,14 +70,19 @@ def check_outputs(model: str, info: ModelInfo, outputs: Mapping[str, Any], *, ro
             raise InferenceError(
                 f"model {model!r} at {source}: output {tensor.name!r} has per-row "
                 f"shape {list(got)}, the model declares {list(expected)}")
-        if array.dtype != tensor.dtype:
-            if not np.can_cast(array.dtype, tensor.dtype, casting="safe"):
-                raise InferenceError(
-                    f"model {model!r} output {tensor.name!r}: {source} gave "
-                    f"{array.dtype}, the model declares {tensor.dtype}")
-            array = array.astype(tensor.dtype)
-        checked[tensor.name] = array
+        checked[tensor.name] = cast_output(model, tensor, array, source)
     return checked
+
+
+def cast_output(model: str, tensor: TensorInfo, array: np.ndarray, source: str) -> np.ndarray:
+    """``array`` in ``tensor``'s dtype where that cast is safe; else ``InferenceError``."""
+    if array.dtype == tensor.dtype:
+        return array
+    if not np.can_cast(array.dtype, tensor.dtype, casting="safe"):
+        raise InferenceError(
+            f"model {model!r} output {tensor.name!r}: {source} gave "
+            f"{array.dtype}, the model declares {tensor.dtype}")
+    return array.astype(tensor.dtype)
 
 
 def preallocate(info: ModelInfo, rows: int) -> dict[str, np.ndarray] | None:

@@ -74,6 +74,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .answers import cast_output
 from .core.tensors import ModelInfo, TensorInfo
 from .errors import InferenceError, InputValidationError
 from .validation import GRPC_MESSAGE_LIMIT, NonFinitePolicy, validate_inputs
@@ -385,12 +386,7 @@ class RaggedCall:
                     f" output {tensor.name!r} has shape {list(shape)} for a group of {events} "
                     f"events with {rows} rows; expected {expected} (one row per "
                     f"{'object' if per_object else 'event'}: {what}); refusing misaligned outputs")
-            if array.dtype != tensor.dtype:
-                if not np.can_cast(array.dtype, tensor.dtype, casting="safe"):
-                    raise InferenceError(
-                        f"model {sig.model!r} output {tensor.name!r}: {source} gave "
-                        f"{array.dtype}, the model declares {tensor.dtype}")
-                array = array.astype(tensor.dtype)
+            array = cast_output(sig.model, tensor, array, source)
             checked[tensor.name] = array[0] if per_object else array
         return checked
 

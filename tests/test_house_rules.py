@@ -30,7 +30,6 @@ LONG_FUNCTIONS: dict[str, str] = {
     "server/cli.py::add_subparsers": "one function per subcommand's arguments",
     "facility/cli.py::add_subparsers": "one function per subcommand's arguments",
     "facility/cluster.py::make_cluster": "one function per cluster kind's options",
-    "facility/environment.py::worker_environment": "one function per group of settings",
 }
 
 

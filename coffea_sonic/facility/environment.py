@@ -138,11 +138,8 @@ class WorkerEnvironment:
         return EnvironmentPlugin(dict(self.values), tuple(self.forwarded))
 
 
-def worker_environment(
-    env: Mapping[str, str] | Iterable[str] | None = None,
-    *,
-    include_settings: bool = True,
-) -> WorkerEnvironment:
+def worker_environment(env: Mapping[str, str] | Iterable[str] | None = None, *,
+                       include_settings: bool = True) -> WorkerEnvironment:
     """Collect what workers need: coffea-sonic settings of this process plus ``env``.
 
     ``env`` is a mapping of plain variables to set on workers, or an iterable of variable names to

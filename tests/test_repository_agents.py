@@ -3,7 +3,8 @@
 The repository (tests/experiment_repository.py) is in the official container's format: every config
 has a checksum agent, label files, a graph optimisation level, max_batch_size 160-500. It serves
 as it is (the digests verified first, the user's files untouched) and answers like onnxruntime /
-torch in-process for batches above max_batch_size; a corrupted model file is refused before
+torch in-process for batches above max_batch_size, and Triton's classification extension answers
+the label file's top-K labels; a corrupted model file is refused before
 anything starts, naming model, file and both digests; ``models validate`` flags it too.
 """
 
@@ -29,7 +30,19 @@ from coffea_sonic.server import LocalTritonServer  # noqa: E402
 from coffea_sonic.server.model_check import validate_repository  # noqa: E402
 from coffea_sonic.server.model_files import add_model  # noqa: E402
 from coffea_sonic.server.standard import plan_repository  # noqa: E402
-from experiment_repository import experiment_repository, md5, particle_inputs  # noqa: E402
+from experiment_repository import LABELS, experiment_repository, md5, particle_inputs  # noqa: E402
+
+
+def _top_labels(client, inputs: dict, count: int) -> list[list[str]]:
+    """The label file's top-``count`` labels of 3 rows, asked with ``class_count``."""
+    tensors = []
+    for name, key in (("pf_points", "points"), ("pf_features", "features")):
+        tensor = grpcclient.InferInput(name, list(inputs[key][:3].shape), "FP32")
+        tensor.set_data_from_numpy(inputs[key][:3])
+        tensors.append(tensor)
+    answer = client.infer("pnet_onnx", tensors, outputs=[
+        grpcclient.InferRequestedOutput("softmax", class_count=count)])
+    return [[value.decode() for value in row] for row in answer.as_numpy("softmax")]
 
 
 def fingerprint(root: Path) -> dict[str, str]:
@@ -68,11 +81,15 @@ def test_repository_with_checksum_agents_serves_as_it_is_and_answers_like_in_pro
                 model.close()
         client = grpcclient.InferenceServerClient(server.grpc_address)
         mirrored = client.get_model_config("pnet_onnx", as_json=True)["config"]
+        classified = _top_labels(client, inputs, 2)  # Triton's classification extension
     np.testing.assert_allclose(served["pnet_onnx"]["softmax"], expected, atol=1.5e-5)
     np.testing.assert_allclose(served["pnet_ts"]["OUTPUT__0"], expected_ts, atol=1.5e-5)
     np.testing.assert_allclose(served["mass_reg"]["mass"],
                                mass.run(None, {"features": features})[0], atol=1.5e-5)
     assert "model_repository_agents" not in mirrored
+    best = np.argsort(-expected[:3], axis=1)[:, :2]
+    assert [[entry.split(":", 2)[2] for entry in row] for row in classified] == \
+        [[LABELS[i] for i in row] for row in best]
     assert mirrored["output"][0]["label_filename"] == "labels.txt"
     assert fingerprint(repository) == before
 

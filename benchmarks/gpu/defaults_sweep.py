@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from coffea_sonic.bench.client import max_abs_difference
 from coffea_sonic.bench.clients import ClientPool
 from coffea_sonic.bench.machine import machine_info
 from coffea_sonic.bench.report import format_rate
@@ -337,8 +338,7 @@ def _verify(task: dict, cache: dict) -> dict:
     client = TritonModel(task["url"], timeout_s=120, **task["client"])
     served = client(inputs)
     client.close()
-    return {"max_abs_diff": max(float(np.max(np.abs(served[name] - reference[name])))
-                                for name in reference)}
+    return {"max_abs_diff": max_abs_difference(served, reference)}
 
 
 def _run_task(task: dict, tasks, control, cache: dict) -> dict:

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from coffea_sonic.bench import modes
+from coffea_sonic.bench.client import max_abs_difference
 from coffea_sonic.bench.clients import ClientPool
 
 from sink import SINK_NAME, write_sink
@@ -375,11 +376,9 @@ def _verify(task: dict) -> dict:
             given = {name: torch.from_numpy(array).cuda() for name, array in inputs.items()}
         kind_outputs[kind] = client.submit(given).result()
     reference = kind_outputs["grpc"]
-    diffs = {}
-    for kind, outputs in kind_outputs.items():
-        diffs[f"{kind}-vs-grpc"] = max(float(np.max(np.abs(np.asarray(outputs[name]) - reference[name])))
-                                       for name in reference)
-    return diffs
+    return {f"{kind}-vs-grpc": max_abs_difference(
+        {name: np.asarray(array) for name, array in outputs.items()}, reference)
+        for kind, outputs in kind_outputs.items()}
 
 
 def _run_task(task: dict, clients: dict, control) -> dict:

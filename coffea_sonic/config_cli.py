@@ -70,9 +70,13 @@ def run(args: argparse.Namespace) -> int:
                           "dask_key": specs[entry.name].dask_key,
                           "sources": list(specs[entry.name].sources),
                           "help": specs[entry.name].help} for entry in settings],
-            "models": [vars(entry) for entry in models]})
+            "models": [vars(entry) for entry in models],
+            "endpoints_file": {"path": str(config.config_file()),
+                               "exists": config.config_file().is_file()}})
         return 0
     _print_table(settings, models)
+    found = "found" if config.config_file().is_file() else "not found (optional)"
+    sys.stdout.write(f"\nendpoints file: {config.config_file()} ({found})\n")
     return 0
 
 

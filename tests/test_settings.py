@@ -152,6 +152,8 @@ def test_config_command_shows_every_source(clean, tmp_path):
     assert model["source"] == "endpoints file"
     assert document["order"] == ["argument", "environment", "dask config", "endpoints file",
                                  "default"]
+    assert document["endpoints_file"] == {"path": str(clean), "exists": True}
     text = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120).stdout
     line = next(row for row in text.splitlines() if row.startswith("transport "))
     assert line.split()[1:] == ["grpc", "environment", "COFFEA_SONIC_TRANSPORT"]
+    assert f"endpoints file: {clean} (found)" in text

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The demo run twice with the persistent inference cache on a GPU machine (one command):
 #
-#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
+#   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
 #   GPU machine: bash benchmarks/gpu/cache_check.sh          (bring .device along)
 #
 # Sets up tritonserver + the model Python (triton-gpu-env.sh), installs the carried coffea / Dask

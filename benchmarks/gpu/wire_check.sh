@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The gRPC path and one process on a GPU machine, beside NVIDIA's perf_analyzer, one command:
 #
-#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/pa_carry.sh
+#   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/pa_carry.sh
 #   GPU machine: bash benchmarks/gpu/wire_check.sh      (bring .device/ts.tar.xz, .device/whl, .device/pa)
 #
 # 1. defaults_sweep.py --plan wire: emtrk_cnn 2048-row chunks, default server; default TritonModel

@@ -2,7 +2,7 @@
 # The gRPC default against other request sizes, the trackgnn pipeline and the end-to-end analysis
 # on a GPU machine, one command (after wire_check.sh):
 #
-#   here, once:  bash ../shared/device/prepare.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
+#   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
 #   GPU machine: bash benchmarks/gpu/wire_check2.sh     (bring .device/ts.tar.xz, .device/whl, .device/extra)
 #
 # 1. defaults_sweep.py --plan wire2 (emtrk_cnn, gRPC forced: 2 MiB x 4 and other sizes/windows,

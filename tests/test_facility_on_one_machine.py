@@ -46,10 +46,9 @@ from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 from coffea_sonic.facility.autoscaling import supersonic_query
 from coffea_sonic.facility.cluster import make_cluster
 from coffea_sonic.server import LocalTritonServer
-from helpers import wait_for
+from helpers import assert_same_histograms, wait_for
 from interop_servers import HAProxy
-from test_dask_failover import (QuietSchema, _assert_same_histograms, _KillWhenServing,
-                                _served_rows, _total)
+from test_dask_failover import QuietSchema, _KillWhenServing, _served_rows, _total
 from test_monitor import _query, _start_prometheus, prometheus_binary  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -194,7 +193,7 @@ def test_facility_serves_the_demo_scales_on_queue_time_and_loses_nothing_when_a_
     assert watcher.killed.is_set(), "the run ended before it inferred on the victim"
     assert not victim.running
     assert failed_over["cutflow"] == clean["cutflow"]
-    _assert_same_histograms(failed_over, clean)
+    assert_same_histograms(failed_over, clean)
     for name in MODELS:
         assert failed_over["inference"][name].rows == clean["inference"][name].rows, name
         assert failed_over["inference"][name].fallback_rows == 0, name

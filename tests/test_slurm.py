@@ -23,7 +23,7 @@ from coffea_sonic.errors import ClusterStartError
 from coffea_sonic.facility.check import CheckOptions, check_on_workers
 from coffea_sonic.facility.cluster import make_cluster
 from coffea_sonic.facility.gateway import TokenGateway
-from test_dask_failover import _assert_same_histograms
+from helpers import assert_same_histograms
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "coffea-sonic-slurm-tests"
@@ -109,7 +109,7 @@ def _assert_same_output(got: dict, want: dict) -> None:
     """The same cutflow, and every bin (values and variances) of every histogram, particlenet's
     scores too: equal, not close."""
     assert got["cutflow"] == want["cutflow"]
-    _assert_same_histograms(got, want)
+    assert_same_histograms(got, want)
 
 
 @pytest.fixture(scope="module")

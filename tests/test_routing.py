@@ -59,8 +59,10 @@ def test_requests_balance_over_servers_that_serve_the_model(triton_server, jet_o
 
     # Triton counts a request in its statistics just after answering it: wait for all 40
     counted = wait_for(shares, timeout=10, what="40 requests in the servers' statistics")
-    # least outstanding requests: both get work (a faster server may take more)
-    assert min(counted) >= 4, counted
+    # least outstanding requests: both get work, however much faster one of them is (the second
+    # request goes to the idle server); how the 40 split depends on the servers' speeds on a
+    # shared machine (one took 3 of 40 under load), so no share is asserted beyond that
+    assert min(counted) >= 1, counted
 
 
 def test_a_model_goes_only_to_servers_that_hold_it(triton_server, jet_only_server):

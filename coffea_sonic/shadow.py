@@ -126,7 +126,7 @@ class ShadowHook(CallHooks):
         self._lock = threading.Lock()
         self._rng = np.random.default_rng(int.from_bytes(os.urandom(8), "little"))
         self._pending: list[Future] = []
-        self._error: ShadowDivergenceError | None = None
+        self._error: ShadowDivergenceError | MissingDependencyError | None = None
         #: (server, output) -> Divergence
         self.divergences: dict[tuple[str, str], Divergence] = {}
 
@@ -172,6 +172,8 @@ class ShadowHook(CallHooks):
         choice = self.reference or "cpu"
         try:
             return fallback_module.fallback_engine(choice, model)
+        except MissingDependencyError:
+            raise
         except ImportError as error:
             raise MissingDependencyError(
                 f"shadow validation of {model!r} runs the reference engine in-process and it "
@@ -185,7 +187,8 @@ class ShadowHook(CallHooks):
         except Exception as error:  # noqa: BLE001 - a broken reference must be seen, not hidden
             with self._lock:
                 self._error = self._error or (
-                    error if isinstance(error, ShadowDivergenceError) else ShadowDivergenceError(
+                    error if isinstance(error, (ShadowDivergenceError, MissingDependencyError))
+                    else ShadowDivergenceError(
                         f"shadow validation of model {model!r} could not compare answers of "
                         f"{source}: {type(error).__name__}: {error}"))
 

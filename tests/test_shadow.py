@@ -23,6 +23,7 @@ pytest.importorskip("onnxruntime")
 from coffea_sonic import TritonModel, zoo  # noqa: E402
 from coffea_sonic.data.synthetic import write_sample  # noqa: E402
 from coffea_sonic.server import LocalTritonServer  # noqa: E402
+from coffea_sonic.errors import MissingDependencyError  # noqa: E402
 from coffea_sonic.shadow import ShadowDivergenceError, shadow_hook  # noqa: E402
 from altered_models import altered_repository  # noqa: E402
 from helpers import wait_for  # noqa: E402
@@ -95,6 +96,20 @@ def demo_fileset(tmp_path_factory) -> Path:
     path = folder / "fileset.json"
     path.write_text(json.dumps({name: [str(f) for f in files] for name, files in fileset.items()}))
     return path
+
+
+def test_a_missing_reference_engine_names_the_extra(jet_tagger_server):
+    def no_onnxruntime(model: str):
+        raise ImportError("No module named 'onnxruntime'", name="onnxruntime")
+
+    model = TritonModel(f"triton+grpc://{jet_tagger_server.grpc_address}/jet_tagger", shadow=0.5,
+                        fallback=no_onnxruntime)
+    try:
+        model(rows_for("jet_tagger", 200, 5))
+        with pytest.raises(MissingDependencyError, match=r"onnxruntime.*coffea-sonic\[onnx\]"):
+            shadow_hook(model).drain()
+    finally:
+        model.close()
 
 
 def _demo(tmp_path: Path, fileset: Path, name: str, environment: dict[str, str], *extra: str):

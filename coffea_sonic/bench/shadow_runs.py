@@ -89,6 +89,8 @@ def run_pairs(pairs: int, events: int, workdir: Path, shadow: float = 0.001,
     shadowed = [p for p in passes if p["shadow"] > 0]
     return {"shadow": shadow, "pairs": pairs, "events_per_pass": events,
             "ratio_on_off_median": median_ratio(pairs_rate),
+            "ratio_on_off_quartiles": [round(q, 3) for q in statistics.quantiles(
+                [on / off for off, on in pairs_rate], n=4)] if len(pairs_rate) > 1 else [],
             "false_alarms": sum(p["alarms"] for p in shadowed),
             "shadowed_passes": len(shadowed),
             "rows_recomputed": sum(sum(p["shadow_rows"].values()) for p in shadowed),

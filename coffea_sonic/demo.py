@@ -338,6 +338,11 @@ def _start_server(args: argparse.Namespace, stack: ExitStack, models: list[str])
     return f"triton+grpc://{server.grpc_address}"
 
 
+def _cache_dir(args: argparse.Namespace) -> str | None:
+    """``--cache`` as an absolute path (workers may start in another directory)."""
+    return str(Path(args.cache).expanduser().resolve()) if args.cache else None
+
+
 def _schema(args: argparse.Namespace) -> type:
     from coffea.nanoevents import NanoAODSchema
 
@@ -388,7 +393,7 @@ def run(args: argparse.Namespace) -> int:
                              ["jet_tagger"] if args.no_constituents else list(DEMO_MODELS))
         analysis = JetTaggingProcessor(base, physics=not args.no_constituents,
                                        use_constituents=False if args.no_constituents else "auto",
-                                       max_in_flight=args.max_in_flight, cache=args.cache)
+                                       max_in_flight=args.max_in_flight, cache=_cache_dir(args))
         result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
     summary = summarise(result, wall_s, workers, delta)
     summary["histograms"] = histogram_digests(result)
@@ -450,7 +455,7 @@ def _run_tracking(args: argparse.Namespace, output: Path, fileset: Mapping[str, 
         base = _start_server(args, stack, ["trackgnn", "trackgnn_ensemble"] if ensemble
                              else ["trackgnn"])
         analysis = TrackingProcessor(base, ensemble=ensemble, max_in_flight=args.max_in_flight,
-                                     cache=args.cache)
+                                     cache=_cache_dir(args))
         result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
         check = compare_with_direct(analysis, _first_events(args, fileset, CHECK_EVENTS))
     plot = output / "tracking.png"

@@ -244,7 +244,8 @@ def histogram_digests(output: Mapping[str, Any]) -> dict[str, str]:
     same histograms give the same digests, whatever order their chunks came in).
 
     >>> import hist
-    >>> h = hist.Hist(hist.axis.StrCategory([], growth=True, name="dataset"), hist.axis.Regular(2, 0, 1, name="x"))
+    >>> h = hist.Hist(hist.axis.StrCategory([], growth=True, name="dataset"),
+    ...               hist.axis.Regular(2, 0, 1, name="x"))
     >>> _ = h.fill(dataset=["b", "a"], x=[0.2, 0.7])
     >>> len(histogram_digests({"h": h, "n": 3})["h"]), list(histogram_digests({"a": {"h": h}}))
     (16, ['a.h'])
@@ -338,6 +339,17 @@ def _start_server(args: argparse.Namespace, stack: ExitStack, models: list[str])
     return f"triton+grpc://{server.grpc_address}"
 
 
+def _plot(plotter: Any, result: Any, path: Path) -> str | None:
+    """Draw the run's plot to ``path``; without the plotting packages (a bare batch node) the
+    run's numbers still count: say so and go on."""
+    try:
+        plotter(result, str(path))
+    except ImportError as error:
+        print(f"plot skipped: {error}", flush=True)
+        return None
+    return str(path)
+
+
 def _cache_dir(args: argparse.Namespace) -> str | None:
     """``--cache`` as an absolute path (workers may start in another directory)."""
     return str(Path(args.cache).expanduser().resolve()) if args.cache else None
@@ -397,12 +409,11 @@ def run(args: argparse.Namespace) -> int:
         result, wall_s, workers, delta = _run_processor(args, stack, fileset, analysis)
     summary = summarise(result, wall_s, workers, delta)
     summary["histograms"] = histogram_digests(result)
-    summary.update({"plot": str(output / "scores.png"), "machine": _machine(),
-                    "executor": args.executor, "fileset": fileset})
-    plot_scores(result, str(output / "scores.png"))
+    summary.update({"plot": _plot(plot_scores, result, output / "scores.png"),
+                    "machine": _machine(), "executor": args.executor, "fileset": fileset})
     (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print_summary(summary)
-    print(f"\nplot:    {output / 'scores.png'}\nsummary: {output / 'summary.json'}")
+    print(f"\nplot:    {summary['plot']}\nsummary: {output / 'summary.json'}")
     return 0
 
 
@@ -461,12 +472,12 @@ def _run_tracking(args: argparse.Namespace, output: Path, fileset: Mapping[str, 
     plot = output / "tracking.png"
     summary = summarise_tracking(result, wall_s, workers)
     summary.update({"server": {name: stats.to_dict() for name, stats in delta.items()},
-                    "served_vs_direct": check, "plot": str(plot), "machine": _machine(),
+                    "served_vs_direct": check, "plot": _plot(plot_tracking, result, plot),
+                    "machine": _machine(),
                     "executor": args.executor, "pipeline": analysis.model, "fileset": fileset})
-    plot_tracking(result, str(plot))
     (output / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     print_tracking_summary(summary)
     print_server_statistics(summary["server"])
     print(f"served vs direct  {check['verdict']}")
-    print(f"\nplot:    {plot}\nsummary: {output / 'summary.json'}")
+    print(f"\nplot:    {summary['plot']}\nsummary: {output / 'summary.json'}")
     return 0

@@ -218,3 +218,12 @@ def test_a_ragged_call_is_cached_whole_with_its_counts(tmp_path):
         other = TritonModel(server.url("trackgnn"), cache=tmp_path)
         other({"hits": rows}, counts=regrouped)
         assert other.stats.cache_misses == 1 and other.stats.requests >= 1
+
+
+def test_answers_of_the_in_process_fallback_are_returned_but_not_stored(tmp_path):
+    inputs = zoo.example_inputs("jet_tagger", 2_000, seed=12)
+    model = TritonModel("triton+grpc://127.0.0.1:1/jet_tagger/1", cache=tmp_path, fallback="cpu",
+                        connect_timeout_s=1, retry={"total_s": 1, "max_attempts": 1})
+    outputs = model(inputs)["probs"]
+    assert outputs.shape == (2_000, 3) and model.stats.fallback_rows == 2_000
+    assert model.stats.cache_misses > 0 and not _entries(tmp_path)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from coffea_sonic import zoo
-from coffea_sonic.errors import ServerUnavailableError, SonicError
+from coffea_sonic.errors import MissingDependencyError, ServerUnavailableError, SonicError
 from coffea_sonic.facility.gateway import TokenGateway
 from coffea_sonic.model import TritonModel
 from coffea_sonic.server import LocalTritonServer, free_port
@@ -157,6 +157,17 @@ def test_all_servers_down_with_fallback_completes_with_same_outputs(chunks, engi
     # a fresh process-level model that never saw a server also completes (signature from the zoo)
     fresh = TritonModel(urls, fallback="cpu", connect_timeout_s=1)
     _assert_same([fresh(chunks[0])["probs"]], [engine(chunks[0])["probs"]])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is not None,
+                    reason="a client-only install (no onnx extra) lacks onnxruntime; this one has it")
+def test_fallback_cpu_without_onnxruntime_names_the_extra_to_install(chunks):
+    dead = [f"triton+grpc://127.0.0.1:{free_port()}/jet_tagger"]
+    model = TritonModel(dead, fallback="cpu", connect_timeout_s=1, retry={"total_s": 1})
+    with pytest.raises(MissingDependencyError) as caught:
+        model(chunks[0])
+    assert "needs onnxruntime" in str(caught.value)
+    assert "pip install 'coffea-sonic[onnx]'" in str(caught.value)
 
 
 def test_all_servers_down_without_fallback_names_every_server_tried(chunks):

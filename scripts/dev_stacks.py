@@ -48,6 +48,10 @@ _COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)")
 
 
 def _pip(python: Path, *args: str) -> None:
+    # --no-compile: byte-compiling every module of the stack costs minutes of CPU on 2 cores;
+    # the tests import (and so compile) a small part of it
+    if args and args[0] == "install":
+        args = ("install", "--no-compile", *args[1:])
     result = subprocess.run([str(python), "-m", "pip", "--disable-pip-version-check", *args],
                             capture_output=True, text=True)
     if result.returncode != 0:

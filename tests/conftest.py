@@ -111,7 +111,9 @@ def each_transport(request):
     workers depend on this one, and are made again for the next transport. The setting reaches
     every TritonModel made without an explicit ``transport=``, Dask workers started by the
     module too. Transports of this process are closed between runs, so a ``[grpc]`` run starts
-    with no shared-memory region of ours registered on any server."""
+    with no shared-memory region of ours registered on any server. The setting stays until the
+    module ends: a module that uses it for some tests only passes ``transport=`` explicitly in
+    the others (or parametrizes its own ``transport`` instead)."""
     from coffea_sonic.routing import clear_routers
     from coffea_sonic.transport.registry import close_all_transports
 

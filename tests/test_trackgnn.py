@@ -154,14 +154,15 @@ def test_bad_hits_or_counts_are_refused_with_the_expected_shape():
         trackgnn.run_direct(np.zeros((4, 3), np.float32), [1, 2])
 
 
-def test_served_fused_and_ensemble_equal_direct_over_many_requests(server, each_transport):
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_served_fused_and_ensemble_equal_direct_over_many_requests(server, transport):
     rows, counts = _with_small_events()
     direct = trackgnn.run_direct(rows, counts)
     for name in ("trackgnn", "trackgnn_ensemble"):
-        model = TritonModel(server.url(name), max_request_bytes=12_000)
+        model = TritonModel(server.url(name), max_request_bytes=12_000, transport=transport)
         assert model.info.ragged_outputs == ("labels",)
         labels = model({"hits": rows}, counts=counts)["labels"]
-        assert model.transport_kind == each_transport
+        assert model.transport_kind == transport
         assert model.stats.requests >= 5, name
         assert labels.dtype == np.int64
         np.testing.assert_array_equal(labels, direct, err_msg=name)

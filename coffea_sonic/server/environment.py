@@ -11,7 +11,8 @@ server runs from an environment of its own while the user's environment keeps nu
   ``$COFFEA_SONIC_SERVER_PYTHON`` or the first of python3.12 ... python3.8 found on PATH.
   ``wheels=DIR`` installs from a local wheel folder only (machines without a package index).
 
->>> environment = ServerEnvironment.describe(sys.executable)  # doctest: +SKIP
+>>> ServerEnvironment.describe(sys.executable).version == "%d.%d" % sys.version_info[:2]
+True
 >>> SERVER_REQUIREMENTS[0]
 'nvidia-pytriton==0.7.0'
 """
@@ -141,14 +142,22 @@ def _this_interpreter() -> ServerEnvironment | None:
 
 
 def cache_root() -> Path:
-    """Where built server environments live: ``$COFFEA_SONIC_CACHE/server-env``."""
+    """Where built server environments live: ``$COFFEA_SONIC_CACHE/server-env``.
+
+    >>> cache_root().name
+    'server-env'
+    """
     from ..zoo import cache_dir
 
     return cache_dir() / "server-env"
 
 
 def find_python() -> Path:
-    """A Python the python-backend stubs support: ``$COFFEA_SONIC_SERVER_PYTHON`` or one on PATH."""
+    """A Python the python-backend stubs support: ``$COFFEA_SONIC_SERVER_PYTHON`` or one on PATH.
+
+    >>> ServerEnvironment.describe(find_python()).version in STUB_VERSIONS
+    True
+    """
     named = os.environ.get(PYTHON_SETTING)
     candidates = [named] if named else (
         [sys.executable] + [f"python{version}" for version in STUB_VERSIONS])
@@ -258,7 +267,11 @@ OVERRIDES = ("TRITONSERVER_BIN", "TRITON_BACKEND_DIR", "TRITON_SERVER_PATH",
 
 
 def overridden() -> bool:
-    """Whether the launcher's overrides name everything (then no environment is looked for)."""
+    """Whether the launcher's overrides name everything (then no environment is looked for).
+
+    >>> overridden() == all(os.environ.get(name) for name in OVERRIDES)
+    True
+    """
     return all(os.environ.get(name) for name in OVERRIDES)
 
 

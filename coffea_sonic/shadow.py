@@ -20,7 +20,8 @@ Above the tolerance (``shadow_tolerance``; default by where the server runs the 
 * ``"quarantine"``: that server is quarantined (its requests go to the others, or to the
   fallback) and the divergence logged at ERROR.
 
-Counted in the model's stats (``shadow_rows``, ``shadow_alarms``). Ragged calls and rows answered
+Counted in the model's stats (``shadow_rows``, ``shadow_alarms``, and ``shadow_s``: the seconds
+the comparisons took on the shadow thread). Ragged calls and rows answered
 by the fallback or a lookup (the cache) are not shadowed.
 
 Default tolerances, from measured honest differences: the same ONNX file served on the CPU and run
@@ -41,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -182,8 +184,10 @@ class ShadowHook(CallHooks):
 
     def _compare(self, model: str, source: str, version: str, inputs: dict[str, np.ndarray],
                  served: dict[str, np.ndarray], gpu: bool, endpoint: Any, runtime: Any) -> None:
+        started = time.perf_counter()
         try:
             self._check(model, source, version, inputs, served, gpu, endpoint, runtime)
+            runtime.count(shadow_s=time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - a broken reference must be seen, not hidden
             with self._lock:
                 self._error = self._error or (

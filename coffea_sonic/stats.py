@@ -79,6 +79,8 @@ class InferenceStats:
     #: (:mod:`coffea_sonic.shadow`)
     shadow_rows: int = 0
     shadow_alarms: int = 0
+    #: seconds the shadow thread spent recomputing and comparing them
+    shadow_s: float = 0.0
 
     @classmethod
     def identity(cls) -> "InferenceStats":

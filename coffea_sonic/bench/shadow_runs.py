@@ -5,8 +5,9 @@ One embedded server with the demo's models (honest: the zoo's) and one Dask ``Lo
 every pass; each pass runs the demo's analysis (coffea ``Runner`` + ``DaskExecutor``, the demo's
 processor and chunk size) over the same synthetic sample, alternating shadow off / on (the order
 of each pair flips, so a drift in the machine's load does not favour one side). Recorded per
-pass: wall time, events/s, rows recomputed and alarms; summed: false alarms over the shadowed
-passes (0 expected: an honest server), and the throughput ratio on/off (median of the pairs).
+pass: wall time, events/s, rows recomputed, alarms and the shadow thread's seconds; summed: false
+alarms over the shadowed passes (0 expected: an honest server), the throughput ratio on/off
+(median of the pairs) and the shadow thread's share of the workers' time.
 The machine's load is recorded beside the figures (a shared box: only the ratio is meaningful).
 
 Command: ``python -m coffea_sonic.bench.shadow_runs --pairs 20 --events 4000 -o DIR`` (writes
@@ -54,6 +55,7 @@ def _pass(runner: Any, fileset: dict[str, list[str]], base: str, shadow: float) 
             "events_per_s": round(events / wall_s, 1),
             "shadow_rows": {name: int(s.shadow_rows) for name, s in stats.items()},
             "alarms": sum(int(s.shadow_alarms) for s in stats.values()),
+            "shadow_s": round(sum(s.shadow_s for s in stats.values()), 4),
             "load_1m": load_now()["load_1m"]}
 
 
@@ -94,6 +96,11 @@ def run_pairs(pairs: int, events: int, workdir: Path, shadow: float = 0.001,
             "false_alarms": sum(p["alarms"] for p in shadowed),
             "shadowed_passes": len(shadowed),
             "rows_recomputed": sum(sum(p["shadow_rows"].values()) for p in shadowed),
+            # the shadow thread's seconds over the workers' seconds (wall x workers) of those
+            # passes: what shadow validation takes from the run, without the run-to-run noise
+            "shadow_share_of_worker_time": round(
+                sum(p["shadow_s"] for p in shadowed)
+                / (workers * sum(p["wall_s"] for p in shadowed)), 6),
             "passes": passes, "load": load_now()}
 
 

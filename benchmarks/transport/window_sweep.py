@@ -14,19 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from coffea_sonic.bench.clients import ClientPool  # noqa: E402
-from coffea_sonic.bench.machine import machine_info  # noqa: E402
-from coffea_sonic.bench.passthrough import PASSTHROUGH, write_passthrough  # noqa: E402
-from coffea_sonic.bench.reference import tritonmodel_task  # noqa: E402
-from coffea_sonic.server import LocalTritonServer  # noqa: E402
+from coffea_sonic.bench.clients import ClientPool
+from coffea_sonic.bench.machine import machine_info
+from coffea_sonic.bench.reference_run import uptime_line
+from coffea_sonic.bench.passthrough import PASSTHROUGH, write_passthrough
+from coffea_sonic.bench.reference import tritonmodel_task
+from coffea_sonic.server import LocalTritonServer
 
 MiB = 1 << 20
 
@@ -43,8 +40,7 @@ def main() -> int:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
-    report = {"machine": machine_info(), "uptime_before": uptime(), "rows": args.rows,
+    report = {"machine": machine_info(), "uptime_before": uptime_line(), "rows": args.rows,
               "window_s": args.window, "command": " ".join(sys.argv), "windows": {}}
     configs = [(t, s, f) for t in args.transports for s in args.sizes_mib for f in args.in_flight]
     repository = write_passthrough(Path(tempfile.mkdtemp(prefix="passthrough-")))
@@ -66,7 +62,7 @@ def main() -> int:
                     print(key, result, flush=True)
     finally:
         pool.close()
-    report["uptime_after"] = uptime()
+    report["uptime_after"] = uptime_line()
     (out / "window-sweep.json").write_text(json.dumps(report, indent=1, default=str))
     lines = [f"# {PASSTHROUGH}, {args.rows}-row calls, one process ({report['machine']['cpu_model']}, "
              f"{report['machine']['cpu_cores']} cores, {report['machine']['date']})", "",

@@ -28,7 +28,7 @@ from .passthrough import PASSTHROUGH, write_passthrough
 from .perf_analyzer import PerfAnalyzerUnavailable, install
 from .reference import ReferenceConfig, ReferenceRun, output_bytes, tritonmodel_task
 
-__all__ = ["markdown_table", "run_reference_bench"]
+__all__ = ["markdown_table", "run_reference_bench", "uptime_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,8 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def _uptime() -> str:
+def uptime_line() -> str:
+    """``uptime``'s line (the machine's load beside a figure), or "" where it cannot run."""
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
     except OSError:
@@ -112,7 +113,7 @@ def run_reference_bench(config: ReferenceConfig, output_dir: str | Path, server:
 
     output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"machine": machine_info(), "uptime_before": _uptime(),
+    results: dict[str, Any] = {"machine": machine_info(), "uptime_before": uptime_line(),
                                "config": config.__dict__, "rows": []}
     try:
         analyzer, error = install(), ""
@@ -134,7 +135,7 @@ def run_reference_bench(config: ReferenceConfig, output_dir: str | Path, server:
                 probe.close()
     finally:
         pool.close()
-    results["uptime_after"] = _uptime()
+    results["uptime_after"] = uptime_line()
     _write(results, output)
     return results
 

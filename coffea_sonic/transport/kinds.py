@@ -35,10 +35,10 @@ class TransportKind:
 
 
 KINDS: dict[str, TransportKind] = {kind.name: kind for kind in (
-    # 2 MiB x 4: benchmarks/transport/window_sweep.py on the 2-core box (passthrough over gRPC,
-    # median of 3 alternating windows 10.4 M rows/s vs 6.8 M at 4 MiB x 4) and emtrk_cnn from one
-    # process on an H100 (smaller requests in flight beat 4 MiB x 4: benchmarks/RESULTS.md)
-    TransportKind("grpc", 2 * 2**20, 4, "coffea_sonic.transport.grpc:GrpcTransport",
+    # 9 MiB x 2: H100, emtrk_cnn 2048-row chunks over gRPC, 8 processes 0.89x in-process where
+    # 2 MiB x 4 gave 0.71x (one process: 0.21x vs 0.23x; 2 MiB x 8 with 4 connections 0.33x);
+    # benchmarks/RESULTS.md, "The gRPC path"
+    TransportKind("grpc", 9 * 2**20, 2, "coffea_sonic.transport.grpc:GrpcTransport",
                   "Triton's gRPC API"),
     TransportKind("shm", 9 * 2**20, 2, "coffea_sonic.transport.shm:SystemShmTransport",
                   "system shared memory (/dev/shm) to a server on this host"),

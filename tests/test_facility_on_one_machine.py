@@ -95,7 +95,7 @@ def facility(tmp_path_factory: pytest.TempPathFactory, prometheus_binary: str) -
         if cluster is not None:
             cluster.close()
         if prometheus is not None:
-            prometheus.terminate()
+            prometheus.kill()  # its database is thrown away: no graceful stop
             prometheus.wait(timeout=30)
         if balancer is not None:
             balancer.stop()

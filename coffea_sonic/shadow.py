@@ -21,7 +21,9 @@ Above the tolerance (``shadow_tolerance``; default by where the server runs the 
   fallback) and the divergence logged at ERROR.
 
 Counted in the model's stats (``shadow_rows``, ``shadow_alarms``, and ``shadow_s``: the seconds
-the comparisons took on the shadow thread). Ragged calls and rows answered
+the comparisons took on the shadow thread). With the setting ``shadow_dir``
+(``COFFEA_SONIC_SHADOW_DIR``) every process writes its report there, and ``coffea-sonic monitor
+--shadow DIR`` shows them summed. Ragged calls and rows answered
 by the fallback or a lookup (the cache) are not shadowed.
 
 Default tolerances, from measured honest differences: the same ONNX file served on the CPU and run
@@ -39,12 +41,15 @@ largest CPU difference), on a GPU 1e-3 (4x the largest GPU one). An fp16 cast of
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -216,6 +221,23 @@ class ShadowHook(CallHooks):
         if alarms:  # acted on before counted: a caller that sees the count sees the alarm
             self._alarm(model, source, version, alarms, limit, endpoint, runtime)
         runtime.count(shadow_rows=rows, shadow_alarms=len(alarms))
+        self._publish(model)
+
+    def _publish(self, model: str) -> None:
+        """Write the report where ``monitor --shadow DIR`` reads it (setting ``shadow_dir``)."""
+        from . import config
+
+        folder = config.setting("shadow_dir", None)
+        if not folder:
+            return
+        path = Path(folder) / f"{socket.gethostname()}-{os.getpid()}-{model}.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temporary = path.with_suffix(".tmp")
+            temporary.write_text(json.dumps({"model": model, "report": self.report()}))
+            temporary.replace(path)
+        except OSError as error:  # the report is extra: never fail inference for it
+            logger.info("coffea-sonic: could not write the shadow report %s: %s", path, error)
 
     def _alarm(self, model: str, source: str, version: str, alarms: list[tuple[str, float]],
                limit: float, endpoint: Any, runtime: Any) -> None:

@@ -60,7 +60,9 @@ def test_honest_server_is_not_flagged(jet_tagger_server, each_transport):
     assert model.stats.shadow_alarms == 0 and model.stats.shadow_rows > 1000
 
 
-def test_altered_server_raises_on_the_next_call_naming_server_and_output(altered_server):
+def test_altered_server_raises_on_the_next_call_naming_server_and_output(altered_server, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setenv("COFFEA_SONIC_SHADOW_DIR", str(tmp_path / "shadow"))
     model = TritonModel(altered_server.url("jet_tagger"), shadow=0.01, fallback="off")
     try:
         model(rows_for("jet_tagger", 3000, 1))
@@ -73,6 +75,13 @@ def test_altered_server_raises_on_the_next_call_naming_server_and_output(altered
     for text in ("'jet_tagger'", altered_server.grpc_address, "output 'probs'", "tolerance 0.0001"):
         assert text in message, (text, message)
     assert model.stats.shadow_alarms >= 1
+    shown = subprocess.run([sys.executable, "-m", "coffea_sonic.cli", "monitor", "--shadow",
+                            str(tmp_path / "shadow"), "--frames", "1", "--no-color"],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert shown.returncode == 0, shown.stderr
+    assert f"jet_tagger at {altered_server.grpc_address} output probs" in shown.stdout, shown.stdout
+    assert "alarm(s)" in shown.stdout and "0 alarm(s)" not in shown.stdout, shown.stdout
 
 
 def test_quarantine_moves_the_rows_to_the_fallback(altered_server):

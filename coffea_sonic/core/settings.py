@@ -132,6 +132,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("transport", "auto", "auto, grpc, shm or http: how TritonModel sends tensors"),
     Setting("fallback", "off", "off, local or cpu: where inference goes when every server fails"),
     Setting("shadow", 0.0, "fraction of served rows recomputed in-process and compared (0: off)"),
+    Setting("shadow_dir", None, "folder where shadow validation's reports go (monitor --shadow)"),
     Setting("fallback_repository", None, "Triton repository that fallback='local' serves"),
     Setting("ca_file", None, "PEM bundle of the CA(s) to trust for triton+grpcs:// servers"),
     Setting("cert_file", None, "client certificate for mutual TLS"),

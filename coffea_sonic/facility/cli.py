@@ -123,6 +123,10 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     monitor.add_argument("--cache", action="append", default=[], metavar="DIR",
                          help="a persistent inference cache directory: hits, misses and bytes "
                               "saved by every process that used it (repeatable)")
+    monitor.add_argument("--shadow", action="append", default=[], metavar="DIR",
+                         help="shadow validation's reports (the workers' COFFEA_SONIC_SHADOW_DIR): "
+                              "rows compared, largest divergence and alarms per model, server and "
+                              "output (repeatable)")
     monitor.set_defaults(func=run_monitor)
 
 
@@ -194,7 +198,7 @@ def run_monitor(args: argparse.Namespace) -> int:
     try:
         return monitor(args.urls, interval_s=args.interval, once=args.once, frames=args.frames,
                        color=False if args.no_color else None, threshold_ms=args.threshold,
-                       as_json=args.json, cache_dirs=args.cache)
+                       as_json=args.json, cache_dirs=args.cache, shadow_dirs=args.shadow)
     except SonicError as error:
         print(f"coffea-sonic monitor: {error}", file=sys.stderr)
         return 2

@@ -405,7 +405,7 @@ def frame_record(pairs: Sequence[tuple[Snapshot | None, Snapshot]], *,
 def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             frames: int | None = None, out: IO[str] | None = None, color: bool | None = None,
             threshold_ms: float = DEFAULT_THRESHOLD_MS, as_json: bool = False,
-            cache_dirs: Sequence[str] = ()) -> int:
+            cache_dirs: Sequence[str] = (), shadow_dirs: Sequence[str] = ()) -> int:
     """Scrape ``urls`` every ``interval_s`` and redraw the view; returns an exit code.
 
     ``urls``: metrics endpoints, or Triton URLs (their statistics API; see the module docstring).
@@ -415,10 +415,10 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
     cleared between frames; otherwise frames are printed one after the other. ``as_json``: each
     frame is one line of JSON (:func:`frame_record`) instead. ``cache_dirs``: persistent
     inference caches whose hits, misses and bytes saved end each frame
-    (:mod:`.cache_view`).
+    (:mod:`.cache_view`); ``shadow_dirs``: shadow validation's reports (:mod:`.shadow_view`).
     """
     targets = [parse_target(url).label if is_triton_url(url) else metrics_url(url) for url in urls]
-    if not targets and not cache_dirs:
+    if not targets and not cache_dirs and not shadow_dirs:
         raise ConfigurationError("give at least one metrics URL, e.g. http://127.0.0.1:8002/metrics"
                                  ", or --cache DIR")
     out = out or sys.stdout
@@ -435,7 +435,7 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             current = {url: scrape(url) for url in targets}
             pairs = [(previous.get(url) if not previous.get(url, current[url]).error else None,
                       current[url]) for url in targets]
-            frame = _with_caches(pairs, threshold_ms, as_json, color, cache_dirs)
+            frame = _with_caches(pairs, threshold_ms, as_json, color, cache_dirs, shadow_dirs)
             out.write(("\033[H\033[2J" if is_tty else "") + frame + "\n")
             out.flush()
             previous = current
@@ -449,19 +449,26 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
 
 
 def _with_caches(pairs: Sequence[tuple[Snapshot | None, Snapshot]], threshold_ms: float,
-                 as_json: bool, color: bool, cache_dirs: Sequence[str]) -> str:
-    """One frame, text or JSON, with the inference caches' figures at its end."""
+                 as_json: bool, color: bool, cache_dirs: Sequence[str],
+                 shadow_dirs: Sequence[str] = ()) -> str:
+    """One frame, text or JSON, with the inference caches' and shadow validation's figures at
+    its end."""
     from .cache_view import cache_lines, cache_record
+    from .shadow_view import shadow_lines, shadow_record
 
     if as_json:
         record = frame_record(pairs, threshold_ms=threshold_ms) if pairs else {"time": time.time()}
         if cache_dirs:
             record["inference_caches"] = [cache_record(root) for root in cache_dirs]
+        if shadow_dirs:
+            record["shadow"] = [shadow_record(root) for root in shadow_dirs]
         return json.dumps(plain(record))
     text = render_frame(pairs, color=color, threshold_ms=threshold_ms) if pairs else (
         f"coffea-sonic monitor  {time.strftime('%H:%M:%S')}")
     for root in cache_dirs:
         text += "\n\n" + "\n".join(cache_lines(root))
+    for root in shadow_dirs:
+        text += "\n\n" + "\n".join(shadow_lines(root))
     return text
 
 

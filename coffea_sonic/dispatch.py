@@ -343,10 +343,11 @@ class CallRunner:
         """Decide on a failed request: resend it plainly, retry it, or fail the call."""
         endpoint, window = piece.endpoint, self.window
         if error.kind == "shm_region" and piece.transport.name in ("shm", "cuda"):
-            # the server does not know our region (a balancer sent the request elsewhere,
-            # or it restarted): this server gets plain requests from now on; not a failure
+            # the server does not know our region (it restarted or had every region
+            # unregistered; or a balancer sent the request elsewhere): probed again, it keeps
+            # shared memory or gets plain requests from now on; not a failure
             self.router.release(endpoint, "other")
-            endpoint.transports.disable_shm(error.describe())
+            endpoint.transports.region_forgotten(error.describe())
             piece.attempts -= 1
             window.submit_front(piece)
             return

@@ -84,3 +84,22 @@ def test_an_unknown_compression_is_a_configuration_error(monkeypatch):
     monkeypatch.setenv("COFFEA_SONIC_COMPRESSION", "zstd")
     with pytest.raises(ConfigurationError, match="compression must be one of none, gzip"):
         GrpcTransport(ServerSettings("127.0.0.1:1"))
+
+
+def test_shared_memory_survives_another_client_unregistering_every_region(passthrough_server):
+    from tritonclient.grpc import service_pb2
+
+    model = TritonModel(passthrough_server.url(PASSTHROUGH), transport="shm")
+    inputs = passthrough_inputs(20_000, seed=7)
+    np.testing.assert_array_equal(model(inputs)["y"], inputs["x"][:, :2])
+    control = GrpcTransport(ServerSettings(passthrough_server.grpc_address))
+    # what perf_analyzer does when it ends: an unregister without a name drops every region
+    control.rpc("SystemSharedMemoryUnregister", service_pb2.SystemSharedMemoryUnregisterRequest(),
+                30)
+    for seed in range(3):
+        inputs = passthrough_inputs(20_000, seed=seed)
+        np.testing.assert_array_equal(model(inputs)["y"], inputs["x"][:, :2])
+    assert model.transport_kind == "shm"
+    status = control.rpc("SystemSharedMemoryStatus",
+                         service_pb2.SystemSharedMemoryStatusRequest(), 30)
+    assert status.regions, "the model registered new regions"

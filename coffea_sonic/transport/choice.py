@@ -28,9 +28,12 @@ from ..errors import ConfigurationError
 from .base import Transport
 from .registry import open_transport
 
-__all__ = ["ServerTransports"]
+__all__ = ["MAX_REPROBES", "ServerTransports"]
 
 logger = logging.getLogger(__name__)
+
+#: a server may forget our regions this many times per process before it gets plain requests
+MAX_REPROBES = 3
 
 class ServerTransports:
     """The control and data transports of one server, as this process uses them.
@@ -52,6 +55,8 @@ class ServerTransports:
         self.shm_off = ""
         #: why CUDA shared memory is not used with this server ("" while undecided or in use)
         self.cuda_off = ""
+        #: times the server forgot our regions and was probed again (see region_forgotten)
+        self.reprobes = 0
         self._lock = threading.Lock()
 
     @property
@@ -101,6 +106,30 @@ class ServerTransports:
         log = logger.info if quiet else logger.warning
         log("coffea-sonic: not using shared memory with %s (%s); sending tensors over %s",
             self.settings.address, self.shm_off, self.settings.protocol)
+
+    def region_forgotten(self, why: str) -> None:
+        """The server answered that it does not know one of our regions: probe it again.
+
+        The same server forgetting our regions (it restarted, or another client unregistered every
+        region, as perf_analyzer does when it ends) keeps its shared memory: the slot pool has
+        retired the regions and registers new ones. Where the probe fails (a balancer moved our
+        connection to another backend), or after :data:`MAX_REPROBES` such answers, requests go
+        over the URL's protocol from now on.
+        """
+        with self._lock:
+            self.reprobes += 1
+            again = self.reprobes <= MAX_REPROBES and not self.shm_off
+        if again:
+            from .shm.select import forget_probe, probe_shared_memory
+
+            forget_probe(self.plain)
+            usable, detail = probe_shared_memory(self.plain)
+            if usable:
+                logger.info("coffea-sonic: %s forgot our shared-memory regions (%s); registering "
+                            "new ones", self.settings.address, why)
+                return
+            why = f"{why}; probed again: {detail}"
+        self.disable_shm(why)
 
     def _cuda_transport(self) -> Transport | None:
         """The CUDA shared-memory transport, or None where it does not work."""

@@ -38,7 +38,7 @@ from ...errors import ConfigurationError
 from ..errors import TransportError
 from .regions import SystemRegion, host_of, is_local_host
 
-__all__ = ["PROBE_CHECKS", "forget_probes", "probe_shared_memory", "shm_possible"]
+__all__ = ["PROBE_CHECKS", "forget_probe", "forget_probes", "probe_shared_memory", "shm_possible"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +129,11 @@ def _unregister(grpc: Any, name: str, times: int, timeout_s: float) -> None:
             if error.kind in ("down", "timeout"):
                 return  # gone: it has forgotten the region with everything else
             logger.debug("unregistering probe region %s at %s: %s", name, grpc.address, error)
+
+
+def forget_probe(grpc: Any) -> None:
+    """Forget the cached probe answer for the server of ``grpc`` (a GrpcTransport)."""
+    _probes.pop(grpc.settings.key(), None)
 
 
 def forget_probes() -> None:

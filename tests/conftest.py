@@ -3,11 +3,48 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import pytest
 
 from coffea_sonic.server import LocalTritonServer
+
+
+#: Modules whose subject is how a server stops: their servers stop the way users' do.
+GRACEFUL_STOP_MODULES = {"test_server", "test_standard_repository"}
+_graceful_stop = LocalTritonServer.stop
+
+
+def _stop_at_once(server: LocalTritonServer) -> None:
+    """SIGKILL the server's process group, then the launcher's own stop (which reaps it and
+    removes its shared-memory regions and folder). A graceful stop takes 2-3 s per server here
+    (Triton unloads the models and checks once a second) and 5 s more while an HTTP client keeps
+    a connection open; a test's server has nothing to save."""
+    process = server.process
+    if process is not None and process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _graceful_stop(server)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _servers_stop_at_once():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LocalTritonServer, "stop", _stop_at_once)
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _graceful_stops_where_tested(request, _servers_stop_at_once):
+    if request.module.__name__ not in GRACEFUL_STOP_MODULES:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LocalTritonServer, "stop", _graceful_stop)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,8 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
+from ..errors import require
+
 __all__ = ["OPTION", "load_libraries", "missing_operator_name", "torchscript_problem"]
 
 #: How a user names an operator library to ``coffea-sonic serve``.
@@ -39,7 +41,7 @@ def missing_operator_name(message: str) -> str | None:
 
 def load_libraries(paths: Sequence[str | os.PathLike]) -> None:
     """``torch.ops.load_library`` each path once per process (registers its operators)."""
-    import torch
+    torch = require("torch", "loading TorchScript operator libraries")
 
     for path in paths:
         resolved = str(Path(path).resolve())
@@ -63,7 +65,7 @@ def torchscript_problem(path: Path, config, libraries: Sequence[str | os.PathLik
     except (OSError, RuntimeError) as error:
         return (f"an operator library could not be loaded: {type(error).__name__}: "
                 f"{str(error).strip().splitlines()[0]}")
-    import torch
+    torch = require("torch", f"checking the TorchScript file {path}")
 
     try:
         with warnings.catch_warnings():  # torch.jit is deprecated, but it is what Triton serves

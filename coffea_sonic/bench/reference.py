@@ -116,7 +116,7 @@ def tritonmodel_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     from ..transport.shm.select import forget_probes
 
     # fresh transports and model per window: perf_analyzer unregisters every shared-memory region
-    # of the server when it ends (ours too), and a model whose regions vanished keeps to gRPC
+    # of the server when it ends (ours too); re-registering them is not what a window measures
     previous = cache.pop("model", None)
     if previous is not None:
         previous.close()

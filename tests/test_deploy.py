@@ -6,14 +6,19 @@ no schemas for custom resources: KEDA's ``ScaledObject`` and the Prometheus oper
 ``ServiceMonitor`` raise ``SchemaNotFoundError`` there, so they are checked here instead against the
 part of their CRDs' OpenAPI schemas the manifests use (required fields and types; unknown fields
 refused). Then the cross-references a typo would break: selectors and labels, named ports, the
-volume claim, Envoy's upstream (the Triton Service's DNS name and gRPC port) and its policy
-(LEAST_REQUEST, token check before routing), the scrape annotations, the KEDA target and query
+volume claim, the gateway's configuration (deploy/haproxy's files verbatim, HAProxy's own check
+of them, the Triton Service's DNS name and ports, every variable the policy reads), the scrape
+annotations, the KEDA target and query
 (SuperSONIC's, :func:`coffea_sonic.facility.autoscaling.supersonic_query`), and the workers'
 endpoints file read by coffea-sonic's own settings code.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +115,7 @@ def test_core_manifests_validate_strictly(version):
                                  f"invalid for Kubernetes {version}: {error.message} at "
                                  f"{list(error.path)}") from None
         checked += 1
-    assert checked == 7  # namespace, PVC, triton Deployment+Service, envoy ConfigMap+Deployment+Service
+    assert checked == 7  # namespace, PVC, triton Deployment+Service, gateway ConfigMap+Deployment+Service
 
 
 def test_custom_resources_match_their_crd_schemas():
@@ -128,7 +133,7 @@ def test_everything_is_in_one_namespace_and_services_select_their_pods():
     documents = [d for _, d in _documents()]
     assert all(d["metadata"].get("namespace") == NAMESPACE for d in documents
                if d["kind"] != "Namespace")
-    for name in ("triton", "envoy"):
+    for name in ("triton", "gateway"):
         service, deployment = _one("Service", name), _one("Deployment", name)
         pod = deployment["spec"]["template"]
         assert deployment["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
@@ -136,7 +141,7 @@ def test_everything_is_in_one_namespace_and_services_select_their_pods():
         port_names = {port["name"] for container in pod["spec"]["containers"]
                       for port in container["ports"]}
         assert {port["targetPort"] for port in service["spec"]["ports"]} <= port_names
-    # Envoy resolves every Triton pod through a headless Service
+    # the gateway resolves every Triton pod through a headless Service
     assert _one("Service", "triton")["spec"]["clusterIP"] == "None"
 
 
@@ -153,33 +158,47 @@ def test_triton_pods_request_a_gpu_and_read_the_model_repository_volume():
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
 
 
-def test_envoy_balances_grpc_over_the_triton_service_least_request_with_a_token_check():
-    config = yaml.safe_load(_one("ConfigMap", "envoy-config")["data"]["envoy.yaml"])
-    (listener,) = config["static_resources"]["listeners"]
-    manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
-    filters = [f["name"] for f in manager["http_filters"]]
-    assert filters == ["envoy.filters.http.jwt_authn", "envoy.filters.http.router"]
-    jwt = manager["http_filters"][0]["typed_config"]
-    assert jwt["rules"][0]["requires"]["provider_name"] in jwt["providers"]
-    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
-    route = manager["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
-    upstream = clusters[route["cluster"]]
-    assert upstream["lb_policy"] == "LEAST_REQUEST" and upstream["type"] == "STRICT_DNS"
-    assert "http2_protocol_options" in upstream["typed_extension_protocol_options"][
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]["explicit_http_config"]
-    address = upstream["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"][
-        "address"]["socket_address"]
+def test_the_gateway_runs_the_tested_policy_file_over_the_triton_service(tmp_path):
+    data = _one("ConfigMap", "gateway-config")["data"]
+    haproxy = DEPLOY.parent / "haproxy"
+    # one policy: the file the tests run (tests/test_gateway.py, tests/test_multihost.py)
+    assert data["gateway.cfg"] == (haproxy / "gateway.cfg").read_text()
+    assert data["grpc_refuse.lua"] == (haproxy / "grpc_refuse.lua").read_text()
     triton = _one("Service", "triton")
-    assert address["address"].startswith(f"{triton['metadata']['name']}.{NAMESPACE}.svc")
-    grpc_port = next(p["port"] for p in triton["spec"]["ports"] if p["name"] == "grpc")
-    assert address["port_value"] == grpc_port
-    assert jwt["providers"]["facility"]["remote_jwks"]["http_uri"]["cluster"] in clusters
-    # Envoy's own listener and admin ports are the ones its Service and annotations name
-    envoy = _one("Deployment", "envoy")["spec"]["template"]
-    assert int(envoy["metadata"]["annotations"]["prometheus.io/port"]) == \
-        config["admin"]["address"]["socket_address"]["port_value"]
-    assert listener["address"]["socket_address"]["port_value"] == next(
-        p["port"] for p in _one("Service", "envoy")["spec"]["ports"] if p["name"] == "grpc")
+    ports = {p["name"]: p["port"] for p in triton["spec"]["ports"]}
+    (template,) = [line.split() for line in data["servers.cfg"].splitlines()
+                   if line.strip().startswith("server-template")]
+    assert template[3] == f"triton.{NAMESPACE}.svc.cluster.local:{ports['grpc']}"
+    assert template[template.index("port") + 1] == str(ports["http"])  # Triton's readiness
+    assert "proto" in template and template[template.index("proto") + 1] == "h2"
+    # every variable the policy reads is set, and the ports are the ones the Service names
+    pod = _one("Deployment", "gateway")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert set(re.findall(r"\$\{(GATEWAY_\w+)\}", data["gateway.cfg"])) == set(env)
+    service_ports = {p["name"]: p["port"] for p in _one("Service", "gateway")["spec"]["ports"]}
+    assert env["GATEWAY_BIND"] == f":{service_ports['grpc']}"
+    assert env["GATEWAY_STATS_BIND"] == f":{service_ports['stats']}"
+    assert int(pod["metadata"]["annotations"]["prometheus.io/port"]) == service_ports["stats"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert env["GATEWAY_JWT_KEY"].startswith(mounts["issuer-key"] + "/")
+    assert container["args"][-3:] == ["/etc/gateway/gateway.cfg", "-f", "/etc/gateway/servers.cfg"]
+    assert mounts["config"] == "/etc/gateway"
+    # and HAProxy itself accepts the mounted files (where it is installed)
+    if shutil.which("haproxy") is None:
+        return
+    for name, text in data.items():
+        (tmp_path / name).write_text(text)
+    key = tmp_path / "issuer.pem"
+    subprocess.run(["openssl", "genrsa", "-out", str(tmp_path / "issuer.key"), "2048"], check=True,
+                   capture_output=True)
+    subprocess.run(["openssl", "rsa", "-in", str(tmp_path / "issuer.key"), "-pubout", "-out",
+                    str(key)], check=True, capture_output=True)
+    check = subprocess.run(
+        ["haproxy", "-c", "-f", str(tmp_path / "gateway.cfg"), "-f", str(tmp_path / "servers.cfg")],
+        capture_output=True, text=True,
+        env={**os.environ, **env, "GATEWAY_JWT_KEY": str(key)})  # -c binds nothing
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_prometheus_scrapes_the_triton_metrics_port_with_the_release_label():
@@ -206,17 +225,17 @@ def test_keda_scales_the_triton_deployment_on_supersonics_queue_time_per_executi
     assert 1 <= spec["minReplicaCount"] < spec["maxReplicaCount"]
 
 
-def test_the_workers_endpoints_file_points_every_model_at_envoy(monkeypatch):
+def test_the_workers_endpoints_file_points_every_model_at_the_gateway(monkeypatch):
     from coffea_sonic.config import model_urls, setting
     from coffea_sonic.core.endpoint import parse_model_url
 
     for name in [n for n in __import__("os").environ if n.startswith("COFFEA_SONIC_")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("COFFEA_SONIC_CONFIG", str(DEPLOY / "endpoints.toml"))
-    envoy = _one("Service", "envoy")
-    port = next(p["port"] for p in envoy["spec"]["ports"] if p["name"] == "grpc")
+    gateway = _one("Service", "gateway")
+    port = next(p["port"] for p in gateway["spec"]["ports"] if p["name"] == "grpc")
     for model in ("jet_tagger", "particlenet_lite", "emtrk_cnn"):
         (url,) = model_urls(model)
-        assert parse_model_url(url).address == f"envoy.{NAMESPACE}.svc:{port}", url
+        assert parse_model_url(url).address == f"gateway.{NAMESPACE}.svc:{port}", url
     assert setting("token_env") == "SONIC_TOKEN"
     assert setting("transport") == "grpc"

@@ -4,7 +4,8 @@
   scheduler; model-server settings reach the workers, secrets by variable name only.
 * :func:`check_servers` / ``coffea-sonic check`` -- can this node use the Triton servers?
 * :func:`monitor` / ``coffea-sonic monitor`` -- throughput, batch, queue and compute time per model.
-* :class:`TokenGateway` -- a loopback bearer-token gRPC gateway for tests and demos.
+* :class:`TokenGateway` -- a loopback shared-secret gRPC gateway, a test fixture (a facility's
+  gateway is HAProxy with ``deploy/haproxy/gateway.cfg``: JWT tokens, per-user quotas).
 
 >>> from coffea_sonic import facility
 >>> facility.parse_target("gpu1:8001").address

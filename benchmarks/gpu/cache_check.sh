@@ -25,7 +25,7 @@ export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
 echo "cores: $(nproc), memory: $(free -g | awk '/Mem:/ {print $2}') GiB; $(uptime)"
 # CUDA shared memory and Triton's response cache (Triton hashes only inputs in CPU memory)
-OUT=$OUT timeout 90 python3 benchmarks/gpu/response_cache_cuda.py 2>&1 | tail -n 30
+OUT=$OUT timeout "${CUDA_CHECK_TIMEOUT:-60}" python3 benchmarks/gpu/response_cache_cuda.py 2>&1 | tail -n 30
 timeout "${TIMEOUT:-200}" python3 -m coffea_sonic.cli bench cache --scenario demo-twice \
   --demo-args "--device gpu --workers $WORKERS" -o "$OUT" "$@" 2>&1 \
   | grep --line-buffered -v "RuntimeWarning\|warnings.warn\|distributed.worker.memory" | tee "$OUT/cache-log.txt"

@@ -198,7 +198,16 @@ class ServerSettings:
     def key(self) -> tuple[Any, ...]:
         """What identifies these settings in per-process caches (no secret values)."""
         return (self.address, self.protocol, self.tls.key() if self.tls else None,
-                self.fingerprint)
+                self.fingerprint, self._secret_sources())
+
+    def _secret_sources(self) -> tuple[str, ...]:
+        """Where each secret is read from: two settings whose secrets hold the same value today
+        but come from different variables or files must not share a cached connection, which
+        would go on reading the other's source."""
+        values = [value for _, value in self.headers]
+        if self.protocol_key is not None:
+            values.append(self.protocol_key[1])
+        return tuple(value.source for value in values if isinstance(value, Secret))
 
     def credential_source(self) -> str:
         """Where the ``authorization`` header comes from, never its value.

@@ -105,6 +105,7 @@ class _EngineModel:
         self.device = device
         self.info = _ModelInfo(name)
         self.stats = InferenceStats()
+        self.call_hooks: tuple = ()  # nothing to trace, shadow or attribute in-process
 
     def infer_async(self, inputs: Mapping[str, np.ndarray]) -> _Done:
         started = time.perf_counter()

@@ -63,6 +63,7 @@ from . import fallback as fallback_module
 from .cache import CacheChoice, resolve_cache
 from .cache.lookup import cacheable, infer_cached
 from .calls import InferenceHandle
+from .classification import ClassificationChoice, check_classification, classified
 from .core.endpoint import (ModelRef, ServerSettings, configured_headers, configured_protocol_key,
                             configured_tls, parse_model_url)
 from .core.secrets import Secret, normalize_headers
@@ -159,6 +160,9 @@ class TritonModel:
         (default by where the server runs the model) ``"raise"`` on the next call or
         ``"quarantine"`` the server. None: the setting ``shadow`` (default 0, off). See
         :mod:`coffea_sonic.shadow`.
+    classification:
+        K (every output) or ``{output: K}``: the server answers those outputs with their top K
+        classes, BYTES ``"score:index:label"`` (:mod:`coffea_sonic.classification`); served only.
 
     >>> TritonModel("triton+grpc://127.0.0.1:8001/jet_tagger").version
     ''
@@ -175,6 +179,7 @@ class TritonModel:
         protocol_key: Any = None, priority: int | None = None, cache: CacheChoice = None,
         cache_offline: bool = False, shadow: float | None = None,
         shadow_tolerance: float | None = None, shadow_action: ShadowAction = "raise",
+        classification: ClassificationChoice = None,
     ) -> None:
         self.transport = _checked_transport(transport)
         self.urls = [url] if isinstance(url, str) else list(url)
@@ -216,6 +221,12 @@ class TritonModel:
         if self.shadow > 0:
             self.call_hooks += (ShadowHook(self.shadow, tolerance=shadow_tolerance,
                                            action=shadow_action, reference=self.fallback),)
+        self.classification = check_classification(classification)
+        if self.classification and (self.fallback is not None or self.shadow > 0):
+            raise ConfigurationError(
+                "classification is the server's work (ranked label strings); the in-process "
+                "engines of fallback and shadow give scores: use fallback='off' and shadow=0 "
+                "with it, or ask for the scores and rank them with numpy")
         self._init_runtime_fields()
 
     def _init_runtime_fields(self) -> None:
@@ -364,7 +375,7 @@ class TritonModel:
 
     def _infer(self, inputs: Mapping[str, Any], counts: Any, caller_waits: bool) -> Any:
         """Validate the call; answer what the inference cache holds and send the rest."""
-        info = self.info
+        info = classified(self.info, self.classification)
         runtime = self._get_runtime()
         arrays, rows, ragged = runtime.validate(info, inputs, counts)
         runtime.count(calls=1)

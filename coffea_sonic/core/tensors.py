@@ -71,13 +71,17 @@ class TensorInfo:
     name: str
     datatype: str
     dims: tuple[int, ...]
+    #: K > 0: asked as Triton's classification extension (the top K classes as BYTES
+    #: ``"score:index[:label]"``, see :mod:`coffea_sonic.classification`)
+    classification: int = field(default=0, repr=False)
 
     @property
     def dtype(self) -> np.dtype:
         return numpy_dtype(self.datatype)
 
     def describe(self) -> str:
-        return f"{self.name} {self.datatype}{list(self.dims)}"
+        top = f" (top {self.classification} classes)" if self.classification else ""
+        return f"{self.name} {self.datatype}{list(self.dims)}{top}"
 
 
 @dataclass(frozen=True)

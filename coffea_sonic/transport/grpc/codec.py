@@ -12,14 +12,14 @@ a zero-copy ``np.frombuffer`` view into the response bytes).
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from ...core.tensors import numpy_dtype, triton_dtype
+from ...core.tensors import TensorInfo, numpy_dtype, triton_dtype
 from ...errors import InferenceError
 
-__all__ = ["decode_response", "encode_framed", "encode_request", "raw_bytes"]
+__all__ = ["decode_response", "encode_framed", "encode_request", "raw_bytes", "request_outputs"]
 
 def raw_bytes(array: np.ndarray) -> bytes:
     if array.dtype == object or array.dtype.kind in "SU":
@@ -70,6 +70,16 @@ def decode_response(response) -> dict[str, np.ndarray]:
     return outputs
 
 
+def request_outputs(message, outputs: Sequence[TensorInfo]) -> None:
+    """Name every output in ``message`` with its classification count, when any is classified."""
+    if not any(output.classification for output in outputs):
+        return
+    for output in outputs:
+        tensor = message.outputs.add(name=output.name)
+        if output.classification:
+            tensor.parameters["classification"].int64_param = output.classification
+
+
 #: ``raw_input_contents`` is field 7 of ``ModelInferRequest``, length-delimited: tag (7 << 3) | 2
 _RAW_INPUT_TAG = b"\x3a"
 
@@ -84,7 +94,8 @@ def _varint(value: int) -> bytes:
 
 
 def encode_framed(model: str, version: str, inputs: Mapping[str, np.ndarray],
-                  request_id: str = "", priority: int = 0) -> bytes:
+                  request_id: str = "", priority: int = 0,
+                  outputs: Sequence[TensorInfo] = ()) -> bytes:
     """The serialised ``ModelInferRequest`` of :func:`encode_request`, with one copy of the tensors.
 
     The protobuf header (names, shapes, datatypes) is serialised without the tensors, and each
@@ -104,12 +115,16 @@ def encode_framed(model: str, version: str, inputs: Mapping[str, np.ndarray],
     >>> service_pb2.ModelInferRequest.FromString(encode_framed("m", "", {}, priority=3)
     ...                                          ).parameters["priority"].uint64_param
     3
+
+    ``outputs`` are listed in the request only when one of them is asked as a classification
+    (then every output must be listed: a request that names outputs gets those alone).
     """
     from tritonclient.grpc import service_pb2
 
     header = service_pb2.ModelInferRequest(model_name=model, model_version=version, id=request_id)
     if priority:
         header.parameters["priority"].uint64_param = priority
+    request_outputs(header, outputs)
     parts: list = []
     for name, array in inputs.items():
         tensor = header.inputs.add()

@@ -116,7 +116,8 @@ class GrpcTransport(Transport):
         try:
             self.connection
             payload = encode_framed(request.model, request.version, request.inputs,
-                                    request_id=request.request_id, priority=request.priority)
+                                    request_id=request.request_id, priority=request.priority,
+                                    outputs=request.outputs)
         except Exception as error:  # noqa: BLE001 - reported through the future
             future.fail(from_grpc(error, self.address))
             return future

@@ -254,7 +254,7 @@ class HttpTransport(Transport):
 
     def _infer(self, request: InferRequest, call: _Call | None = None) -> InferAnswer:
         try:
-            header, blobs = encode_inputs(request.inputs, [o.name for o in request.outputs],
+            header, blobs = encode_inputs(request.inputs, request.outputs,
                                           request.request_id, request.priority)
         except (KeyError, TypeError, ValueError) as error:
             raise TransportError("bad_request", f"cannot encode the inputs: {error!r}",

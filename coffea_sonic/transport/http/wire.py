@@ -194,10 +194,11 @@ def _blob(array: np.ndarray) -> Any:
     return contiguous.reshape(-1).view(np.uint8) if contiguous.size else b""
 
 
-def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[Any],
                   request_id: str = "", priority: int = 0) -> tuple[bytes, list[Any]]:
     """The inference header (JSON) and the tensors' bytes, in order; ``priority`` > 0 goes in
-    the request's ``parameters`` (Triton's dynamic batcher level).
+    the request's ``parameters`` (Triton's dynamic batcher level). ``outputs``: names, or
+    :class:`~coffea_sonic.core.tensors.TensorInfo` (whose ``classification`` is asked for).
 
     >>> encode_inputs({}, ("y",), priority=2)[0]
     b'{"inputs":[],"outputs":[{"name":"y","parameters":{"binary_data":true}}],"parameters":{"priority":2}}'
@@ -213,7 +214,10 @@ def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
     body: dict[str, Any] = {"inputs": described}
     if request_id:
         body["id"] = request_id
-    wanted = [{"name": name, "parameters": {"binary_data": True}} for name in outputs]
+    wanted = [{"name": name, "parameters": {"binary_data": True}} if isinstance(name, str)
+              else {"name": name.name, "parameters": {"binary_data": True, **(
+                  {"classification": name.classification} if name.classification else {})}}
+              for name in outputs]
     if wanted:
         body["outputs"] = wanted
     else:

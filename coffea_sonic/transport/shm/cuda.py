@@ -21,6 +21,8 @@ True
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 from typing import Any, Mapping, Sequence
@@ -297,9 +299,7 @@ class CudaShmTransport(SlotTransport):
                 for name, value in request.inputs.items()}
         out = request.out if all(isinstance(v, np.ndarray)
                                  for v in (request.out or {}).values()) else None
-        inner = self.grpc.submit(InferRequest(request.model, request.version, host,
-                                              request.outputs, request.rows, request.timeout_s,
-                                              request.request_id, out))
+        inner = self.grpc.submit(dataclasses.replace(request, inputs=host, out=out))
         if not keep_on_device:
             return inner
         import torch

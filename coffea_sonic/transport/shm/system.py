@@ -88,6 +88,8 @@ class SystemShmTransport(SlotTransport):
             tensor = message.outputs.add(name=output.name)
             if output.name in layout.outputs:
                 shm_parameters(tensor, slot.name, *layout.outputs[output.name])
+            elif output.classification:  # BYTES of unknown size: answered in the message
+                tensor.parameters["classification"].int64_param = output.classification
         return message
 
     def _copy_in(self, target: np.ndarray, source: np.ndarray) -> None:

@@ -134,8 +134,8 @@ class TritonModel:
     nonfinite:
         ``"pass"`` (default) sends NaN/inf as given; ``"raise"`` rejects them.
     expected_checksum:
-        If set, every server's signature checksum of the model (``model.info.checksum``) must
-        equal it.
+        If set, every server's checksum of the model (``model.info.checksum``: its signature
+        and the served config's parts that change answers) must equal it.
     retry:
         :class:`~coffea_sonic.routing.RetryPolicy` or a mapping of its fields (attempts, total
         time, backoff, quarantine).

@@ -161,10 +161,14 @@ class ModelInfo:
 
 def signature_checksum(platform: str, max_batch_size: int, inputs: Sequence[TensorInfo],
                        outputs: Sequence[TensorInfo], ragged_inputs: Sequence[str] = (),
-                       ragged_outputs: Sequence[str] = ()) -> str:
+                       ragged_outputs: Sequence[str] = (), answering: str = "") -> str:
     """16 hex digits over what a client relies on (not instance counts or devices).
 
-    Ragged declarations count only when present, so other models keep their checksums.
+    ``answering``: a digest of the served config's parts that change the answers without
+    changing the signature (graph optimisation level, execution accelerators and their
+    precision, label files, batch inputs and outputs; see
+    :func:`coffea_sonic.transport.messages.answering_digest`). Ragged declarations and
+    ``answering`` count only when present, so other models keep their checksums.
 
     >>> len(signature_checksum("python", 8, [TensorInfo("x", "FP32", (4,))], []))
     16
@@ -176,5 +180,7 @@ def signature_checksum(platform: str, max_batch_size: int, inputs: Sequence[Tens
     }
     if ragged_inputs or ragged_outputs:
         signature["ragged"] = [sorted(ragged_inputs), sorted(ragged_outputs)]
+    if answering:
+        signature["answering"] = answering
     canonical = json.dumps(signature, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

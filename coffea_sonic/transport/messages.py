@@ -15,12 +15,14 @@ The model config is the source of truth for per-row dims (``dims`` exclude the b
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
-from ..core.tensors import ModelInfo, TensorInfo
+from ..core.tensors import ModelInfo, TensorInfo, signature_checksum
 from ..stats import ServerStatistics
 
-__all__ = ["model_info_from_responses", "models_in_index", "statistics_from_response"]
+__all__ = ["answering_digest", "model_info_from_responses", "models_in_index", "statistics_from_response"]
 
 
 def _tensors(declared: Any) -> tuple[TensorInfo, ...]:
@@ -61,10 +63,48 @@ def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
     gpus = tuple(sorted({int(gpu) for group in declared.instance_group
                          if group.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
                          for gpu in (group.gpus or [0])}))
+    checksum = signature_checksum(platform, int(declared.max_batch_size), inputs, outputs,
+                                  ragged_inputs, ragged_outputs, answering_digest(declared))
     return ModelInfo(name=metadata.name, versions=tuple(metadata.versions), platform=platform,
                      max_batch_size=int(declared.max_batch_size), inputs=inputs, outputs=outputs,
-                     ragged_inputs=ragged_inputs, ragged_outputs=ragged_outputs, gpus=gpus,
-                     response_cache=bool(declared.response_cache.enable))
+                     checksum=checksum, ragged_inputs=ragged_inputs, ragged_outputs=ragged_outputs,
+                     gpus=gpus, response_cache=bool(declared.response_cache.enable))
+
+
+def answering_digest(config: Any) -> str:
+    """A digest of the parts of a served ``ModelConfig`` that change answers but not the
+    signature: the graph optimisation level, execution accelerators (a TensorRT or fp16
+    conversion), output label files, batch inputs and outputs ("" when none is set, so plain
+    models keep their checksums). Instances, devices, batching and backend parameters are left
+    out: the same model on a CPU and on a GPU server must compare equal.
+
+    >>> from tritonclient.grpc import model_config_pb2
+    >>> config = model_config_pb2.ModelConfig(name="m")
+    >>> answering_digest(config)
+    ''
+    >>> config.optimization.graph.level = 1
+    >>> len(answering_digest(config))
+    16
+    """
+    from google.protobuf import json_format
+
+    parts: dict[str, Any] = {}
+    if config.optimization.HasField("graph"):
+        parts["graph"] = config.optimization.graph.level
+    if config.optimization.HasField("execution_accelerators"):
+        parts["accelerators"] = json_format.MessageToDict(
+            config.optimization.execution_accelerators, preserving_proto_field_name=True)
+    labels = {t.name: t.label_filename for t in config.output if t.label_filename}
+    if labels:
+        parts["labels"] = labels
+    for field in ("batch_input", "batch_output"):
+        if len(getattr(config, field)):
+            parts[field] = [json_format.MessageToDict(entry, preserving_proto_field_name=True)
+                            for entry in getattr(config, field)]
+    if not parts:
+        return ""
+    canonical = json.dumps(parts, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def models_in_index(index: Any) -> dict[str, tuple[str, ...]]:

@@ -2,17 +2,26 @@
 
 ``TritonModel(url, classification=3)`` asks every output of the model for its 3 highest scores;
 ``classification={"probs": 3}`` asks one output. The server sorts the scores and answers, per
-row, K strings ``"score:index"``, or ``"score:index:label"`` when the model's config names a
-``label_filename`` (one label per line, the class index is the line). The answer of such an
-output is a BYTES array ``[rows, K]``; :func:`parse_classes` splits it into scores, indices
-and labels.
+row, K strings ``"score:index:label"``, the labels from the output's ``label_filename`` in the
+model's config (one label per line, the class index is the line). The answer of such an output
+is a BYTES array ``[rows, K]``; :func:`parse_classes` splits it into scores, indices and labels.
+
+A K the model cannot give is refused before anything is sent, naming the model, output,
+expected and actual: K must be a whole number from 1 to the output's number of classes, the
+output numeric, and its config must name a label file (Triton would answer ``"score:index"``
+without labels: ask for the scores instead and rank them with numpy).
+
+Shared memory: Triton writes a classified output only into its answer message (the server's
+allocator takes a shared-memory region for an output's raw tensor, never for the ranked
+strings), so the shared-memory transports place the other outputs in their regions and receive
+a classified one over the wire.
 
 Classification is the server's work: the in-process engines (``fallback``, ``shadow``) return
 scores, not ranked labels, so a classified model is served only (they are refused together).
 
 >>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
 >>> info = ModelInfo("tagger", ("1",), "python", 8, (TensorInfo("x", "FP32", (6,)),),
-...                  (TensorInfo("probs", "FP32", (4,)),))
+...                  (TensorInfo("probs", "FP32", (4,), labelled=True),))
 >>> classified(info, 2).outputs[0].describe()
 'probs BYTES[2] (top 2 classes)'
 >>> scores, indices, labels = parse_classes(np.array([[b"0.75:2:b", b"0.2:0:light"]]))
@@ -32,27 +41,40 @@ from .errors import ConfigurationError, InferenceError
 
 __all__ = ["ClassificationChoice", "check_classification", "classified", "parse_classes"]
 
-#: K for every output, or ``{output name: K}``; None or 0: scores as the model computes them
+#: K for every output, or ``{output name: K}``; None: scores as the model computes them
 ClassificationChoice = Union[int, Mapping[str, int], None]
 
 
-def check_classification(choice: ClassificationChoice) -> dict[str, int] | int | None:
+def check_classification(choice: ClassificationChoice,
+                         model: str = "?") -> dict[str, int] | int | None:
     """``choice`` checked for type and range (the output names are checked against the served
-    model in :func:`classified`)."""
-    if choice is None or choice == 0:
+    model in :func:`classified`).
+
+    >>> check_classification(0, "tagger")
+    Traceback (most recent call last):
+    ...
+    coffea_sonic.errors.ConfigurationError: model 'tagger': classification asks the server for \
+each row's top K classes, so K must be a whole number >= 1 (expected 1 up to the output's number \
+of classes), got 0; leave classification out (None) for the scores themselves
+    """
+    if choice is None:
         return None
     if isinstance(choice, Mapping):
-        counts = {str(name): _count(name, k) for name, k in choice.items()}
-        return counts or None
-    return _count(None, choice)
+        if not choice:
+            raise ConfigurationError(
+                f"model {model!r}: classification={{}} names no output; name outputs and their "
+                "K, e.g. {'probs': 3}, or leave classification out (None)")
+        return {str(name): _count(model, name, k) for name, k in choice.items()}
+    return _count(model, None, choice)
 
 
-def _count(name: str | None, k: object) -> int:
+def _count(model: str, name: str | None, k: object) -> int:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        where = f" for output {name!r}" if name is not None else ""
+        where = f" output {name!r}" if name is not None else ""
         raise ConfigurationError(
-            f"classification{where} must be a whole number of classes >= 1 (the top K scores "
-            f"the server returns), got {k!r}")
+            f"model {model!r}{where}: classification asks the server for each row's top K "
+            f"classes, so K must be a whole number >= 1 (expected 1 up to the output's number "
+            f"of classes), got {k!r}; leave classification out (None) for the scores themselves")
     return int(k)
 
 
@@ -60,7 +82,8 @@ def classified(info: ModelInfo, choice: dict[str, int] | int | None) -> ModelInf
     """``info`` with the classified outputs as the server answers them: BYTES ``[K]`` per row.
 
     Raises :class:`~coffea_sonic.errors.ConfigurationError` naming the model, output, expected
-    and actual when an output is unknown, not numeric, or has fewer classes than K."""
+    and actual when an output is unknown, not numeric, has fewer classes than K or no label
+    file."""
     if not choice:
         return info
     counts = choice if isinstance(choice, dict) else {t.name: choice for t in info.outputs}
@@ -78,14 +101,21 @@ def classified(info: ModelInfo, choice: dict[str, int] | int | None) -> ModelInf
 def _classified_output(model: str, tensor: TensorInfo, k: int) -> TensorInfo:
     if tensor.dtype == object or tensor.dtype.kind not in "biuf":
         raise ConfigurationError(
-            f"model {model!r} output {tensor.name!r}: classification ranks numeric scores; this "
-            f"output is {tensor.datatype}")
+            f"model {model!r} output {tensor.name!r}: classification ranks numeric scores "
+            f"(expected a numeric output), this output is {tensor.datatype}")
+    if not tensor.labelled:
+        raise ConfigurationError(
+            f"model {model!r} output {tensor.name!r}: classification={k} returns labels from "
+            "the output's label_filename, and the served config names none (expected an output "
+            "with label_filename, actual: no label file); add label_filename to that output in "
+            "config.pbtxt, classify only labelled outputs ({output: K}), or ask for the scores "
+            "and rank them with numpy")
     classes = int(np.prod(tensor.dims)) if all(d > 0 for d in tensor.dims) else -1
     if classes != -1 and k > classes:
         raise ConfigurationError(
             f"model {model!r} output {tensor.name!r}: classification={k} asks for more classes "
             f"than the output has ({tensor.describe()}: {classes}); use at most {classes}")
-    return TensorInfo(tensor.name, "BYTES", (k,), classification=k)
+    return TensorInfo(tensor.name, "BYTES", (k,), classification=k, labelled=True)
 
 
 def parse_classes(answer: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -221,7 +221,7 @@ class TritonModel:
         if self.shadow > 0:
             self.call_hooks += (ShadowHook(self.shadow, tolerance=shadow_tolerance,
                                            action=shadow_action, reference=self.fallback),)
-        self.classification = check_classification(classification)
+        self.classification = check_classification(classification, self.model_name)
         if self.classification and (self.fallback is not None or self.shadow > 0):
             raise ConfigurationError(
                 "classification is the server's work (ranked label strings); the in-process "

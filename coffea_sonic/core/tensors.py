@@ -74,6 +74,8 @@ class TensorInfo:
     #: K > 0: asked as Triton's classification extension (the top K classes as BYTES
     #: ``"score:index[:label]"``, see :mod:`coffea_sonic.classification`)
     classification: int = field(default=0, repr=False)
+    #: an output whose config names a ``label_filename`` (what classification answers with)
+    labelled: bool = field(default=False, repr=False, compare=False)
 
     @property
     def dtype(self) -> np.dtype:

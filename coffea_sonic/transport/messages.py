@@ -15,6 +15,7 @@ The model config is the source of truth for per-row dims (``dims`` exclude the b
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -31,8 +32,13 @@ def _tensors(declared: Any) -> tuple[TensorInfo, ...]:
     return tuple(
         TensorInfo(name=t.name,
                    datatype=model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_"),
-                   dims=tuple(int(d) for d in t.dims))
+                   dims=tuple(int(d) for d in t.dims),
+                   labelled=bool(getattr(t, "label_filename", "")))
         for t in declared)
+
+
+def _bytes_named(tensor: TensorInfo) -> TensorInfo:
+    return dataclasses.replace(tensor, datatype="BYTES") if tensor.datatype == "STRING" else tensor
 
 
 def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
@@ -48,10 +54,8 @@ def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
         inputs = tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)[skip:]) for t in metadata.inputs)
         outputs = tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)[skip:]) for t in metadata.outputs)
     # BYTES is reported as TYPE_STRING in configs
-    inputs = tuple(TensorInfo(t.name, "BYTES" if t.datatype == "STRING" else t.datatype, t.dims)
-                   for t in inputs)
-    outputs = tuple(TensorInfo(t.name, "BYTES" if t.datatype == "STRING" else t.datatype, t.dims)
-                    for t in outputs)
+    inputs = tuple(_bytes_named(t) for t in inputs)
+    outputs = tuple(_bytes_named(t) for t in outputs)
     # ragged batching (coffea_sonic.ragged): inputs that may differ in shape within a batch, and
     # outputs scattered like such an input (one row per object, not per event)
     ragged_inputs = tuple(t.name for t in declared.input if t.allow_ragged_batch)

@@ -8,10 +8,11 @@
 #
 # Sets up tritonserver + the model Python (triton-gpu-env.sh), then runs shadow_tolerance.py:
 # the zoo models served by the default GPU server, every answer against onnxruntime on the CPU
-# (the in-process reference that shadow validation runs): max abs / rel difference and shadow's
-# divergence per model and output. Writes shadow_tolerance.json and shadow_tolerance.txt into
+# (the in-process reference that shadow validation runs): shadow's divergence and the max absolute
+# difference per model and output. Writes shadow_tolerance.json and shadow_tolerance.txt into
 # $OUT (default bench-output/shadow-tolerance).
-# On the CPU box: LOCAL=1 DEVICE=cpu bash benchmarks/gpu/shadow_tolerance.sh (0 expected).
+# On the CPU box: LOCAL=1 DEVICE=cpu bash benchmarks/gpu/shadow_tolerance.sh --rows 300 (0 expected).
+# tolerance_and_pipeline.sh runs the same measurement before the trackgnn pipeline bench.
 set -uo pipefail
 DEV=${DEV:-.device}
 OUT=${OUT:-bench-output/shadow-tolerance}

@@ -4,7 +4,8 @@ Each server's repository index says which models and versions it serves; a reque
 to a server that serves its model and version. Servers that restrict the repository protocol
 (PyTriton's default, ``--grpc-restricted-protocol=model-repository...``) are asked per model
 instead (metadata and readiness stay open there). Every server holding a model must declare the
-same signature (checksum), checked again when a quarantined server is re-admitted.
+same checksum (its signature and the served config's parts that change answers, not instances or
+devices), checked again when a quarantined server is re-admitted.
 
 >>> from coffea_sonic.core.endpoint import ServerSettings
 >>> from coffea_sonic.endpoints import Endpoint
@@ -150,7 +151,7 @@ class Discovery:
                 continue
             if expected_checksum and info.checksum != expected_checksum:
                 raise InferenceError(
-                    f"model {model!r} at {endpoint.address} has signature checksum "
+                    f"model {model!r} at {endpoint.address} has checksum (signature and served config) "
                     f"{info.checksum}, expected {expected_checksum}: the served model is not the "
                     f"one this analysis was written for ({info.describe()})")
             if reference is None:

@@ -17,7 +17,9 @@ from coffea_sonic import SonicMixin, columns
 from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.provenance import Provenance
 from coffea_sonic.server import LocalTritonServer
+from coffea_sonic.model import TritonModel
 from coffea_sonic.server.pipelines import write_models
+from coffea_sonic.server.repository import config_text, parse_config
 
 QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
 
@@ -41,9 +43,15 @@ class TwoSites(SonicMixin, processor.ProcessorABC):
 
 @pytest.fixture(scope="module")
 def two_versions(tmp_path_factory):
+    """Site A serves jet_tagger v1 as the zoo writes it; site B v2 with a label file (a served
+    config part that changes answers, so its config digest differs too)."""
     root = tmp_path_factory.mktemp("versions")
     repository = write_models(root / "v2", ["jet_tagger"])
     shutil.move(repository / "jet_tagger" / "1", repository / "jet_tagger" / "2")
+    config = parse_config(repository / "jet_tagger" / "config.pbtxt")
+    config.output[0].label_filename = "labels.txt"
+    (repository / "jet_tagger" / "config.pbtxt").write_text(config_text(config))
+    (repository / "jet_tagger" / "labels.txt").write_text("b\nc\nlight\n")
     with LocalTritonServer(models=["jet_tagger"], device="cpu").start() as first, \
             LocalTritonServer(repository=repository, device="cpu").start() as second:
         yield first, second, write_sample(root / "sample", events=1200, files=2, seed=4)
@@ -78,7 +86,15 @@ def test_two_versions_warn_and_the_output_names_both_with_their_rows(two_version
     rows = {(source, version): count for (model, source, version, _), count in record.rows().items()}
     assert rows == {(first.grpc_address, "1"): output["jets"]["ttbar"],
                     (second.grpc_address, "2"): output["jets"]["qcd_light"]}
-    assert all(len(digest) == 16 for (_, _, _, digest) in record.rows())
+    # each row's digest is the served config's: the one expected_checksum pins
+    digests = {source: digest for (_, source, _, digest) in record.rows()}
+    for server in (first, second):
+        served = TritonModel(server.url("jet_tagger"), fallback="off")
+        try:
+            assert digests[server.grpc_address] == served.info.checksum
+        finally:
+            served.close()
+    assert digests[first.grpc_address] != digests[second.grpc_address]
     assert record.fallback_share("jet_tagger") == 0.0
     assert any("answered by 2 versions" in r.getMessage() and "version 1" in r.getMessage()
                for r in caplog.records)

@@ -78,9 +78,11 @@ def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
 def answering_digest(config: Any) -> str:
     """A digest of the parts of a served ``ModelConfig`` that change answers but not the
     signature: the graph optimisation level, execution accelerators (a TensorRT or fp16
-    conversion), output label files, batch inputs and outputs ("" when none is set, so plain
-    models keep their checksums). Instances, devices, batching and backend parameters are left
-    out: the same model on a CPU and on a GPU server must compare equal.
+    conversion), output label files, batch inputs and outputs, the model file a version loads
+    (``default_model_filename``: ``model_fp16.onnx`` beside ``model.onnx``) and an ensemble's
+    steps ("" when none is set, so plain models keep their checksums). Instances, devices,
+    batching and backend parameters are left out: the same model on a CPU and on a GPU server
+    must compare equal.
 
     >>> from tritonclient.grpc import model_config_pb2
     >>> config = model_config_pb2.ModelConfig(name="m")
@@ -101,6 +103,11 @@ def answering_digest(config: Any) -> str:
     labels = {t.name: t.label_filename for t in config.output if t.label_filename}
     if labels:
         parts["labels"] = labels
+    if config.default_model_filename:
+        parts["file"] = config.default_model_filename
+    if len(config.ensemble_scheduling.step):
+        parts["steps"] = [json_format.MessageToDict(step, preserving_proto_field_name=True)
+                          for step in config.ensemble_scheduling.step]
     for field in ("batch_input", "batch_output"):
         if len(getattr(config, field)):
             parts[field] = [json_format.MessageToDict(entry, preserving_proto_field_name=True)

@@ -2,9 +2,10 @@
 
 A client builds its runner, warms up, waits until every client is ready, then times
 ``repetitions`` chunks, each under :class:`~coffea_sonic.bench.probes.PeakRss`. Several clients
-run as ``spawn``-ed processes (a gRPC channel made before a fork hangs the child; processes are not
-GIL-bound on large payloads); the parent snapshots the server's statistics and samples the GPU
-between the "all ready" and "all done" moments, so warm-up never pollutes the numbers.
+run as ``spawn``-ed processes of a :class:`~coffea_sonic.bench.clients.ClientPool` (a gRPC
+channel made before a fork hangs the child; processes are not GIL-bound on large payloads); the
+parent snapshots the server's statistics and samples the GPU between the "all ready" and "all
+done" moments, so warm-up never pollutes the numbers.
 
 >>> job = ClientJob(mode="cpu", model="jet_tagger", batch_size=256, chunk_rows=512,
 ...                 repetitions=2, warmup=1)
@@ -16,18 +17,16 @@ between the "all ready" and "all done" moments, so warm-up never pollutes the nu
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import queue as queue_module
-import threading
+import os
 import time
-import traceback
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from .. import zoo
 from ..errors import InferenceError
+from .clients import ClientPool
 from .modes import RunnerSpec, make_runner
 from .probes import PeakRss
 
@@ -110,18 +109,15 @@ def run_client(job: ClientJob, on_ready: Callable[[], None] | None = None) -> di
         runner.close()
 
 
-def _client_process(job: ClientJob, ready, go, results) -> None:
-    """Entry point of a spawned client: report a result or the error, never hang the others."""
-    def wait_for_everyone() -> None:
-        ready.wait()
-        go.wait()
+def _job_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
+    """A :class:`~coffea_sonic.bench.clients.ClientPool` task: one client of ``task["job"]``,
+    timing from the pool's common start."""
+    def wait_for_start() -> None:
+        control.put(("ready", os.getpid()))
+        start_at = tasks.get()
+        time.sleep(max(0.0, start_at - time.time()))
 
-    try:
-        results.put(run_client(job, on_ready=wait_for_everyone))
-    except BaseException:  # noqa: BLE001 - the parent must learn why, whatever it was
-        ready.abort()
-        go.abort()
-        results.put({"error": traceback.format_exc()})
+    return run_client(task["job"], on_ready=wait_for_start)
 
 
 def run_clients(job: ClientJob, clients: int, *, on_start: Callable[[], None] | None = None,
@@ -129,7 +125,8 @@ def run_clients(job: ClientJob, clients: int, *, on_start: Callable[[], None] | 
     """Run ``clients`` copies of ``job`` concurrently; one dict per client (see run_client).
 
     ``on_start`` runs once everyone is warmed up, just before they start timing; ``on_stop`` once
-    they have all finished. One client runs in this process (no spawn cost).
+    they have all finished. One client runs in this process (no spawn cost); several run in a
+    :class:`~coffea_sonic.bench.clients.ClientPool`.
     """
     if clients == 1:
         def ready() -> None:
@@ -139,43 +136,20 @@ def run_clients(job: ClientJob, clients: int, *, on_start: Callable[[], None] | 
         if on_stop is not None:
             on_stop()
         return [result]
-    context = multiprocessing.get_context("spawn")
-    ready, go = context.Barrier(clients + 1), context.Barrier(clients + 1)
-    results = context.Queue()
-    processes = [context.Process(target=_client_process, args=(job, ready, go, results),
-                                 name=f"bench-client-{index}", daemon=True)
-                 for index in range(clients)]
-    for process in processes:
-        process.start()
-    collected: list[dict] = []
+    pool = ClientPool(clients, _job_task)
     try:
-        try:
-            ready.wait(timeout=timeout_s)
-            if on_start is not None:
-                on_start()
-            go.wait(timeout=timeout_s)
-        except threading.BrokenBarrierError:
-            pass  # a client failed: its error is in the queue
-        deadline = time.monotonic() + timeout_s
-        while len(collected) < clients:
-            try:
-                collected.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
-            except queue_module.Empty:
-                raise InferenceError(
-                    f"{clients} bench clients ({job.mode}, {job.model}) did not finish in "
-                    f"{timeout_s:.0f} s; {len(collected)} reported") from None
-            if "error" in collected[-1]:
-                raise InferenceError(
-                    f"a bench client ({job.mode}, {job.model}, batch {job.batch_size}) failed:\n"
-                    f"{collected[-1]['error']}")
-        if on_stop is not None:
-            on_stop()
+        _, collected = pool.run({"job": job, "duration": timeout_s}, clients,
+                                on_start=lambda _: on_start() if on_start is not None else None)
+    except RuntimeError as error:
+        raise InferenceError(f"{clients} bench clients ({job.mode}, {job.model}): {error}") from None
     finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.terminate()
-                process.join()
+        pool.close()
+    failed = [result["error"] for result in collected if "error" in result]
+    if failed:
+        raise InferenceError(f"a bench client ({job.mode}, {job.model}, batch {job.batch_size}) "
+                             f"failed:\n{failed[0]}")
+    if on_stop is not None:
+        on_stop()
     return collected
 
 

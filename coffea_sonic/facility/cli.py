@@ -63,6 +63,11 @@ examples:
 
 def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     """Register ``check`` and ``monitor`` on the top-level CLI."""
+    _add_check(subparsers)
+    _add_monitor(subparsers)
+
+
+def _add_check(subparsers: argparse._SubParsersAction) -> None:
     check = subparsers.add_parser(
         "check", help="diagnose access to Triton servers from this machine (or a worker)",
         description=_CHECK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -102,6 +107,8 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     add_json_option(check)
     check.set_defaults(func=run_check)
 
+
+def _add_monitor(subparsers: argparse._SubParsersAction) -> None:
     monitor = subparsers.add_parser(
         "monitor", help="live view of Triton server metrics (throughput, queue, batch, GPU)",
         description=_MONITOR_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)

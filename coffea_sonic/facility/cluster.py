@@ -389,28 +389,12 @@ def make_cluster(
     for name in environment.missing_here():
         logger.warning("%s is to be forwarded to the workers but is not set here; export it "
                        "before starting the cluster", name)
-    if kind == "local":
-        if processes is not None:
-            kw["processes"] = bool(processes)
-        cluster, client = _local_cluster(workers, cores_per_worker or 1, memory, environment,
-                                         loopback, kw)
-    elif kind in ("slurm", "htcondor"):
-        if loopback is None:
-            loopback = kind == "slurm" and slurm_is_single_node_here()
-        options = _batch_options(
-            kind, environment, cores=cores_per_worker, processes=processes, memory=memory,
-            walltime=walltime, queue=queue, account=account,
-            log_directory=os.fspath(log_directory) if log_directory is not None else None,
-            loopback=bool(loopback), kw=kw)
-        cluster, client = _batch_cluster(kind, workers, options)
-    elif _is_address(kind):
-        cluster, client = None, _scheduler_client(kind, timeout_s, kw)
-        # Settings reach running workers by plugin; secrets are never sent over Dask.
+    batch = dict(cores=cores_per_worker, processes=processes, memory=memory, walltime=walltime,
+                 queue=queue, account=account, loopback=loopback,
+                 log_directory=os.fspath(log_directory) if log_directory is not None else None)
+    cluster, client = _cluster_and_client(kind, workers, environment, batch, timeout_s, kw)
+    if cluster is None:  # settings reach running workers by plugin; secrets never go over Dask
         deliver_settings(client, env, include_settings=include_settings)
-    else:
-        raise ConfigurationError(
-            f"cluster kind {kind!r} is not one of {', '.join(BATCH_KINDS)} nor a scheduler address "
-            "(tcp://host:port)")
     facility_cluster = FacilityCluster(kind if cluster is not None else "address", cluster, client,
                                        environment, workers)
     logger.info("Dask %s cluster: scheduler %s, dashboard %s", facility_cluster.kind,
@@ -418,6 +402,28 @@ def make_cluster(
     if wait and workers:
         _wait_or_close(facility_cluster, workers, timeout_s)
     return facility_cluster
+
+
+def _cluster_and_client(kind: str, workers: int, environment: WorkerEnvironment,
+                        batch: dict[str, Any], timeout_s: float,
+                        kw: dict[str, Any]) -> tuple[Any, Any]:
+    """The cluster (None for a scheduler address) and a client of it, for ``make_cluster``."""
+    if kind == "local":
+        if batch["processes"] is not None:
+            kw["processes"] = bool(batch["processes"])
+        return _local_cluster(workers, batch["cores"] or 1, batch["memory"], environment,
+                              batch["loopback"], kw)
+    if kind in ("slurm", "htcondor"):
+        loopback = batch.pop("loopback")
+        if loopback is None:
+            loopback = kind == "slurm" and slurm_is_single_node_here()
+        options = _batch_options(kind, environment, loopback=bool(loopback), kw=kw, **batch)
+        return _batch_cluster(kind, workers, options)
+    if _is_address(kind):
+        return None, _scheduler_client(kind, timeout_s, kw)
+    raise ConfigurationError(
+        f"cluster kind {kind!r} is not one of {', '.join(BATCH_KINDS)} nor a scheduler address "
+        "(tcp://host:port)")
 
 
 def _local_cluster(workers: int, threads: int, memory: str | int | None,

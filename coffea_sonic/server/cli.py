@@ -22,6 +22,11 @@ logger = logging.getLogger(__name__)
 
 def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     """Register ``serve`` and ``models`` on the top-level CLI."""
+    _add_serve(subparsers)
+    _add_models(subparsers)
+
+
+def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser(
         "serve",
         help="start the embedded real Triton server on this machine",
@@ -71,6 +76,8 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
                             "true } (models add --response-cache). Default: off")
     serve.set_defaults(func=run_serve)
 
+
+def _add_models(subparsers: argparse._SubParsersAction) -> None:
     models = subparsers.add_parser(
         "models", help="the model zoo; add your own model to a repository; validate a repository",
         description=_help(
@@ -85,6 +92,12 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     listing = actions.add_parser("list", help="list zoo models with inputs and outputs")
     add_json_option(listing)
     listing.set_defaults(func=run_models_list)
+    _add_models_export(actions)
+    _add_models_add(actions)
+    _add_models_validate(actions)
+
+
+def _add_models_export(actions: argparse._SubParsersAction) -> None:
     export = actions.add_parser(
         "export", help="write a Triton model repository (config.pbtxt + version folder)",
         description=(
@@ -102,8 +115,6 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--tensorrt", action="store_true",
                         help="onnxruntime on GPU: enable the TensorRT execution accelerator")
     export.set_defaults(func=run_models_export)
-    _add_models_add(actions)
-    _add_models_validate(actions)
 
 
 def _add_models_add(actions: argparse._SubParsersAction) -> None:

@@ -16,14 +16,8 @@ set -uo pipefail
 DEV=${DEV:-.device}
 OUT=${OUT:-bench-output/cache-gpu}
 WORKERS=${WORKERS:-8}
-mkdir -p "$OUT"
 # shellcheck disable=SC1091
-source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "$DEV"/extra/*.whl || exit 1
-export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
-echo "cores: $(nproc), memory: $(free -g | awk '/Mem:/ {print $2}') GiB; $(uptime)"
+source benchmarks/gpu/prologue.sh
 # CUDA shared memory and Triton's response cache (Triton hashes only inputs in CPU memory)
 OUT=$OUT timeout "${CUDA_CHECK_TIMEOUT:-60}" python3 benchmarks/gpu/response_cache_cuda.py 2>&1 | tail -n 30
 timeout "${TIMEOUT:-200}" python3 -m coffea_sonic.cli bench cache --scenario demo-twice \

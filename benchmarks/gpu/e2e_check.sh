@@ -16,14 +16,8 @@ DEV=${DEV:-.device}
 OUT=${OUT:-bench-output/e2e}
 EVENTS=${EVENTS:-1000000}
 WORKERS=${WORKERS:-$(( $(nproc) - 1 ))}
-mkdir -p "$OUT"
 # shellcheck disable=SC1091
-source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site "$DEV"/extra/*.whl || exit 1
-export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
-echo "cores: $(nproc), memory: $(free -g | awk '/Mem:/ {print $2}') GiB"
+source benchmarks/gpu/prologue.sh
 timeout "${TIMEOUT:-560}" python3 -m coffea_sonic.cli bench e2e --events "$EVENTS" \
   --workers "$WORKERS" -o "$OUT" "$@" 2>&1 \
   | grep --line-buffered -v "RuntimeWarning\|warnings.warn\|distributed.worker.memory" | tee "$OUT/e2e-log.txt"

@@ -8,16 +8,8 @@
 set -uo pipefail
 DEV=${DEV:-.device}
 OUT=${OUT:-bench-output/lead}
-mkdir -p "$OUT"
 # shellcheck disable=SC1091
-source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
-if ls "$DEV"/extra/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site "$DEV"/extra/*.whl || exit 1
-fi
-export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
-echo "cores: $(nproc)"
+source benchmarks/gpu/prologue.sh
 echo "== shadow tolerance"
 timeout "${TOLERANCE_TIMEOUT:-120}" python3 benchmarks/gpu/shadow_tolerance.py --device gpu \
   --rows 20000 --out "$OUT/shadow_tolerance.json" 2>&1 | grep -v "RuntimeWarning\|warnings.warn" | tail -12

@@ -104,3 +104,32 @@ def test_two_versions_warn_and_the_output_names_both_with_their_rows(two_version
 def test_require_consistent_versions_fails_the_run(two_versions, dask_client):
     with pytest.raises(Exception, match="answered by 2 versions"):
         _run(two_versions, dask_client, strict=True)
+
+
+class OneModel(SonicMixin):
+    """SonicMixin outside coffea: the provenance of one chunk's calls."""
+
+    def __init__(self, url: str) -> None:
+        self.sonic_configure({"tagger": url}, fallback="cpu", timeout_s=20,
+                             retry={"max_attempts": 1, "total_s": 2.0})
+
+
+def test_the_record_gives_the_fallback_its_share_when_the_server_goes_away():
+    from coffea_sonic import zoo
+    from coffea_sonic.provenance import FALLBACK_SOURCE
+
+    features = zoo.example_inputs("jet_tagger", 300, seed=2)
+    server = LocalTritonServer(models=["jet_tagger"], device="cpu").start()
+    try:
+        processor_ = OneModel(server.url("jet_tagger"))
+        processor_.sonic_model("tagger")(features)
+        digest = processor_.sonic_model("tagger").info.checksum
+    finally:
+        server.stop()
+    processor_.sonic_model("tagger")({"features": features["features"][:100]})
+    record = processor_.sonic_provenance()
+    rows = {source: count for (_, source, _, _), count in record.rows().items()}
+    assert rows == {server.grpc_address: 300, FALLBACK_SOURCE: 100}
+    assert record.fallback_share("jet_tagger") == 0.25
+    assert [d for (_, s, _, d) in record.rows() if s == server.grpc_address] == [digest]
+    assert "fallback share 25.0%" in record.describe()[0]

@@ -84,6 +84,22 @@ def test_altered_server_raises_on_the_next_call_naming_server_and_output(altered
     assert "alarm(s)" in shown.stdout and "0 alarm(s)" not in shown.stdout, shown.stdout
 
 
+def test_a_server_whose_models_were_cast_to_fp16_is_caught_at_a_tenth_of_a_percent(
+        tmp_path_factory):
+    repository = altered_repository(tmp_path_factory.mktemp("fp16") / "models", ["particlenet"],
+                                    "fp16")
+    with LocalTritonServer(repository=repository, device="cpu").start() as server:
+        model = TritonModel(server.url("particlenet"), shadow=0.001, fallback="off")
+        try:
+            model(zoo.example_inputs("particlenet", 20000, seed=6))  # about 20 rows shadowed
+            with pytest.raises(ShadowDivergenceError) as caught:
+                shadow_hook(model).drain()
+        finally:
+            model.close()
+    assert server.grpc_address in str(caught.value) and "output 'probs'" in str(caught.value)
+    assert 0 < model.stats.shadow_rows < 200 and model.stats.shadow_alarms >= 1
+
+
 def test_quarantine_moves_the_rows_to_the_fallback(altered_server):
     model = TritonModel(altered_server.url("jet_tagger"), shadow=0.05, fallback="cpu",
                         shadow_action="quarantine")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The analysis end to end on a GPU machine (issue 12): in-process CPU inference vs in-process GPU in
+# The analysis end to end on a GPU machine: in-process CPU inference vs in-process GPU in
 # every worker vs served on 1, 2, 4 GPUs (those the machine has), one command:
 #
 #   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper

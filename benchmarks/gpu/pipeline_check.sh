@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The seeds' models on a GPU machine (issue 13, item 5), one command:
+# The seeds' models on a GPU machine, one command:
 #
 #   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/fetch_wheels.sh --no-wrapper
 #   GPU machine: bash benchmarks/gpu/pipeline_check.sh            (bring .device along)

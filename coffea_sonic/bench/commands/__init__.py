@@ -6,6 +6,8 @@ fairness``) and sets ``func``, the function that runs it. :func:`register_all` f
 by listing the package, so adding a scenario touches no other file. The helpers below keep the
 scenarios alike: :func:`scenario_parser` (the parser, with ``-o/--output DIR``, default
 ``bench-output/SCENARIO``), :func:`progress_printer` and :func:`print_written`.
+:func:`run_scenario` runs one scenario without the whole CLI (the scripts under benchmarks/ that
+keep an old path, on GPU machines that lack the analysis stack, call it).
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import pkgutil
 import sys
 import time
@@ -26,7 +29,7 @@ from collections.abc import Callable, Mapping
 from ...cliargs import add_output_option
 
 __all__ = ["DEFAULT_OUTPUT_ROOT", "add_output", "print_written", "progress_printer",
-           "register_all", "scenario_names", "scenario_parser"]
+           "register_all", "run_scenario", "scenario_names", "scenario_parser"]
 
 #: Scenarios write into DEFAULT_OUTPUT_ROOT/SCENARIO unless ``-o`` says otherwise.
 DEFAULT_OUTPUT_ROOT = "bench-output"
@@ -77,3 +80,19 @@ def print_written(written: Mapping[str, object]) -> None:
     """One line per file a scenario wrote: ``  name: path``."""
     for name, path in written.items():
         print(f"  {name}: {path}")
+
+
+def run_scenario(name: str, argv: list[str], *, prog: str | None = None) -> int:
+    """Parse ``argv`` as scenario ``name``'s options and run it with INFO logging; the exit code.
+    Imports that scenario's module only, not the CLI's other commands.
+
+    >>> run_scenario("pipeline", ["--help"], prog="pipeline_bench.py")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    SystemExit: 0
+    """
+    parser = argparse.ArgumentParser(prog=prog or f"coffea-sonic bench {name}")
+    module = importlib.import_module(f"{__name__}.{name}")
+    module.register(parser.add_subparsers(dest="scenario"))
+    args = parser.parse_args([name, *argv])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    return int(args.func(args))

@@ -1,0 +1,70 @@
+"""``coffea-sonic bench pipeline``: the trackgnn pipeline, in-process vs served fused vs ensemble.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
+>>> _ = register(parser.add_subparsers())
+>>> args = parser.parse_args(["pipeline", "--device", "cpu", "--clients", "1,8", "--out", "pb"])
+>>> args.device, args.clients, args.modes, args.output
+('cpu', [1, 8], ['direct', 'fused', 'ensemble'], 'pb')
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ...cliargs import add_list_option
+from . import scenario_parser
+
+_MODES = ("direct", "fused", "ensemble")
+_DESCRIPTION = """\
+events/s of the trackgnn pipeline (hits -> track labels) in each client process (direct), served
+as one fused model (fused) and served as a Triton ensemble of its stages (ensemble), with every
+--clients count of client processes starting together. Served labels are checked against the
+direct ones first; the direct call's time per stage, the server's queue/compute split and the
+GPU's busy share are recorded. Writes pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR.
+Exit code 1 if a run failed.
+
+examples:
+  coffea-sonic bench pipeline --device gpu --clients 1 8          # GPU machine (~1 min)
+  coffea-sonic bench pipeline --device cpu --clients 1 --events 20 --duration 1 -o /tmp/pb
+  coffea-sonic bench pipeline --server host:8001 --modes fused ensemble   # a running server
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``pipeline`` to the ``bench`` scenarios."""
+    parser = scenario_parser(subparsers, "pipeline", description=_DESCRIPTION,
+                             help="the trackgnn pipeline: in-process vs served fused vs ensemble")
+    parser.add_argument("--out", dest="output", help=argparse.SUPPRESS)  # the old script's name
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu",
+                        help="where the pipeline runs, in the clients and on the server "
+                             "(default: %(default)s)")
+    add_list_option(parser, "--clients", type=int, default=[1, 8],
+                    help="client process counts, one run each (default: 1 8)")
+    add_list_option(parser, "--modes", choices=_MODES, default=list(_MODES),
+                    help="default: all of " + ", ".join(_MODES))
+    parser.add_argument("--events", type=int, default=200,
+                        help="events per call (chunk) (default: %(default)s)")
+    parser.add_argument("--duration", type=float, default=6.0,
+                        help="seconds per run (default: %(default)s)")
+    parser.add_argument("--gpu", type=int, default=0,
+                        help="--device gpu: the one GPU the server and the direct runs use")
+    parser.add_argument("--instances", type=int, default=None,
+                        help="model instances per GPU (default: LocalTritonServer's)")
+    parser.add_argument("--server", default=None, metavar="HOST:PORT",
+                        help="use this running server's gRPC address (serving trackgnn and "
+                             "trackgnn_ensemble) instead of starting one")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run every mode x client count; print the table; exit 1 if a run failed."""
+    from ..pipeline import PipelineConfig, run_pipeline
+
+    config = PipelineConfig(device=args.device, clients=args.clients, modes=args.modes,
+                            events=args.events, duration=args.duration, gpu=args.gpu,
+                            instances=args.instances, server=args.server)
+    report, text = run_pipeline(config, args.output)
+    print(text, flush=True)
+    return 1 if any("error" in record for record in report["records"]) else 0

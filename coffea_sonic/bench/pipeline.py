@@ -1,0 +1,326 @@
+"""The trackgnn pipeline: events/s in-process (direct), served fused and served as an ensemble.
+
+``coffea-sonic bench pipeline`` runs it (:mod:`coffea_sonic.bench.commands.pipeline`). Every client
+is its own (spawned) process (:class:`coffea_sonic.bench.clients.ClientPool`) that loops over fixed
+chunks of ``events`` events of synthetic hits (:mod:`coffea_sonic.data.hits`), synchronously, as an
+analysis worker does:
+
+* ``direct``: ``coffea_sonic.zoo.trackgnn.pipeline(device).run(hits, counts)`` in the client
+  process (each client its own pipeline; on ``--device gpu`` its own CUDA context);
+* ``fused``: ``TritonModel(url_of("trackgnn"))({"hits": hits}, counts=counts)``;
+* ``ensemble``: the same call to ``trackgnn_ensemble`` (a Triton ensemble of the stage models).
+
+Each mode runs with every ``clients`` count; all clients of a run start together, a client's
+rate is its events over the time to its last answer, a run's rate the sum. The served models run
+on ``LocalTritonServer(models=["trackgnn", "trackgnn_ensemble"], device=...)`` (torch on CUDA with
+``--device gpu``, as the direct runs; both on the one GPU ``gpu``, default 0). Before timing,
+served labels are compared with the direct labels of the same chunk (identical on CPU). GPU busy
+is sampled with ``nvidia-smi``. :func:`run_pipeline` writes ``pipeline-<device>.json`` and
+``pipeline-<device>.md`` (a table).
+
+>>> rows, counts = chunks(3, index=0)[0]
+>>> len(counts), rows.shape[1], int(counts.sum()) == len(rows)
+(3, 3, True)
+>>> print(table([{"mode": "direct", "clients": 1, "events_per_s": 10.0, "hits_per_s": 900.0,
+...               "chunk_ms_p50": 2.5}], "cpu", 8).splitlines()[-1])
+| direct | 1 | 10.0 | 900 |  | 2.5 |  |
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .clients import ClientPool
+from .machine import machine_info
+
+__all__ = ["MODES", "PipelineConfig", "chunks", "run_pipeline", "table"]
+
+logger = logging.getLogger(__name__)
+
+MODES = ("direct", "fused", "ensemble")
+SERVED = {"fused": "trackgnn", "ensemble": "trackgnn_ensemble"}
+#: Different chunks each client cycles through.
+CHUNKS_PER_CLIENT = 4
+
+
+def chunks(events: int, index: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    from ..data.hits import generate_hits
+
+    drawn = generate_hits(events * CHUNKS_PER_CLIENT, seed=1000 + index)
+    fields = drawn["fields"]
+    rows = np.stack([fields["x"], fields["y"], fields["z"]], axis=1).astype(np.float32)
+    counts = drawn["counts"]
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return [(rows[bounds[c * events]:bounds[(c + 1) * events]],
+             counts[c * events:(c + 1) * events]) for c in range(CHUNKS_PER_CLIENT)]
+
+
+def _runner(task: dict, cache: dict) -> Any:
+    key = (task["mode"], task.get("url"))
+    if key not in cache:
+        if task["mode"] == "direct":
+            from ..zoo import trackgnn
+
+            pipeline = trackgnn.pipeline(f"cuda:{task['gpu']}" if task["device"] == "gpu"
+                                         else "cpu")
+            cache[key] = lambda rows, counts: pipeline.run(rows, counts)
+        else:
+            from .. import TritonModel
+
+            model = TritonModel(task["url"])
+            cache[key] = lambda rows, counts: model({"hits": rows}, counts=counts)["labels"]
+    return cache[key]
+
+
+def _run_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
+    parts = cache.setdefault(("chunks", task["events"], task["index"]),
+                             chunks(task["events"], task["index"]))
+    run = _runner(task, cache)
+    for rows, counts in parts[:2]:  # warm-up: connections, kernels
+        run(rows, counts)
+    control.put(("ready", os.getpid()))
+    start_at = tasks.get()
+    while time.time() < start_at:
+        time.sleep(0.0005)
+    end = start_at + task["duration"]
+    events = hits = done = 0
+    last = start_at
+    latencies = []
+    while time.time() < end:
+        rows, counts = parts[done % len(parts)]
+        began = time.perf_counter()
+        run(rows, counts)
+        latencies.append(time.perf_counter() - began)
+        events += len(counts)
+        hits += len(rows)
+        done += 1
+        last = time.time()
+    elapsed = max(last - start_at, 1e-9)
+    return {"events": events, "hits": hits, "elapsed_s": elapsed,
+            "events_per_s": events / elapsed if events else 0.0,
+            "chunk_ms_p50": 1e3 * float(np.median(latencies)) if latencies else None}
+
+
+class _Running:
+    """A server someone else started (``--server``)."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def url(self, name: str) -> str:
+        return f"triton+grpc://{self.address}/{name}"
+
+    def stop(self) -> None:
+        pass
+
+
+def _verify(server: Any, device: str, events: int, gpu: int = 0) -> dict:
+    """Served labels of one chunk against the direct labels (fraction of hits equal)."""
+    from .. import TritonModel
+    from ..zoo import trackgnn
+
+    rows, counts = chunks(events, 99)[0]
+    direct = trackgnn.pipeline(f"cuda:{gpu}" if device == "gpu" else "cpu").run(rows, counts)
+    result = {}
+    for mode, name in SERVED.items():
+        served = TritonModel(server.url(name))({"hits": rows}, counts=counts)["labels"]
+        result[mode] = float(np.mean(served == direct)) if len(rows) else 1.0
+    return result
+
+
+def _stage_ms(device: str, events: int, gpu: int = 0, repeats: int = 5) -> dict:
+    """Median ms per stage of one direct call on a chunk (where the pipeline's time goes)."""
+    import torch
+
+    from ..zoo import trackgnn
+
+    pipeline = trackgnn.pipeline(f"cuda:{gpu}" if device == "gpu" else "cpu")
+    rows, counts = chunks(events, 98)[0]
+    sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        marks = [time.perf_counter()]
+
+        def mark() -> None:
+            sync()
+            marks.append(time.perf_counter())
+
+        with torch.inference_mode():
+            hits = pipeline._hits(rows)
+            embedding = pipeline.embed(hits)
+            mark()
+            edges = pipeline.graph(hits, embedding, counts)
+            mark()
+            edges = pipeline.filter(hits, embedding, edges)
+            mark()
+            edges = pipeline.gnn(hits, edges)
+            mark()
+            pipeline.components(edges, len(rows), counts)
+            mark()
+        for stage, (a, b) in zip(("embed", "graph", "filter", "gnn", "cc"),
+                                 zip(marks[:-1], marks[1:])):
+            times.setdefault(stage, []).append(1e3 * (b - a))
+    return {stage: round(float(np.median(values)), 2) for stage, values in times.items()}
+
+
+def _stats(server: Any, model: str | None) -> Any:
+    """Triton's cumulative statistics of a served ``model`` (None for direct runs)."""
+    if server is None or model is None:
+        return None
+    from .probes import server_statistics, statistics_transport
+
+    address = getattr(server, "grpc_address", None) or server.address
+    return server_statistics(statistics_transport(address), model)
+
+
+def table(records: list[dict], device: str, events: int) -> str:
+    lines = [f"trackgnn pipeline, device {device}, {events} events per call",
+             "", "| mode | clients | events/s | hits/s | vs direct (same clients) | call p50 ms "
+             "| GPU busy % |", "|---|---|---|---|---|---|---|"]
+    for record in records:
+        if "error" in record:
+            lines.append(f"| {record['mode']} | {record['clients']} | error: "
+                         f"{record['error'][:80]} | | | | |")
+            continue
+        ratio = record.get("ratio")
+        lines.append(
+            f"| {record['mode']} | {record['clients']} | {record['events_per_s']:.1f} | "
+            f"{record['hits_per_s']:.0f} | {'' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{record['chunk_ms_p50']:.1f} | "
+            f"{'' if record.get('gpu_percent') is None else record['gpu_percent']} |")
+    profiles = [(r["mode"], r["clients"], r["server_profile"]) for r in records
+                if r.get("server_profile")]
+    if profiles:
+        lines += ["", "server, ms per request: queue / compute input / compute infer / compute "
+                  "output (avg batch)", ""]
+        lines += [f"- {mode} x {clients}: {p['queue_ms']} / {p['compute_input_ms']} / "
+                  f"{p['compute_infer_ms']} / {p['compute_output_ms']} ({p['avg_batch']})"
+                  for mode, clients, p in profiles]
+    return "\n".join(lines) + "\n"
+
+
+
+
+@dataclass
+class PipelineConfig:
+    """What one pipeline benchmark runs: device, client counts, modes, events per call, seconds
+    per run, the GPU, model instances per GPU and an already running server (``HOST:PORT``).
+
+    >>> PipelineConfig(device="cpu", clients=[1]).modes
+    ['direct', 'fused', 'ensemble']
+    """
+
+    device: str = "gpu"
+    clients: list[int] = field(default_factory=lambda: [1, 8])
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    events: int = 200
+    duration: float = 6.0
+    gpu: int = 0
+    instances: int | None = None
+    server: str | None = None
+
+
+def _start_server(config: PipelineConfig, report: dict) -> Any:
+    """The server of the served modes (None when only ``direct`` runs), its labels checked."""
+    if not any(mode in SERVED for mode in config.modes):
+        return None
+    if config.server:
+        server: Any = _Running(config.server)
+    else:
+        from ..server import LocalTritonServer
+
+        began = time.time()
+        server = LocalTritonServer(
+            models=list(SERVED.values()), device=config.device, instances=config.instances,
+            gpus=[config.gpu] if config.device == "gpu" else None, startup_timeout_s=240).start()
+        logger.info("server ready in %.1f s", time.time() - began)
+    report["served_equals_direct"] = _verify(server, config.device, config.events, config.gpu)
+    logger.info("served labels equal to direct (fraction of hits): %s",
+                report["served_equals_direct"])
+    return server
+
+
+def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool: ClientPool,
+             gpu: Any) -> dict:
+    """One run: ``clients`` processes calling ``mode`` together for ``config.duration`` s."""
+    task = {"mode": mode, "device": config.device, "events": config.events,
+            "duration": config.duration, "gpu": config.gpu}
+    if mode in SERVED:
+        task["url"] = server.url(SERVED[mode])
+    record: dict = {"mode": mode, "clients": clients}
+    before = _stats(server, SERVED.get(mode))
+    start_at, results = pool.run(task, clients)
+    after = _stats(server, SERVED.get(mode))
+    if before is not None and after is not None:
+        # where a served call's time goes on the server: queue, input, run, output
+        from .probes import server_profile
+
+        record["server_profile"] = server_profile(before, after, config.duration)
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        record["error"] = errors[0]
+        return record
+    record["events_per_s"] = sum(r["events_per_s"] for r in results)
+    record["hits_per_s"] = sum(r["hits"] / r["elapsed_s"] for r in results)
+    record["chunk_ms_p50"] = float(np.median([r["chunk_ms_p50"] for r in results
+                                              if r["chunk_ms_p50"]] or [0.0]))
+    busy = gpu.mean_between(start_at + 0.2, start_at + config.duration)
+    record["gpu_percent"] = None if busy is None else round(busy, 1)
+    return record
+
+
+def _write(report: dict, config: PipelineConfig, out: Path) -> str:
+    """``pipeline-<device>.json`` and ``.md`` in ``out``; returns the table."""
+    stem = out / f"pipeline-{config.device}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    text = table(report["records"], config.device, config.events)
+    if report.get("direct_stage_ms"):
+        text += ("\ndirect, ms per stage of one call: " + ", ".join(
+            f"{stage} {ms}" for stage, ms in report["direct_stage_ms"].items()) + "\n")
+    stem.with_suffix(".md").write_text(text)
+    return text
+
+
+def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
+    """Every mode with every client count; the report and its table, both written into ``out``
+    (also when a run fails half-way). A record holds ``error`` where a client failed."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    from .probes import GpuUtilisation
+
+    records: list[dict] = []
+    report = {"machine": machine_info(), "device": config.device,
+              "events_per_call": config.events, "duration_s": config.duration,
+              "records": records}
+    server = None
+    pool = ClientPool(max(config.clients), _run_task)
+    gpu = GpuUtilisation().__enter__()
+    try:
+        server = _start_server(config, report)
+        report["direct_stage_ms"] = _stage_ms(config.device, config.events, config.gpu)
+        logger.info("direct, ms per stage of one call: %s", report["direct_stage_ms"])
+        direct: dict[int, float] = {}
+        for mode in config.modes:
+            for clients in config.clients:
+                record = _measure(config, mode, clients, server, pool, gpu)
+                if mode == "direct" and "error" not in record:
+                    direct[clients] = record["events_per_s"]
+                elif direct.get(clients) and "error" not in record:
+                    record["ratio"] = record["events_per_s"] / direct[clients]
+                records.append(record)
+                logger.info("%s", record)
+    finally:
+        gpu.__exit__(None, None, None)
+        pool.close()
+        if server is not None:
+            server.stop()
+        text = _write(report, config, out)
+    return report, text

@@ -4,7 +4,9 @@ the test fails or its process is killed. Needs root (CI runs as root on the proj
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import pytest
 from coffea_sonic.errors import NetworkLabError
 from coffea_sonic.netlab import Lab, Link, missing_requirements, port_open, start_relay
 from coffea_sonic.netlab.lab import STATE_ROOT
+from coffea_sonic.netlab.netlink import BACKEND_ENV, netlink
 
 pytestmark = [pytest.mark.netlab,
               pytest.mark.skipif(bool(missing_requirements()), reason=missing_requirements())]
@@ -167,3 +170,36 @@ def test_bad_host_names_and_duplicate_hosts_are_refused():
             lab.host("a name with spaces")
         with pytest.raises(NetworkLabError, match="no host 'b'"):
             lab.cut("b")
+
+
+def _qdisc_kinds(namespace: str, device: str) -> set[str]:
+    from pyroute2 import NetNS
+
+    with NetNS(namespace) as route:
+        index = route.link_lookup(ifname=device)[0]
+        return {qdisc.get_attr("TCA_KIND") for qdisc in route.get_qdiscs(index=index)}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyroute2") is None, reason="needs pyroute2")
+def test_without_ip_and_tc_a_lab_makes_and_shapes_its_links_through_pyroute2(tmp_path, monkeypatch):
+    # what the GPU machines have: util-linux, no iproute2 (and no package index)
+    for tool in ("nsenter", "unshare", "mount", "umount", "sh", "hostname", "ls"):
+        (tmp_path / tool).symlink_to(shutil.which(tool))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    assert shutil.which("ip") is None and missing_requirements() == ""
+    assert netlink().name == "pyroute2"
+    with Lab() as lab:
+        slow, other = lab.host("slow", Link(rate_mbit=20)), lab.host("other")
+        assert _qdisc_kinds(slow.namespace, "eth0") == {"tbf"}
+        assert _qdisc_kinds(lab.switch, slow.port) == {"tbf"}
+        assert slow.run(["ls", "/dev/shm"]).stdout.split() == []
+        address = _sink(other)
+        assert _send(slow, address, 2_500_000)[1] > 0.9  # 2.5 MB at 20 Mbit/s: at least 1 s
+        lab.set_link(slow, Link(rate_mbit=25_000))  # above tbf's 32-bit rate (rate64)
+        assert _qdisc_kinds(slow.namespace, "eth0") == {"tbf"}
+        lab.set_link(slow, Link(rate_mbit=None))
+        assert "tbf" not in _qdisc_kinds(slow.namespace, "eth0")
+        index = lab.index
+    monkeypatch.undo()
+    assert _leftovers(index) == []

@@ -10,7 +10,8 @@ its hosts (by their process groups, then whatever is left in each namespace), un
 ``/dev/shm`` and deletes the namespaces and links, also when the body raised. A lab whose owning
 process died (SIGKILL) is swept by the next lab that starts.
 
-Needs root, ``ip``, ``tc`` and ``nsenter`` (util-linux).
+Needs root, ``nsenter``/``unshare`` (util-linux) and either ``ip``/``tc`` (iproute2) or the
+pyroute2 package (:mod:`coffea_sonic.netlab.netlink`).
 
 >>> from coffea_sonic.netlab import Lab, Link
 >>> with Lab() as lab:                                           # doctest: +SKIP
@@ -25,7 +26,6 @@ import atexit
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import time
 import weakref
@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import NetworkLabError
-from .links import Link, run_command, shape
+from .links import Link, shape
+from .netlink import available_backend, netlink, run_command
 from .processes import HostProcess
 
 logger = logging.getLogger(__name__)
@@ -57,10 +58,12 @@ def missing_requirements() -> str:
     """
     if os.geteuid() != 0:
         return "a lab of hosts needs root (network and mount namespaces)"
-    missing = [tool for tool in ("ip", "tc", "nsenter", "unshare", "mount", "umount")
+    missing = [tool for tool in ("nsenter", "unshare", "mount", "umount")
                if shutil.which(tool) is None]
     if missing:
-        return f"a lab of hosts needs {', '.join(missing)} on PATH (iproute2 and util-linux)"
+        return f"a lab of hosts needs {', '.join(missing)} on PATH (util-linux)"
+    if not available_backend():
+        return "a lab of hosts needs iproute2 (ip and tc on PATH) or the pyroute2 package"
     return ""
 
 
@@ -71,30 +74,20 @@ def _require_tools() -> None:
 
 
 def _namespaces(prefix: str) -> list[str]:
-    listing = run_command(["ip", "netns", "list"], check=False).stdout
-    return [line.split()[0] for line in listing.splitlines() if line.startswith(prefix)]
-
-
-def _kill_namespace_processes(namespace: str) -> None:
-    pids = run_command(["ip", "netns", "pids", namespace], check=False).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-            pass
+    return [name for name in netlink().netns_list() if name.startswith(prefix)]
 
 
 def _teardown(index: int, state: Path) -> None:
     """Remove everything of lab ``index``, by its names (a dead owner's lab goes the same way)."""
-    prefix = f"csnl{index}-"
+    prefix, net = f"csnl{index}-", netlink()
     for namespace in _namespaces(prefix):
-        _kill_namespace_processes(namespace)
+        net.netns_kill(namespace)
     for mount_file in sorted([*state.glob("*.mnt"), *state.glob("*.uts")]):
         run_command(["umount", "--lazy", str(mount_file)], check=False)
         mount_file.unlink(missing_ok=True)
     for namespace in _namespaces(prefix):
-        run_command(["ip", "netns", "delete", namespace], check=False)
-    run_command(["ip", "link", "delete", f"csnl{index}r"], check=False)
+        net.netns_delete(namespace)
+    net.delete_link(None, f"csnl{index}r")
     shutil.rmtree(state, ignore_errors=True)
 
 
@@ -140,7 +133,8 @@ class Host:
 
     def command_prefix(self) -> list[str]:
         """Prefix that runs a command inside this host (its network and mount namespaces)."""
-        return ["nsenter", f"--net=/run/netns/{self.namespace}", f"--mount={self.mount_file}",
+        return ["nsenter", f"--net={netlink().netns_path(self.namespace)}",
+                f"--mount={self.mount_file}",
                 f"--uts={self.uts_file}", "--"]
 
     def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 60,
@@ -234,17 +228,14 @@ class Lab:
         raise NetworkLabError(f"all {MAX_LABS} lab slots under {STATE_ROOT} are taken")
 
     def _make_switch(self) -> None:
-        switch = self.switch
-        run_command(["ip", "netns", "add", switch])
-        run_command(["ip", "-n", switch, "link", "set", "lo", "up"])
-        run_command(["ip", "-n", switch, "link", "add", "br0", "type", "bridge"])
-        run_command(["ip", "-n", switch, "link", "set", "br0", "up"])
+        switch, net = self.switch, netlink()
+        net.netns_add(switch)
+        net.add_bridge(switch, "br0")
         caller = f"csnl{self.index}r"
-        run_command(["ip", "link", "add", caller, "type", "veth", "peer", "name", "caller",
-                     "netns", switch])
-        run_command(["ip", "-n", switch, "link", "set", "caller", "master", "br0", "up"])
-        run_command(["ip", "addr", "add", f"{self.caller_ip}/24", "dev", caller])
-        run_command(["ip", "link", "set", caller, "up"])
+        net.add_veth(None, caller, "caller", switch)
+        net.set_up(switch, "caller", master="br0")
+        net.add_address(None, caller, f"{self.caller_ip}/24")
+        net.set_up(None, caller)
 
     def stop(self) -> None:
         """Stop every process, then remove hosts, switch and mounts. Idempotent."""
@@ -278,14 +269,12 @@ class Lab:
         return host
 
     def _make_namespace(self, host: Host) -> None:
-        namespace, switch = host.namespace, self.switch
-        run_command(["ip", "netns", "add", namespace])
-        run_command(["ip", "-n", namespace, "link", "set", "lo", "up"])
-        run_command(["ip", "-n", namespace, "link", "add", "eth0", "type", "veth", "peer", "name",
-                     host.port, "netns", switch])
-        run_command(["ip", "-n", namespace, "addr", "add", f"{host.ip}/24", "dev", "eth0"])
-        run_command(["ip", "-n", namespace, "link", "set", "eth0", "up"])
-        run_command(["ip", "-n", switch, "link", "set", host.port, "master", "br0", "up"])
+        namespace, switch, net = host.namespace, self.switch, netlink()
+        net.netns_add(namespace)
+        net.add_veth(namespace, "eth0", host.port, switch)
+        net.add_address(namespace, "eth0", f"{host.ip}/24")
+        net.set_up(namespace, "eth0")
+        net.set_up(switch, host.port, master="br0")
 
     def _make_private_shm(self, host: Host) -> None:
         """The host's mount namespace (a fresh tmpfs on /dev/shm) and hostname, kept by files."""
@@ -314,13 +303,13 @@ class Lab:
     def cut(self, host: Host | str) -> None:
         """Take ``host``'s link down (its connections stall; the host stays up)."""
         host = self._host(host)
-        run_command(["ip", "-n", self.switch, "link", "set", host.port, "down"])
+        netlink().set_up(self.switch, host.port, up=False)
         logger.info("netlab: cut %s off the network", host.name)
 
     def restore(self, host: Host | str) -> None:
         """Bring ``host``'s link back up."""
         host = self._host(host)
-        run_command(["ip", "-n", self.switch, "link", "set", host.port, "up"])
+        netlink().set_up(self.switch, host.port)
         logger.info("netlab: %s is back on the network", host.name)
 
     def _host(self, host: Host | str) -> Host:

@@ -12,11 +12,10 @@ trip time is added by a user-space relay (:mod:`coffea_sonic.netlab.relay`), not
 from __future__ import annotations
 
 import logging
-import subprocess
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from ..errors import NetworkLabError
+from .netlink import netlink
 
 logger = logging.getLogger(__name__)
 
@@ -61,26 +60,20 @@ class Link:
         """``tc qdisc ... tbf`` arguments for this link's rate."""
         if self.rate_mbit is None:
             raise NetworkLabError("an unshaped link has no tbf arguments")
-        rate_bytes = self.rate_mbit * 1e6 / 8
-        burst = max(MIN_BURST_BYTES, int(rate_bytes * BURST_S))
         rate = f"{self.rate_mbit:g}mbit"
-        return ["rate", rate, "burst", str(burst), "latency", f"{QUEUE_LATENCY_MS}ms"]
+        return ["rate", rate, "burst", str(self.burst_bytes()), "latency", f"{QUEUE_LATENCY_MS}ms"]
 
-
-def run_command(argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
-    """Run an ``ip``/``tc``/``mount`` command; a failure raises :class:`NetworkLabError` with its
-    stderr."""
-    result = subprocess.run(list(argv), capture_output=True, text=True)
-    if check and result.returncode != 0:
-        raise NetworkLabError(f"{' '.join(argv)} failed ({result.returncode}): "
-                              f"{result.stderr.strip() or result.stdout.strip()}")
-    return result
+    def burst_bytes(self) -> int:
+        """tbf's bucket for this link's rate (:data:`BURST_S` of it, at least 64 KiB)."""
+        if self.rate_mbit is None:
+            raise NetworkLabError("an unshaped link has no tbf bucket")
+        return max(MIN_BURST_BYTES, int(self.rate_mbit * 1e6 / 8 * BURST_S))
 
 
 def shape(namespace: str, device: str, link: Link) -> None:
     """Set (or remove, for an unshaped link) the rate of ``device``'s egress in ``namespace``."""
     if link.shaped:
-        run_command(["tc", "-n", namespace, "qdisc", "replace", "dev", device, "root", "tbf",
-                     *link.tbf_arguments()])
+        assert link.rate_mbit is not None
+        netlink().set_tbf(namespace, device, link.rate_mbit, link.burst_bytes(), QUEUE_LATENCY_MS)
     else:
-        run_command(["tc", "-n", namespace, "qdisc", "del", "dev", device, "root"], check=False)
+        netlink().clear_qdisc(namespace, device)

@@ -96,6 +96,14 @@ def _t(model: str, procs: int, mrb_mib: float | None = None, mif: int | None = N
     return Run("triton", model, procs, client)
 
 
+def _grpc(procs: int, mrb: float | None = None, mif: int | None = None,
+          connections: int = 1) -> Run:
+    """emtrk_cnn over gRPC (forced) from ``procs`` processes, ``connections`` per server."""
+    run = _t("emtrk_cnn", procs, mrb, mif, "grpc")
+    run.client["connections"] = connections
+    return run
+
+
 def _grid(procs: int, cells: list[tuple[float, int]], transport: str = "shm") -> list[Run]:
     return [_t("emtrk_cnn", procs, mrb, mif, transport) for mrb, mif in cells]
 
@@ -249,11 +257,7 @@ def plan_wire() -> list[Server]:
 
 def plan_wire2() -> list[Server]:
     """The gRPC default (2 MiB x 4) beside other request sizes and windows, 1 and 8 processes."""
-    def grpc(procs: int, mrb: float | None = None, mif: int | None = None, connections: int = 1):
-        run = _t("emtrk_cnn", procs, mrb, mif, "grpc")
-        run.client["connections"] = connections
-        return run
-
+    grpc = _grpc
     return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
             Server("defaults", default=True, runs=[
                 grpc(1), grpc(1, 2, 8), grpc(1, 2.25, 8), grpc(1, 1, 8), grpc(1, 2, 8, 4),
@@ -261,7 +265,20 @@ def plan_wire2() -> list[Server]:
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 
-PLANS = {"final": plan_final, "wire": plan_wire, "wire2": plan_wire2, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
+def plan_accept() -> list[Server]:
+    """The one-process rows of the acceptance list: the default client (CUDA memory), gRPC forced
+    at its default, at 2.25 MiB x 8 over 4 connections (best one-process row so far) and at a
+    candidate default between the two (4.5 MiB x 4, 4 connections), the last and the default
+    from 8 processes too (a gRPC default must keep 8 processes >= 0.85x)."""
+    grpc = _grpc
+    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
+            Server("defaults", default=True, runs=[
+                Run("verify", "emtrk_cnn"), Run("triton", "emtrk_cnn", 1), grpc(1),
+                grpc(1, 2.25, 8, 4), grpc(1, 4.5, 4, 4), grpc(8), grpc(8, 4.5, 4, 4)]),
+            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+
+
+PLANS = {"accept": plan_accept, "final": plan_final, "wire": plan_wire, "wire2": plan_wire2, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2, "cuda": plan_cuda,
          "smoke": plan_smoke}
 
 

@@ -11,8 +11,19 @@
 #    TritonModel (1 process) over gRPC, system shm and CUDA shm, on the same default server.
 # Writes defaults-wire.json/.md, reference/ (results.json, results.md, reference.png) and the logs
 # into $OUT (default bench-output/wire).
+#
+# `bash benchmarks/gpu/wire_check.sh accept` (at most 4 minutes with setup): only the one-client rows of the
+# acceptance list, each beside its baseline from the same run:
+# 1. defaults_sweep.py --plan accept: in-process GpuEngine; default TritonModel (1 process); gRPC
+#    forced at its default, at 2.25 MiB x 8 over 4 connections and at 4.5 MiB x 4 over 4
+#    connections, the last two kinds from 8 processes too;
+# 2. perf_analyzer at the matching concurrency (batch 2048; gRPC c 1 and 8, CUDA memory c 1);
+# 3. pipeline_bench.py --clients 1: trackgnn direct, fused, ensemble from one client, with the
+#    served models' per-stage times (COFFEA_SONIC_STAGE_TIMES) beside the direct call's.
+# Writes defaults-accept.json/.md, reference/, pipeline-gpu.json/.md, stage-times.jsonl and logs.
 set -uo pipefail
 DEV=${DEV:-.device}
+MODE=${1:-all}
 OUT=${OUT:-bench-output/wire}
 mkdir -p "$OUT"
 # shellcheck disable=SC1091
@@ -22,6 +33,28 @@ mkdir -p /tmp/pa && cp "$DEV"/pa/lib* /tmp/pa/ && xz -dc "$DEV"/pa/perf_analyzer
   && chmod 755 /tmp/pa/perf_analyzer && export COFFEA_SONIC_PERF_ANALYZER=/tmp/pa
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 echo "cores: $(nproc); date: $(date -u +%FT%TZ)"
+quiet="RuntimeWarning\|warnings.warn"
+reference() {  # timeout_s transports window_s concurrency... (the CLI wants awkward, not carried)
+  timeout "$1" python3 -c "import sys, logging; logging.basicConfig(level=logging.INFO)
+from coffea_sonic.bench.reference_run import run_reference_command as run
+sys.exit(run(['emtrk_cnn'], sys.argv[1].split(','), False, '$OUT/reference', None, '${REF_DEVICE:-gpu}',
+             batches=[2048], concurrency=[int(c) for c in sys.argv[2:]], window_s=$3))" "$2" "${@:4}" \
+    2>&1 | grep --line-buffered -v "$quiet" | tee "$OUT/reference-log.txt" | tail -12
+}
+if [ "$MODE" = accept ]; then
+  timeout 80 python3 benchmarks/gpu/defaults_sweep.py --plan accept --out "$OUT" --budget 62 2>&1 \
+    | grep --line-buffered -v "^INFO:coffea\|$quiet" | tee "$OUT/defaults-accept-log.txt" | tail -14
+  echo "== perf_analyzer at matching concurrency ($SECONDS s so far)"
+  reference 55 grpc 2 1 8
+  mv "$OUT/reference" "$OUT/reference-grpc" 2>/dev/null; mv "$OUT/reference-log.txt" "$OUT/reference-grpc-log.txt"
+  reference 35 cuda 2 1
+  echo "== trackgnn from one client ($SECONDS s so far)"
+  COFFEA_SONIC_STAGE_TIMES=$(cd "$OUT" && pwd)/stage-times.jsonl timeout 60 python3 benchmarks/pipeline_bench.py \
+    --device gpu --clients 1 --duration 2.5 --out "$OUT" 2>&1 | grep -v "$quiet" \
+    | tee "$OUT/pipeline-log.txt" | tail -16
+  echo "done in $SECONDS s"; ls -la "$OUT"
+  exit 0
+fi
 timeout "${SWEEP_TIMEOUT:-300}" python3 benchmarks/gpu/defaults_sweep.py --plan wire --out "$OUT" \
   --budget "${SWEEP_BUDGET:-230}" 2>&1 | grep --line-buffered -v "^INFO:coffea\|RuntimeWarning\|warnings.warn" \
   | tee "$OUT/defaults-wire-log.txt" | tail -30
@@ -29,9 +62,5 @@ left=$(( ${TOTAL_BUDGET:-570} - SECONDS - 10 ))
 echo "== reference (at most $left s)"
 # (the same as `coffea-sonic bench reference --models emtrk_cnn --transports grpc shm cuda
 #  --batches 2048 --concurrency 1 8 --window 4 --device gpu`; the CLI wants awkward, not carried)
-timeout "$left" python3 -c "import sys, logging; logging.basicConfig(level=logging.INFO)
-from coffea_sonic.bench.reference_run import run_reference_command as run
-sys.exit(run(['emtrk_cnn'], ['grpc', 'shm', 'cuda'], False, '$OUT/reference', None, 'gpu',
-             batches=[2048], concurrency=[1, 8], window_s=4.0))" 2>&1 | grep --line-buffered -v "RuntimeWarning\|warnings.warn" \
-  | tee "$OUT/reference-log.txt" | tail -12
+reference "$left" grpc,shm,cuda 4.0 1 8
 ls -la "$OUT" "$OUT/reference" 2>/dev/null

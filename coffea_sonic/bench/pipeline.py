@@ -138,37 +138,37 @@ def _verify(server: Any, device: str, events: int, gpu: int = 0) -> dict:
 
 def _stage_ms(device: str, events: int, gpu: int = 0, repeats: int = 5) -> dict:
     """Median ms per stage of one direct call on a chunk (where the pipeline's time goes)."""
-    import torch
-
     from ..zoo import trackgnn
 
     pipeline = trackgnn.pipeline(f"cuda:{gpu}" if device == "gpu" else "cpu")
     rows, counts = chunks(events, 98)[0]
-    sync = torch.cuda.synchronize if device == "gpu" else (lambda: None)
     times: dict[str, list[float]] = {}
     for _ in range(repeats):
-        marks = [time.perf_counter()]
-
-        def mark() -> None:
-            sync()
-            marks.append(time.perf_counter())
-
-        with torch.inference_mode():
-            hits = pipeline._hits(rows)
-            embedding = pipeline.embed(hits)
-            mark()
-            edges = pipeline.graph(hits, embedding, counts)
-            mark()
-            edges = pipeline.filter(hits, embedding, edges)
-            mark()
-            edges = pipeline.gnn(hits, edges)
-            mark()
-            pipeline.components(edges, len(rows), counts)
-            mark()
-        for stage, (a, b) in zip(("embed", "graph", "filter", "gnn", "cc"),
-                                 zip(marks[:-1], marks[1:])):
-            times.setdefault(stage, []).append(1e3 * (b - a))
+        timings: dict[str, float] = {}
+        pipeline.run(rows, counts, timings=timings)
+        for stage, ms in timings.items():
+            times.setdefault(stage, []).append(ms)
     return {stage: round(float(np.median(values)), 2) for stage, values in times.items()}
+
+
+def served_stage_ms(path: str | None) -> dict:
+    """Median ms per served model's ``execute`` and, fused, per pipeline stage, from the lines the
+    served models append to ``$COFFEA_SONIC_STAGE_TIMES`` (empty where it was not set).
+
+    >>> served_stage_ms(None)
+    {}
+    """
+    if not path or not Path(path).exists():
+        return {}
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    medians: dict = {}
+    for stage in sorted({line["stage"] for line in lines}):
+        mine = [line for line in lines if line["stage"] == stage]
+        keys = [key for key in mine[0] if key not in ("stage", "pid", "at", "requests")]
+        medians[stage] = {key: round(float(np.median([line.get(key, 0.0) for line in mine])), 2)
+                          for key in keys}
+        medians[stage]["executes"] = len(mine)
+    return medians
 
 
 def _stats(server: Any, model: str | None) -> Any:
@@ -280,11 +280,15 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
 def _write(report: dict, config: PipelineConfig, out: Path) -> str:
     """``pipeline-<device>.json`` and ``.md`` in ``out``; returns the table."""
     stem = out / f"pipeline-{config.device}"
+    report["served_stage_ms"] = served_stage_ms(os.environ.get("COFFEA_SONIC_STAGE_TIMES"))
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     text = table(report["records"], config.device, config.events)
     if report.get("direct_stage_ms"):
         text += ("\ndirect, ms per stage of one call: " + ", ".join(
             f"{stage} {ms}" for stage, ms in report["direct_stage_ms"].items()) + "\n")
+    if report["served_stage_ms"]:
+        text += "\nserved, median ms per execute (stages with the device synchronised): " + \
+            "; ".join(f"{stage}: {ms}" for stage, ms in report["served_stage_ms"].items()) + "\n"
     stem.with_suffix(".md").write_text(text)
     return text
 

@@ -36,6 +36,7 @@ aggregation order is fixed too.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -326,6 +327,24 @@ def pair_chunks(counts: np.ndarray, budget: int = PAIR_BUDGET) -> list[tuple[int
     return chunks
 
 
+class _StageClock:
+    """Milliseconds since the previous mark into ``timings`` (nothing where it is None)."""
+
+    def __init__(self, torch: Any, device: Any, timings: dict[str, float] | None) -> None:
+        self.timings = timings
+        self.sync = (torch.cuda.synchronize if device.type == "cuda" and timings is not None
+                     else (lambda: None))
+        self.last = time.perf_counter()
+
+    def __call__(self, stage: str) -> None:
+        if self.timings is None:
+            return
+        self.sync()
+        now = time.perf_counter()
+        self.timings[stage] = 1e3 * (now - self.last)
+        self.last = now
+
+
 class TrackPipeline:
     """The trained pipeline on one device (``"cpu"``, ``"cuda"``, ``"cuda:1"``).
 
@@ -434,19 +453,32 @@ class TrackPipeline:
                                 int(self.hparams["min_hits"]))
 
     # -- whole runs, numpy in and out -------------------------------------------------------------
-    def run(self, hits: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+    def run(self, hits: np.ndarray, counts: np.ndarray | None = None,
+            timings: dict[str, float] | None = None) -> np.ndarray:
         """Labels ``[R]`` int64 of ``hits [R, 3]`` float32 (``counts``: rows per event; None: one
-        event). Every stage on the device, one copy to the host (the kept edges)."""
+        event). Every stage on the device, one copy to the host.
+
+        ``timings``: a dict that receives each stage's milliseconds (the device synchronised at
+        each stage's end, so where a call's time goes can be compared between a server's model
+        and an in-process run; None: no synchronisation added).
+        """
         hits = np.asarray(hits, dtype=np.float32).reshape(-1, 3)
         counts = (np.array([len(hits)], dtype=np.int64) if counts is None
                   else np.asarray(counts, dtype=np.int64).reshape(-1))
+        mark = _StageClock(self.torch, self.device, timings)
         with self.torch.inference_mode():
             rows = self._hits(hits)
             embedding = self.embed(rows)
+            mark("embed")
             edges = self.graph(rows, embedding, counts)
+            mark("graph")
             edges = self.filter(rows, embedding, edges)
+            mark("filter")
             edges = self.gnn(rows, edges)
-            return self.components(edges, len(hits), counts)
+            mark("gnn")
+            labels = self.components(edges, len(hits), counts)
+            mark("cc")
+            return labels
 
     def run_stage(self, stage: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """One stage on numpy ``inputs`` (per-row arrays, no batch axis; names of

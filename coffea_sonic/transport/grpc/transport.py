@@ -27,6 +27,7 @@ from ..base import InferRequest, Transport, TransportFuture, answer_from
 from ..errors import TransportError, from_grpc
 from ..messages import model_info_from_responses, models_in_index, statistics_from_response
 from ..compression import configured_compression
+from ..kinds import transport_kind
 from .channel import Connection, get_connection
 from .codec import decode_response, encode_framed
 from .heap import tune_heap
@@ -208,7 +209,7 @@ def _grpc_compression(name: str) -> Any:
 
 #: gRPC connections per server and process (a bound: each is a socket on the server too)
 MAX_CONNECTIONS = 8
-DEFAULT_CONNECTIONS = 1
+DEFAULT_CONNECTIONS = transport_kind("grpc").connections
 
 #: Threads that make blocking calls for requests sent without a waiting caller, per process:
 #: enough for every model's window to be in flight at once.

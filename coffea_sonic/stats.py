@@ -30,11 +30,65 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["InferenceStats", "ServerStatistics"]
+__all__ = ["Counters", "InferenceStats", "ServerStatistics"]
+
+
+class Counters:
+    """Field-by-field arithmetic of a dataclass of counters: ``+``, ``-``, ``+=``, ``sum()``
+    (starts from 0), :meth:`identity` and :meth:`copy`. The result is of the nearest dataclass
+    in the class's ancestry, so a subclass that adds state (a lock, a file) sums to plain counters.
+
+    >>> @dataclass
+    ... class Seen(Counters):
+    ...     hits: int = 0
+    ...     misses: int = 0
+    >>> sum([Seen(1, 2), Seen(3, 4)]), Seen(5, 5) - Seen(1, 2), Seen.identity()
+    (Seen(hits=4, misses=6), Seen(hits=4, misses=3), Seen(hits=0, misses=0))
+    """
+
+    @classmethod
+    def _counters_type(cls) -> type:
+        return next(klass for klass in cls.__mro__ if "__dataclass_fields__" in vars(klass))
+
+    def _combine(self, other: Any, sign: int) -> Any:
+        kind = self._counters_type()
+        if not isinstance(other, kind):
+            return NotImplemented
+        return kind(**{f.name: getattr(self, f.name) + sign * getattr(other, f.name)
+                       for f in fields(kind)})
+
+    def __add__(self, other: Any) -> Any:
+        return self._combine(other, 1)
+
+    def __sub__(self, other: Any) -> Any:
+        return self._combine(other, -1)
+
+    def __radd__(self, other: Any) -> Any:
+        # sum([...]) starts from 0
+        if isinstance(other, int) and other == 0:
+            return self.copy()
+        return NotImplemented
+
+    def __iadd__(self, other: Any) -> Any:
+        if not isinstance(other, self._counters_type()):
+            return NotImplemented
+        for f in fields(self._counters_type()):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+    @classmethod
+    def identity(cls) -> Any:
+        """All-zero counters (the neutral element of ``+``)."""
+        return cls._counters_type()()
+
+    def copy(self) -> Any:
+        """An independent copy (for putting into an output accumulator)."""
+        kind = self._counters_type()
+        return kind(**{f.name: getattr(self, f.name) for f in fields(kind)})
 
 
 @dataclass
-class InferenceStats:
+class InferenceStats(Counters):
     """Client-side counters of one model (or the sum over many chunks and workers).
 
     Times are seconds, sizes bytes. ``latency_s`` is the sum over requests of send-to-answer time;
@@ -82,38 +136,10 @@ class InferenceStats:
     #: seconds the shadow thread spent recomputing and comparing them
     shadow_s: float = 0.0
 
-    @classmethod
-    def identity(cls) -> "InferenceStats":
-        """All-zero counters (the neutral element of ``+``)."""
-        return cls()
-
-    def __add__(self, other: "InferenceStats") -> "InferenceStats":
-        if not isinstance(other, InferenceStats):
-            return NotImplemented
-        return InferenceStats(**{f.name: getattr(self, f.name) + getattr(other, f.name)
-                                 for f in fields(self)})
-
-    def __radd__(self, other: Any) -> "InferenceStats":
-        # sum([...]) starts from 0
-        if isinstance(other, int) and other == 0:
-            return dataclasses.replace(self)
-        return NotImplemented
-
-    def __iadd__(self, other: "InferenceStats") -> "InferenceStats":
-        if not isinstance(other, InferenceStats):
-            return NotImplemented
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        return self
-
     @property
     def mean_latency_s(self) -> float:
         """Mean request latency (0 before the first request)."""
         return self.latency_s / self.requests if self.requests else 0.0
-
-    def copy(self) -> "InferenceStats":
-        """An independent copy (for putting into an output accumulator)."""
-        return dataclasses.replace(self)
 
     def to_dict(self) -> dict[str, float]:
         """Plain ``{counter: value}``, e.g. for JSON reports."""
@@ -121,7 +147,7 @@ class InferenceStats:
 
 
 @dataclass
-class ServerStatistics:
+class ServerStatistics(Counters):
     """Triton's cumulative inference statistics for one model, summed over versions and servers.
 
     Durations are kept in nanoseconds as Triton reports them; the ``*_s`` properties convert.
@@ -177,22 +203,6 @@ class ServerStatistics:
     def average_batch(self) -> float:
         """Rows per model execution: how well the dynamic batcher filled the model."""
         return self.inference_count / self.execution_count if self.execution_count else 0.0
-
-    def __add__(self, other: "ServerStatistics") -> "ServerStatistics":
-        if not isinstance(other, ServerStatistics):
-            return NotImplemented
-        return ServerStatistics(**{f.name: getattr(self, f.name) + getattr(other, f.name)
-                                   for f in fields(self)})
-
-    def __sub__(self, other: "ServerStatistics") -> "ServerStatistics":
-        if not isinstance(other, ServerStatistics):
-            return NotImplemented
-        return ServerStatistics(**{f.name: getattr(self, f.name) - getattr(other, f.name)
-                                   for f in fields(self)})
-
-    @classmethod
-    def identity(cls) -> "ServerStatistics":
-        return cls()
 
     def to_dict(self) -> dict[str, float]:
         """Counters plus the derived seconds and average batch."""

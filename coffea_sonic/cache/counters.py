@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ..core.process_local import ProcessLocal
+from ..stats import Counters
 
 __all__ = ["CacheCounters", "process_counters", "read_counters"]
 
@@ -30,7 +31,7 @@ FLUSH_S = 1.0
 
 
 @dataclass
-class CacheCounters:
+class CacheCounters(Counters):
     """Counts of one cache directory: blocks found and not found, rows, bytes not sent."""
 
     #: blocks answered from the directory, and blocks that had to be computed
@@ -51,10 +52,6 @@ class CacheCounters:
         """Share of rows answered from the cache (0 before any lookup)."""
         rows = self.hit_rows + self.miss_rows
         return self.hit_rows / rows if rows else 0.0
-
-    def __add__(self, other: "CacheCounters") -> "CacheCounters":
-        return CacheCounters(**{f.name: getattr(self, f.name) + getattr(other, f.name)
-                                for f in fields(self)})
 
     def to_dict(self) -> dict[str, float]:
         return {**dataclasses.asdict(self), "hit_rate": self.hit_rate}
@@ -78,7 +75,7 @@ class _ProcessCounters(CacheCounters):
 
     def snapshot(self) -> CacheCounters:
         with self._lock:
-            return CacheCounters(**{f.name: getattr(self, f.name) for f in fields(CacheCounters)})
+            return self.copy()
 
     def flush(self) -> None:
         """Write this process' counters to the directory (errors only logged: stats are extra)."""

@@ -6,6 +6,8 @@
   ``--models jet_tagger emtrk_cnn`` and ``--models jet_tagger,emtrk_cnn`` are the same
   (:func:`add_list_option`). Lists of paths split on spaces only; an option whose value holds
   commas itself (``models add --input NAME:TYPE:DIMS``) is repeated instead.
+* **Which server**: ``--server`` (one already running) or, without it, an embedded server on
+  ``--device auto|cpu|gpu`` (:func:`add_server_options`), on every command that can start one.
 * **Machine-readable output**: ``--json`` (:func:`add_json_option`) prints one JSON document
   instead of the text report, exit codes unchanged.
 * **Logging**: ``-v`` (info) / ``-vv`` (debug), before or after the subcommand.
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 __all__ = ["ListAction", "add_json_option", "add_list_option", "add_output_option",
-           "add_verbose_everywhere", "plain", "print_json", "verbosity"]
+           "add_server_options", "add_verbose_everywhere", "plain", "print_json", "verbosity"]
 
 
 class ListAction(argparse.Action):
@@ -83,6 +85,26 @@ def add_output_option(parser: argparse.ArgumentParser, default: str | None,
     where = f" (default: ./{default}/)" if default else ""
     return parser.add_argument("-o", "--output", default=default, metavar="DIR",
                                help=f"folder to write {what} into{where}")
+
+
+def add_server_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                       server_help: str = "existing Triton server: host:port or "
+                                          "triton+grpc://host:port",
+                       metavar: str = "URL", device_default: str | None = "auto") -> None:
+    """``--server`` (a running server; ``server_help`` says which address form) and ``--device``
+    (where the embedded server runs when ``--server`` is not given; None means auto).
+
+    >>> parser = argparse.ArgumentParser(prog="demo")
+    >>> add_server_options(parser)
+    >>> args = parser.parse_args(["--device", "cpu"])
+    >>> args.server, args.device
+    (None, 'cpu')
+    """
+    parser.add_argument("--server", metavar=metavar,
+                        help=f"{server_help} (default: start the embedded one)")
+    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default=device_default,
+                        help="device of the embedded server (default auto: GPU if nvidia-smi "
+                             "sees one)")
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> argparse.Action:

@@ -34,7 +34,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Mapping
 
-from .cliargs import add_list_option
+from .cliargs import add_list_option, add_server_options
 from .facility.cli import add_batch_options, batch_options
 
 logger = logging.getLogger(__name__)
@@ -99,11 +99,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     data.add_argument("--fileset", metavar="JSON", help="a coffea fileset {dataset: [files]} as JSON")
     data.add_argument("--treename", default="Events", help="TTree name (default: %(default)s)")
     serving = parser.add_argument_group("inference")
-    serving.add_argument("--server", metavar="URL",
-                         help="existing Triton server, triton+grpc://host:port (default: start the "
-                              "embedded one)")
-    serving.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
-                         help="device of the embedded server (default: %(default)s)")
+    add_server_options(serving, server_help="existing Triton server, triton+grpc://host:port")
     serving.add_argument("--max-in-flight", type=int, default=4,
                          help="requests in flight per model and worker (default: %(default)s)")
     serving.add_argument("--cache", metavar="DIR",

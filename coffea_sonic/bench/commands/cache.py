@@ -19,20 +19,19 @@ import json
 import time
 from pathlib import Path
 
-from . import add_output, progress_printer
+from . import progress_printer, scenario_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``cache`` to the ``bench`` scenarios."""
-    parser = subparsers.add_parser(
-        "cache", help="the demo twice with the inference cache; users sharing a response cache",
+    parser = scenario_parser(
+        subparsers, "cache", help="the demo twice with the inference cache; users sharing a response cache",
         description=(
             "demo-twice: coffea-sonic demo --cache DIR twice (own server and Dask each time).\n"
             "users: N users run the demo's analysis on the same events against one server, "
             "Triton's response cache off, then on.\n\n"
             "examples:\n  coffea-sonic bench cache --scenario demo-twice -o cache\n"
-            "  coffea-sonic bench cache --scenario users --users 10 -o cache"),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+            "  coffea-sonic bench cache --scenario users --users 10 -o cache"))
     parser.add_argument("--scenario", choices=("demo-twice", "users"), default="demo-twice")
     parser.add_argument("--users", type=int, default=10, help="users (default: %(default)s)")
     parser.add_argument("--events", type=int, default=20_000,
@@ -42,7 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--cache-size", default="1GB", help="response cache size (default 1GB)")
     parser.add_argument("--demo-args", default="", metavar="ARGS",
                         help="more options for both demo runs, e.g. '--device gpu --workers 8'")
-    add_output(parser, "cache")
     parser.set_defaults(func=run)
     return parser
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 import argparse
 
 from ... import zoo
-from ...cliargs import add_list_option
-from . import add_output
+from ...cliargs import add_list_option, add_server_options
+from . import scenario_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``reference`` to the ``bench`` scenarios."""
-    parser = subparsers.add_parser(
-        "reference", help="TritonModel at defaults vs NVIDIA's perf_analyzer, per transport",
+    parser = scenario_parser(
+        subparsers, "reference", help="TritonModel at defaults vs NVIDIA's perf_analyzer, per transport",
         description=(
             "For each model and transport: NVIDIA's perf_analyzer (the C++ load generator, "
             "installed on demand) over a batch x concurrency grid, a default TritonModel in one "
@@ -34,8 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "  coffea-sonic bench reference                 # passthrough model: grpc, shm, http\n"
             "  coffea-sonic bench reference --models emtrk_cnn --transports grpc cuda --device gpu"
             "\n  coffea-sonic bench reference --server gpu-node:8001,gpu-node:8000 "
-            "--transports grpc http"),
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+            "--transports grpc http"))
     add_list_option(parser, "--models", choices=["passthrough", *zoo.names()],
                     help="passthrough (x: 16 floats -> y: 2, transport-bound; default) and zoo "
                          "models")
@@ -50,12 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     help="perf_analyzer's concurrency values (default 1 2 4)")
     parser.add_argument("--window", type=float, default=None, metavar="S",
                         help="seconds of each TritonModel window (default 5)")
-    parser.add_argument("--server", metavar="GRPC[,HTTP]",
-                        help="an existing server serving the models: host:port of gRPC, "
-                             "optionally ,host:port of HTTP (default: start the embedded one)")
-    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None,
-                        help="device of the embedded server (default auto)")
-    add_output(parser, "reference")
+    add_server_options(parser, metavar="GRPC[,HTTP]", device_default=None,
+                       server_help="an existing server serving the models: host:port of gRPC, "
+                                   "optionally ,host:port of HTTP")
     parser.set_defaults(func=run)
     return parser
 

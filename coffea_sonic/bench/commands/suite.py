@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ... import zoo
-from ...cliargs import add_list_option
+from ...cliargs import add_list_option, add_server_options
 from ...errors import ConfigurationError
 from ..config import MODES, PRESETS
 from . import print_written, progress_printer, scenario_parser
@@ -80,11 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, metavar="N", help="untimed chunks first")
     add_list_option(parser, "--rows-per-event", type=_rows_per_event, metavar="MODEL=N",
                     help="model rows per event, to convert rows/s into events/s")
-    parser.add_argument("--server", metavar="URL",
-                        help="existing Triton server: host:port or triton+grpc://host:port "
-                             "(default: start the embedded one)")
-    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default=None,
-                        help="device of the embedded server (default auto: GPU if present)")
+    add_server_options(parser, device_default=None)
     parser.add_argument("--instances", type=int, metavar="N",
                         help="model instances of the embedded server")
     add_list_option(parser, "--link-gbps", type=float, metavar="GBPS",

@@ -71,8 +71,54 @@ def raw_tcp(address: str, seconds: float) -> float:
         return sent / (time.perf_counter() - began)
 
 
+class WireSampler:
+    """The caller's interface's sent bytes every half millisecond, in a thread (a context)."""
+
+    def __init__(self, interface: str) -> None:
+        self.path = f"/sys/class/net/{interface}/statistics/tx_bytes"
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with open(self.path) as counter:
+                self.samples.append((time.perf_counter(), int(counter.read())))
+            time.sleep(0.0005)
+
+    def __enter__(self) -> "WireSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def call_phases(calls: list[tuple[float, float]], samples: list[tuple[float, int]]) -> dict:
+    """Median per back-to-back call (ms): ``head`` from the call to its first 20 kB on the wire
+    (the client's own setup), ``sending`` to 98 % of its bytes, ``tail`` from there to the call's
+    return (the round trip, the server's last piece and its answer, the client's assembly)."""
+    times = np.array([t for t, _ in samples])
+    sent = np.array([b for _, b in samples])
+    heads, sends, tails = [], [], []
+    for start, end in calls[1:-1]:
+        inside = (times >= start) & (times <= end)
+        if inside.sum() < 4:
+            continue
+        t, b = times[inside], sent[inside] - sent[inside][0]
+        first, last = t[np.argmax(b > 20_000)], t[np.argmax(b >= 0.98 * b[-1])]
+        heads.append(first - start)
+        sends.append(last - first)
+        tails.append(end - last)
+    if not heads:
+        return {}
+    return {f"{name}_ms": 1e3 * float(np.median(values))
+            for name, values in (("head", heads), ("sending", sends), ("tail", tails))}
+
+
 def model_rate(address: str, seconds: float, interface: str, compression: str,
-               pipelined: bool) -> dict:
+               pipelined: bool, rows: int = 200_000) -> dict:
     from coffea_sonic.model import TritonModel
     from coffea_sonic.routing import clear_routers
     from coffea_sonic.transport.registry import close_all_transports
@@ -82,25 +128,29 @@ def model_rate(address: str, seconds: float, interface: str, compression: str,
     clear_routers()
     close_all_transports()
     model = TritonModel(f"triton+grpc://{address}/{PASSTHROUGH}")
-    inputs = passthrough_inputs(200_000)
+    inputs = passthrough_inputs(rows)
     model(inputs)
-    calls, began, wire0 = 0, time.perf_counter(), tx_bytes(interface)
+    spans: list[tuple[float, float]] = []
+    began, wire0 = time.perf_counter(), tx_bytes(interface)
     pending = None
-    while time.perf_counter() - began < seconds:
-        if pipelined:  # the next call sent before the previous one's answer is awaited
-            handle = model.infer_async(inputs)
-            if pending is not None:
-                pending.result()
-            pending = handle
-        else:
-            model(inputs)
-        calls += 1
-    if pending is not None:
-        pending.result()
-    elapsed = time.perf_counter() - began
-    return {"payload_Bps": calls * inputs["x"].nbytes / elapsed,
-            "wire_Bps": (tx_bytes(interface) - wire0) / elapsed, "calls_done": calls,
-            "transport": model.transport_kind}
+    with WireSampler(interface) as wire:
+        while time.perf_counter() - began < seconds:
+            started = time.perf_counter()
+            if pipelined:  # the next call sent before the previous one's answer is awaited
+                handle = model.infer_async(inputs)
+                if pending is not None:
+                    pending.result()
+                pending = handle
+            else:
+                model(inputs)
+            spans.append((started, time.perf_counter()))
+        if pending is not None:
+            pending.result()
+        elapsed = time.perf_counter() - began
+    return {"rows": rows, "payload_Bps": len(spans) * inputs["x"].nbytes / elapsed,
+            "wire_Bps": (tx_bytes(interface) - wire0) / elapsed, "calls_done": len(spans),
+            "transport": model.transport_kind,
+            **(call_phases(spans, wire.samples) if not pipelined else {})}
 
 
 def compressibility(seconds: float = 1.0) -> dict:
@@ -123,6 +173,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--out", default="bench-output/link")
+    parser.add_argument("--no-compression", action="store_true",
+                        help="leave out the gzip/deflate cases and the compressibility table")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -146,19 +198,21 @@ def main() -> int:
                     grpc = start_relay(host, target=grpc, listen_port=9001, rtt_ms=rtt)
                     sink = start_relay(host, target=sink, listen_port=9002, rtt_ms=rtt)
                 raw = raw_tcp(sink, args.seconds)
-                for compression in ("none", "gzip", "deflate"):
-                    for pipelined in (False, True):
-                        if compression != "none" and pipelined:
-                            continue
-                        case = {"rate_mbit": rate, "rtt_ms": rtt, "compression": compression,
-                                "mode": "2 calls in flight (infer_async)" if pipelined else
-                                "back to back", "raw_tcp_Bps": raw,
-                                **model_rate(grpc, args.seconds, interface, compression, pipelined)}
-                        case["link_busy"] = case["wire_Bps"] * 8 / (rate * 1e6)
-                        case["raw_busy"] = raw * 8 / (rate * 1e6)
-                        report["cases"].append(case)
-                        print(json.dumps(case), flush=True)
-    report["compressibility"] = compressibility()
+                variants = [("none", False, 200_000), ("none", True, 200_000),
+                            ("none", False, 400_000)]
+                if not args.no_compression:
+                    variants += [("gzip", False, 200_000), ("deflate", False, 200_000)]
+                for compression, pipelined, rows in variants:
+                    case = {"rate_mbit": rate, "rtt_ms": rtt, "compression": compression,
+                            "mode": "2 calls in flight (infer_async)" if pipelined else
+                            "back to back", "raw_tcp_Bps": raw,
+                            **model_rate(grpc, args.seconds, interface, compression, pipelined,
+                                         rows)}
+                    case["link_busy"] = case["wire_Bps"] * 8 / (rate * 1e6)
+                    case["raw_busy"] = raw * 8 / (rate * 1e6)
+                    report["cases"].append(case)
+                    print(json.dumps(case), flush=True)
+    report["compressibility"] = {} if args.no_compression else compressibility()
     report["uptime_after"] = uptime_line()
     (out / "link.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "link.md").write_text(markdown(report))
@@ -171,12 +225,15 @@ def markdown(report: dict) -> str:
     lines = [f"# passthrough across a tbf-shaped link ({m['cpu_model']}, {m['cpu_cores']} cores, "
              f"{m['date']})", "", f"load: before `{report['uptime_before']}`, after "
              f"`{report.get('uptime_after', '')}`", "", f"command: `{report['command']}`", "",
-             "| link | added RTT | compression | calls | raw TCP busy | model: link busy | "
-             "payload Mbit/s |", "|---|---|---|---|---|---|---|"]
+             "| link | added RTT | compression | call MB | calls | raw TCP busy | model: link busy | "
+             "payload Mbit/s | per call: head / sending / tail ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
+        phases = (f"{c['head_ms']:.1f} / {c['sending_ms']:.0f} / {c['tail_ms']:.1f}"
+                  if "head_ms" in c else "-")
         lines.append(f"| {c['rate_mbit'] / 1000:g} Gb/s | {c['rtt_ms']} ms | {c['compression']} | "
-                     f"{c['mode']} | {c['raw_busy']:.0%} | {c['link_busy']:.0%} | "
-                     f"{c['payload_Bps'] * 8 / 1e6:.0f} |")
+                     f"{c.get('rows', 200_000) * 64 / 1e6:.1f} | {c['mode']} | {c['raw_busy']:.0%} | "
+                     f"{c['link_busy']:.0%} | {c['payload_Bps'] * 8 / 1e6:.0f} | {phases} |")
     lines += ["", "| model | compressed size (zlib 6) | compress rate, one core (MB/s) |",
               "|---|---|---|"]
     for name, row in report.get("compressibility", {}).items():

@@ -8,8 +8,8 @@
 
 Both take the ragged convention of :mod:`coffea_sonic.ragged` (``hits [-1, 3]`` FP32 with
 ``hits__counts``, per-hit ``labels [-1]`` INT64). Every model folder holds ``model.py``
-(``trackgnn_model.py.tmpl``), the pipeline's numeric code ``trackgnn_pipeline.py`` (the module
-an in-process run imports) and the weights ``trackgnn.npz``: a repository runs without
+(``trackgnn_model.py.tmpl``), the pipeline's numeric code ``trackgnn_pipeline.py`` and
+``trackgnn_labels.py`` (the modules an in-process run imports) and the weights ``trackgnn.npz``: a repository runs without
 coffea-sonic installed on the server (torch and numpy < 2 are needed; scipy is used when
 present).
 
@@ -113,7 +113,9 @@ def ensemble_config(device: Device = "cpu") -> model_config_pb2.ModelConfig:
 
 
 def _files(link: bool) -> dict[str, Path]:
-    return {"trackgnn_pipeline.py": Path(stages.__file__), "trackgnn.npz": trackgnn.weights_path()}
+    return {"trackgnn_pipeline.py": Path(stages.__file__),
+            "trackgnn_labels.py": Path(stages.__file__).with_name("trackgnn_labels.py"),
+            "trackgnn.npz": trackgnn.weights_path()}
 
 
 def _write_python(dest: Path, config: model_config_pb2.ModelConfig, link: bool) -> Path:

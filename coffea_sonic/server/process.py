@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from ..errors import MissingDependencyError
@@ -117,14 +118,47 @@ def remove_stale_shm_regions() -> list[str]:
     return removed
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (from /proc; a zombie holds nothing and is left
+    out).
+
+    >>> os.getpid() in group_members(os.getpgrp())
+    True
+    """
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _wait_group_gone(pgid: int, timeout_s: float) -> None:
+    """Return once no live process is left in group ``pgid``: SIGKILL is delivered
+    asynchronously, and a stub that is still exiting holds its memory, shm and files."""
+    deadline = time.monotonic() + timeout_s
+    while left := group_members(pgid):
+        if time.monotonic() >= deadline:
+            logger.warning("processes %s of tritonserver %d alive %.0f s after SIGKILL",
+                           left, pgid, timeout_s)
+            return
+        time.sleep(0.02)
+
+
 def stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
+    """Stop the server started in its own session as ``process``: SIGTERM, ``grace_s`` to exit,
+    then SIGKILL for its group (python-backend stubs included); returns when none is alive."""
     if process.poll() is not None:
         # the server died (SIGKILL, crash) but its python-backend stubs, in its process
         # group, live on: they must not outlive it
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
-            pass
+            return
+        _wait_group_gone(process.pid, grace_s)
         return
     try:
         os.killpg(process.pid, signal.SIGTERM)
@@ -140,6 +174,7 @@ def stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
     except ProcessLookupError:
         pass
     process.wait()
+    _wait_group_gone(process.pid, grace_s)
 
 
 def remove_shm_regions(prefix: str) -> list[str]:

@@ -113,6 +113,29 @@ def test_served_outputs_equal_cpu_engine_on_1_7_and_more_than_max_batch_rows(tri
     client.close()
 
 
+def _stub_rss_mb(server: LocalTritonServer, model: str) -> float:
+    for pid in _children(server.pid):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            resident_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+        except OSError:
+            continue
+        if b"triton_python_backend_stub" in command[0] and f"{model}/1/model.py".encode() in command[1]:
+            return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    raise AssertionError(f"no python-backend stub of {model} in {server}")
+
+
+def test_a_cpu_model_gives_back_a_large_batchs_memory(triton_server):
+    """A CPU stub that kept the largest batch's activations (GBs for the CNN at its
+    max_batch_size) would hold them for the server's life."""
+    client = grpcclient.InferenceServerClient(triton_server.grpc_address)
+    rows = zoo.spec("emtrk_cnn").preferred_batch_sizes[-1]
+    _raw_infer(client, "emtrk_cnn", zoo.example_inputs("emtrk_cnn", rows, seed=1))
+    client.close()
+    held = _stub_rss_mb(triton_server, "emtrk_cnn")
+    assert held < 600, f"the emtrk_cnn stub holds {held:.0f} MB after one batch of {rows} rows"
+
+
 def test_two_servers_on_free_ports_leave_no_process_or_shm_region_after_stop():
     first = LocalTritonServer(models=["jet_tagger"], device="cpu").start()
     second = LocalTritonServer(models=["jet_tagger"], device="cpu").start()

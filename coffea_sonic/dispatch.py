@@ -347,7 +347,8 @@ class CallRunner:
             # unregistered; or a balancer sent the request elsewhere): probed again, it keeps
             # shared memory or gets plain requests from now on; not a failure
             self.router.release(endpoint, "other")
-            endpoint.transports.region_forgotten(error.describe())
+            if not error.repeated:  # one forgetting, however many requests were in flight
+                endpoint.transports.region_forgotten(error.describe())
             piece.attempts -= 1
             window.submit_front(piece)
             return

@@ -91,3 +91,28 @@ def test_a_killed_server_fails_clearly_and_leaves_no_region():
         assert not [name for name in os.listdir("/dev/shm") if name.startswith(region_prefix())]
     finally:
         server.stop()
+
+
+def test_a_restarted_server_forgets_our_regions_once_however_many_requests_were_in_flight():
+    """Every request in flight on a slot registered with the old process meets the forgetting;
+    it counts once (a server may forget our regions a few times before it gets plain requests),
+    so a call that asked for shared memory keeps it and gets every row."""
+    server = LocalTritonServer(models=["jet_tagger"], device="cpu").start()
+    restarted = None
+    try:
+        model = TritonModel(server.url("jet_tagger"), transport="shm", max_request_bytes=24 * 100,
+                            max_in_flight=8)
+        inputs = zoo.example_inputs("jet_tagger", 1_600, seed=5)
+        expected = model(inputs)["probs"]
+        transport = open_transport(model.servers[0], "shm")
+        port = server.ports["grpc"]
+        server.stop()
+        restarted = LocalTritonServer(models=["jet_tagger"], device="cpu", grpc_port=port).start()
+        np.testing.assert_array_equal(model(inputs)["probs"], expected)
+        endpoint = model._get_runtime().router.endpoints[0]
+        assert transport.stats["shm_region_errors"] >= 1 and endpoint.transports.reprobes == 1
+        assert not endpoint.transports.shm_off
+    finally:
+        server.stop()
+        if restarted is not None:
+            restarted.stop()

@@ -107,6 +107,9 @@ class TransportError(SonicError):
         self.kind, self.detail, self.address, self.code = kind, detail, address, code
         #: how long the server (or gateway) asked us to wait before sending again, if it said
         self.retry_after_s = retry_after_s
+        #: ``shm_region`` only: a region an earlier error had already shown forgotten (the same
+        #: server forgetting, met by another request in flight), not a new forgetting
+        self.repeated = False
         where = f" at {address}" if address else ""
         super().__init__(f"{code or kind}{where}: {detail}" if detail else f"{code or kind}{where}")
 
@@ -138,12 +141,15 @@ class TransportError(SonicError):
         return f"{self.code or self.kind}: {self.detail}" if self.detail else (self.code or self.kind)
 
     def __reduce__(self):
-        return (_rebuild, (self.kind, self.detail, self.address, self.code, self.retry_after_s))
+        return (_rebuild, (self.kind, self.detail, self.address, self.code, self.retry_after_s,
+                           self.repeated))
 
 
 def _rebuild(kind: str, detail: str, address: str, code: str,
-             retry_after_s: float | None = None) -> TransportError:
-    return TransportError(kind, detail, address=address, code=code, retry_after_s=retry_after_s)
+             retry_after_s: float | None = None, repeated: bool = False) -> TransportError:
+    error = TransportError(kind, detail, address=address, code=code, retry_after_s=retry_after_s)
+    error.repeated = repeated
+    return error
 
 
 def retry_after(metadata: Any) -> float | None:

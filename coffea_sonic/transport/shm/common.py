@@ -211,7 +211,9 @@ class SlotTransport(Transport):
             failure = from_grpc(error, self.address)
             if failure.kind == "shm_region":
                 self._count("shm_region_errors")
-                self.pool.retire()  # the server forgot one region: it may have forgotten them all
+                # the server forgot one region: it may have forgotten them all; other requests
+                # in flight on slots of that generation then meet the same forgetting again
+                failure.repeated = not self.pool.retire(slot.generation)
             future.fail(failure)
             return
         if future.done():  # cancelled while in flight, now answered: the slot is clean

@@ -260,15 +260,20 @@ class SlotPool:
             self.stats["regions_dropped"] += 1
         self._discard(slot)
 
-    def retire(self) -> None:
+    def retire(self, generation: int | None = None) -> bool:
         """Drop every slot: free ones now, busy ones when released (the server forgot one of our
-        regions, so it may have forgotten them all)."""
+        regions, so it may have forgotten them all). With the ``generation`` of the slot the
+        server did not know, nothing happens if that generation is retired already (requests in
+        flight on other old slots meet the same forgetting); returns whether slots were retired."""
         with self._lock:
+            if generation is not None and generation != self._generation:
+                return False
             self._generation += 1
             free, self._free = self._free, []
             self.stats["retired"] += len(free) + len(self._busy)
         for slot in free:
             self._discard(slot)
+        return True
 
     def _discard(self, slot: Slot, timeout_s: float = CLEANUP_TIMEOUT_S, attempt: int = 0) -> bool:
         """Unregister and free (only in the process that made it); False if the server is gone.

@@ -18,6 +18,7 @@ from coffea_sonic.model import TritonModel
 from coffea_sonic.routing import clear_routers
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.server.repository import write_repository
+from helpers import wait_for
 
 ROWS = 60_000
 CHUNK = 15_000
@@ -32,6 +33,19 @@ def _url(server: LocalTritonServer, transport: str, version: int | None = None) 
 def _served(model: TritonModel) -> tuple[int, int]:
     stats = model.server_statistics()
     return stats.success_count, stats.inference_count
+
+
+def _served_once_counted(model: TritonModel, before: tuple[int, int], rows: int = 0,
+                         requests: int = 0) -> tuple[int, int]:
+    """The server's counts once at least ``requests`` requests and ``rows`` rows more than
+    ``before`` are in them: Triton reports a request's statistics after it has sent the answer,
+    so a read right after the call may not count it yet."""
+    def counted():
+        now = _served(model)
+        return now if now[0] >= before[0] + requests and now[1] >= before[1] + rows else None
+
+    return wait_for(counted, 30, lambda: f"{requests} requests and {rows} rows more than "
+                                         f"{before} in the server's statistics")
 
 
 def _entries(root) -> list:
@@ -54,7 +68,7 @@ def test_a_second_identical_call_sends_nothing_and_answers_the_same(jet_tagger_s
     assert first.transport_kind == transport
     before = _served(first)
     expected = first(inputs)["probs"]
-    after_first = _served(first)
+    after_first = _served_once_counted(first, before, ROWS)
     assert after_first[1] - before[1] == ROWS and first.stats.cache_hits == 0
     # a new object (as in the next run's process) over the same directory
     second = TritonModel(_url(jet_tagger_server, transport), cache=str(tmp_path),
@@ -101,7 +115,9 @@ def test_a_corrupted_entry_is_recomputed_not_returned(jet_tagger_server, tmp_pat
     outputs = model(inputs)["probs"]
     np.testing.assert_array_equal(outputs, expected)
     assert model.stats.cache_misses == 2 and model.stats.requests >= 1
-    assert _served(model)[1] - before[1] == model.stats.cache_miss_rows > 0
+    assert model.stats.cache_miss_rows > 0
+    after = _served_once_counted(model, before, model.stats.cache_miss_rows)
+    assert after[1] - before[1] == model.stats.cache_miss_rows
     decode_entry(victim.read_bytes())  # rewritten whole by the recomputation
     decode_entry(truncated.read_bytes())
     assert read_counters(tmp_path)[0].corrupt == 2
@@ -124,7 +140,7 @@ def test_a_new_model_version_or_config_does_not_use_the_old_entries(jet_tagger_s
     before = _served(newer)
     newer(inputs)
     assert newer.served_version == "2" and newer.stats.cache_hits == 0
-    assert _served(newer)[1] - before[1] == 5_000
+    assert _served_once_counted(newer, before, 5_000)[1] - before[1] == 5_000
     assert {p.parent.name for p in tmp_path.glob("jet_tagger/*/served.json")} == {"1", "2"}
 
 
@@ -165,7 +181,7 @@ def _infer_when_told(model: TritonModel, inputs: dict, queue: str, event: str) -
     if not Event(event).wait(120):
         raise TimeoutError("the test never said go")
     outputs = model(inputs)["probs"]
-    return os.getpid(), model.stats.cache_misses, outputs
+    return os.getpid(), model.stats.cache_misses, model.stats.cache_miss_rows, outputs
 
 
 def test_four_dask_workers_writing_the_same_entries_leave_a_consistent_cache(jet_tagger_server,
@@ -175,6 +191,7 @@ def test_four_dask_workers_writing_the_same_entries_leave_a_consistent_cache(jet
     inputs = zoo.example_inputs("jet_tagger", ROWS, seed=6)
     model = TritonModel(jet_tagger_server.url("jet_tagger"), cache=tmp_path)
     blocks = len(content_blocks(inputs, ROWS))
+    start = _served(model)
     with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         client.wait_for_workers(4, timeout=120)
@@ -185,17 +202,17 @@ def test_four_dask_workers_writing_the_same_entries_leave_a_consistent_cache(jet
         pids = {queue.get(timeout=120) for _ in futures}
         event.set()  # all four look up at once, all miss, all write the same entries
         results = client.gather(futures)
-    assert len(pids) == 4 and {pid for pid, _, _ in results} == pids
-    assert sum(misses for _, misses, _ in results) > blocks  # the same entries written twice+
-    for _, _, outputs in results[1:]:
-        np.testing.assert_array_equal(outputs, results[0][2])
+    assert len(pids) == 4 and {pid for pid, *_ in results} == pids
+    assert sum(misses for _, misses, _, _ in results) > blocks  # the same entries written twice+
+    for *_, outputs in results[1:]:
+        np.testing.assert_array_equal(outputs, results[0][-1])
     entries = _entries(tmp_path)
     assert len(entries) == blocks and not list(tmp_path.rglob(".tmp-*"))
     for entry in entries:
         decode_entry(entry.read_bytes())
     reader = TritonModel(jet_tagger_server.url("jet_tagger"), cache=tmp_path)
-    before = _served(reader)
-    np.testing.assert_array_equal(reader(inputs)["probs"], results[0][2])
+    before = _served_once_counted(reader, start, sum(rows for _, _, rows, _ in results))
+    np.testing.assert_array_equal(reader(inputs)["probs"], results[0][-1])
     assert _served(reader) == before and reader.stats.cache_hit_rows == ROWS
 
 
@@ -208,9 +225,10 @@ def test_a_ragged_call_is_cached_whole_with_its_counts(tmp_path):
     counts = np.asarray(drawn["counts"], dtype=np.int64)
     with LocalTritonServer(models=["trackgnn"], device="cpu") as server:
         first = TritonModel(server.url("trackgnn"), cache=tmp_path)
+        start = _served(first)
         labels = first({"hits": rows}, counts=counts)["labels"]
         second = TritonModel(server.url("trackgnn"), cache=tmp_path)
-        before = _served(second)
+        before = _served_once_counted(second, start, requests=first.stats.requests)
         np.testing.assert_array_equal(second({"hits": rows}, counts=counts)["labels"], labels)
         assert _served(second) == before and second.stats.cache_hits == 1
         # other counts over the same rows are another call

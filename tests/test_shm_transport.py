@@ -264,9 +264,10 @@ def test_pickles_as_configuration(server):
 def test_probe_accepts_a_direct_server(server):
     grpc = GrpcTransport(ServerSettings(server.grpc_address))
     forget_probes()
+    before = set(server_regions(grpc))  # this module's earlier transports may keep theirs
     usable, why = probe_shared_memory(grpc)
     assert usable, why
-    assert server_regions(grpc) == []  # the probe region is gone
+    assert set(server_regions(grpc)) <= before  # the probe region is gone
     assert probe_shared_memory(grpc) == (usable, why)  # cached per process and settings
 
 
@@ -329,11 +330,14 @@ def test_probe_rejects_servers_behind_a_load_balancer(server, tmp_path):
     with LocalTritonServer(models=[MODEL], device="cpu") as second:
         proxy, address = start_haproxy(tmp_path, [server.grpc_address, second.grpc_address])
         try:
+            backends = [GrpcTransport(ServerSettings(backend.grpc_address))
+                        for backend in (server, second)]
+            before = [set(server_regions(backend)) for backend in backends]
             balanced = GrpcTransport(ServerSettings(address))
             usable, why = probe_shared_memory(balanced)
             assert not usable and "load balancer" in why, why
-            for backend in (server, second):  # the probe region is gone from both
-                assert server_regions(GrpcTransport(ServerSettings(backend.grpc_address))) == []
+            for backend, held in zip(backends, before):  # the probe region is gone from both
+                assert set(server_regions(backend)) <= held
             # what auto would have run into: the request reaches the other server
             with SystemShmTransport(ServerSettings(address)) as fooled:
                 kinds = set()

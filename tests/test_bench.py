@@ -160,3 +160,13 @@ def test_end_to_end_demo_analysis_reports_inference_share_and_speedup(triton_ser
     analysis = analysis_scaling(e2e, {}, config)
     assert analysis["model"]["p"] == pytest.approx(rows["cpu"]["inference_share"])
     assert analysis["model"]["recommended_cpu_per_gpu"] >= 1
+
+
+def test_soak_keeps_descriptors_and_memory_flat_and_rejects_bad_inputs(jet_tagger_server):
+    from coffea_sonic.bench.soak import SoakConfig, run_soak
+
+    config = SoakConfig(requests=400, report_every=100, urls=(jet_tagger_server.url("jet_tagger"),))
+    verdict, samples = run_soak(config)
+    assert verdict["ok"], verdict
+    assert verdict["requests"] == 400 and verdict["rejected_bad_inputs"] == 2
+    assert [sample["requests"] for sample in samples] == [4, 100, 200, 300, 400]

@@ -5,7 +5,8 @@ Self-contained like the pipeline (numpy, plain torch, scipy when present; no cof
 import): the repository writer copies it beside the pipeline's module into every served
 trackgnn model.
 
->>> canonical_labels(connected_components(np.array([[0, 1], [3, 4]]), 6), np.array([3, 3]), 2).tolist()
+>>> component = connected_components(np.array([[0, 1], [3, 4]]), 6)
+>>> canonical_labels(component, np.array([3, 3]), min_hits=2).tolist()
 [0, 0, -1, 0, 0, -1]
 """
 

@@ -82,9 +82,10 @@ def print_written(written: Mapping[str, object]) -> None:
         print(f"  {name}: {path}")
 
 
-def run_scenario(name: str, argv: list[str], *, prog: str | None = None) -> int:
-    """Parse ``argv`` as scenario ``name``'s options and run it with INFO logging; the exit code.
-    Imports that scenario's module only, not the CLI's other commands.
+def run_scenario(name: str, argv: list[str], *, prog: str | None = None,
+                 level: int = logging.WARNING) -> int:
+    """Parse ``argv`` as scenario ``name``'s options and run it, logging at ``level``; the exit
+    code. Imports that scenario's module only, not the CLI's other commands.
 
     >>> run_scenario("pipeline", ["--help"], prog="pipeline_bench.py")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -94,5 +95,5 @@ def run_scenario(name: str, argv: list[str], *, prog: str | None = None) -> int:
     module = importlib.import_module(f"{__name__}.{name}")
     module.register(parser.add_subparsers(dest="scenario"))
     args = parser.parse_args([name, *argv])
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s")
     return int(args.func(args))

@@ -1,0 +1,75 @@
+"""``coffea-sonic bench soak``: many requests through TritonModel; descriptors and memory stay flat.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
+>>> _ = register(parser.add_subparsers())
+>>> args = parser.parse_args(["soak", "--servers", "2", "--json", "soak.json"])
+>>> args.servers, args.transport, args.json, args.requests
+(2, 'auto', 'soak.json', 10000)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import scenario_parser
+
+_DESCRIPTION = """\
+Starts real embedded tritonservers (jet_tagger) and sends --requests requests through TritonModel
+the way an analysis does: pipelined calls, a fresh unpickled model every --chunk calls (coffea's
+Runner does that per chunk), a rejected bad input now and then, both servers balanced with
+--servers 2. Every --report-every requests it samples open file descriptors, threads, RSS, gRPC
+channels and shared-memory regions. Exit code 1 if descriptors grow by more than --max-fd-growth,
+RSS by more than --max-rss-growth-mb after the warm-up sample, or regions beyond the slot pool's
+bound. Prints the verdict (JSON) and writes it with the samples into -o DIR/soak.json (and into
+--json FILE when given).
+
+examples:
+  coffea-sonic bench soak                         # 10k requests, 1 server (about a minute)
+  coffea-sonic bench soak --servers 2 --json soak.json
+  coffea-sonic bench soak --transport grpc        # tensors in the gRPC message
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``soak`` to the ``bench`` scenarios."""
+    parser = scenario_parser(
+        subparsers, "soak", description=_DESCRIPTION,
+        help="many requests through TritonModel: no growth of descriptors or memory")
+    for flag, kind, default, what in (
+            ("--requests", int, 10_000, "requests in all"),
+            ("--rows", int, 256, "rows per request"),
+            ("--requests-per-call", int, 4, "requests each call is split into"),
+            ("--chunk", int, 25, "calls per unpickled model copy"),
+            ("--servers", int, 1, "embedded servers, balanced"),
+            ("--report-every", int, 1000, "requests between samples"),
+            ("--max-fd-growth", int, 8, "open descriptors the run may add after warm-up"),
+            ("--max-rss-growth-mb", float, 64.0, "RSS the run may add after warm-up, MB")):
+        parser.add_argument(flag, type=kind, default=default,
+                            help=f"{what} (default: %(default)s)")
+    parser.add_argument("--transport", default="auto", choices=["auto", "grpc", "shm"],
+                        help="TritonModel's transport (default: auto: shared memory here)")
+    parser.add_argument("--json", metavar="FILE", help="also write the verdict and samples here")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the verdict; exit 1 if a bound was passed."""
+    from ..soak import SoakConfig, run_soak
+
+    config = SoakConfig(requests=args.requests, rows=args.rows,
+                        requests_per_call=args.requests_per_call, chunk=args.chunk,
+                        servers=args.servers, transport=args.transport,
+                        report_every=args.report_every, max_fd_growth=args.max_fd_growth,
+                        max_rss_growth_mb=args.max_rss_growth_mb)
+    verdict, samples = run_soak(config)
+    print(json.dumps(verdict, indent=2))
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    for path in [output / "soak.json", *([Path(args.json)] if args.json else [])]:
+        path.write_text(json.dumps({"verdict": verdict, "samples": samples}, indent=2) + "\n")
+        print(f"  results: {path}")
+    return 0 if verdict["ok"] else 1

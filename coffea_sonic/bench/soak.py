@@ -1,0 +1,149 @@
+"""Soak test of TritonModel: many requests, no growth in open file descriptors, bounded RSS.
+
+``coffea-sonic bench soak`` runs it (:mod:`coffea_sonic.bench.commands.soak`). It starts real
+embedded tritonservers (jet_tagger only) and sends ``requests`` gRPC requests through
+:class:`coffea_sonic.TritonModel` the way an analysis does: pipelined calls (``infer_async``), a
+fresh unpickled model every ``chunk`` calls (what coffea's Runner does per chunk), rejected bad
+inputs now and then (the error path), and, with 2 servers, both balanced. ``transport`` is
+TritonModel's (``auto``: shared memory to these local servers). Every ``report_every`` requests
+it samples this process's open file descriptors, threads, RSS, gRPC channels and shared-memory
+regions; the verdict fails if descriptors grow by more than ``max_fd_growth``, RSS by more than
+``max_rss_growth_mb`` after the warm-up sample, or regions beyond the slot pool's bound.
+
+>>> verdict = judge([{"requests": 10, "seconds": 1.0, "open_fds": 20, "rss_mb": 100.0,
+...                   "channels": 1, "shm_regions": 0},
+...                  {"requests": 20, "seconds": 2.0, "open_fds": 21, "rss_mb": 101.0,
+...                   "channels": 1, "shm_regions": 0}], SoakConfig())
+>>> verdict["fd_growth_after_warmup"], verdict["ok"]
+(0, True)
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import zoo
+from ..errors import InputValidationError
+from ..model import TritonModel
+from ..transport.grpc import channel
+from ..transport.registry import open_transport
+from ..transport.shm.pool import DEFAULT_MAX_SLOTS
+from .probes import current_rss_bytes
+
+__all__ = ["SoakConfig", "judge", "run_soak"]
+
+
+@dataclass
+class SoakConfig:
+    """How long and how the soak runs, and the growth it tolerates (see the module docstring)."""
+
+    requests: int = 10_000
+    rows: int = 256
+    requests_per_call: int = 4
+    chunk: int = 25
+    servers: int = 1
+    transport: str = "auto"
+    report_every: int = 1000
+    max_fd_growth: int = 8
+    max_rss_growth_mb: float = 64.0
+    #: jet_tagger URLs of running servers to soak instead of starting ``servers`` embedded ones
+    urls: tuple[str, ...] = ()
+
+
+def _open_fds() -> int:
+    return len(os.listdir(f"/proc/{os.getpid()}/fd"))
+
+
+def _shm_regions(model: TritonModel) -> int:
+    """Regions this process holds for ``model``'s servers (0 unless it uses shared memory)."""
+    if model.transport_kind != "shm":
+        return 0
+    return sum(len(open_transport(settings, "shm").regions()) for settings in model.servers)
+
+
+def _sample(sent: int, started: float, template: TritonModel) -> dict:
+    return {"requests": sent, "seconds": round(time.perf_counter() - started, 2),
+            "open_fds": _open_fds(), "threads": threading.active_count(),
+            "rss_mb": round(current_rss_bytes() / 2**20, 1),
+            "channels": channel.pool_size(), "shm_regions": _shm_regions(template)}
+
+
+def _drive(template: TritonModel, config: SoakConfig, samples: list[dict]) -> dict:
+    """Send the requests; append a sample every ``report_every``; the counts sent."""
+    inputs = zoo.example_inputs("jet_tagger", config.rows * config.requests_per_call, seed=1)
+    expected = template(inputs)["probs"].copy()
+    bad = {"features": inputs["features"].astype(np.float64)}
+    blob = pickle.dumps(template)
+    sent = calls = errors = next_report = 0
+    started = time.perf_counter()
+    model = pickle.loads(blob)
+    pending: deque = deque()
+    while sent < config.requests:
+        if calls and calls % config.chunk == 0:
+            model = pickle.loads(blob)  # a new chunk: a fresh copy finds the pooled channel
+        if calls % 97 == 0:
+            try:
+                model(bad)
+            except InputValidationError:
+                errors += 1
+        pending.append(model.infer_async(inputs))
+        calls += 1
+        sent += config.requests_per_call
+        if len(pending) >= 2 and not np.array_equal(pending.popleft().result()["probs"],
+                                                    expected):
+            raise SystemExit("soak: outputs changed during the run")
+        if sent >= next_report:
+            while pending:
+                pending.popleft().result()
+            samples.append(_sample(sent, started, template))
+            print("  ".join(f"{key}={value}" for key, value in samples[-1].items()), flush=True)
+            next_report += config.report_every
+    while pending:
+        pending.popleft().result()
+    return {"requests": sent, "calls": calls, "rejected_bad_inputs": errors,
+            "transport": template.transport_kind}
+
+
+def judge(samples: list[dict], config: SoakConfig, sent: int | None = None) -> dict:
+    """The verdict of a run's samples: growth after the warm-up sample, against the bounds
+    (``sent``: the requests of the whole run, default the last sample's)."""
+    baseline = samples[1] if len(samples) > 1 else samples[0]  # after warm-up
+    final = samples[-1]
+    fd_growth = max(s["open_fds"] for s in samples[1:] or samples) - baseline["open_fds"]
+    rss_growth = final["rss_mb"] - baseline["rss_mb"]
+    max_regions = max(s["shm_regions"] for s in samples)
+    ok = (fd_growth <= config.max_fd_growth and rss_growth <= config.max_rss_growth_mb
+          and max_regions <= DEFAULT_MAX_SLOTS * (len(config.urls) or config.servers))
+    return {"servers": config.servers, "shm_regions_max": max_regions,
+            "rows_per_request": config.rows, "seconds": final["seconds"],
+            "requests_per_s": round((sent or final["requests"]) / final["seconds"], 1),
+            "fd_growth_after_warmup": fd_growth,
+            "rss_growth_mb_after_warmup": round(rss_growth, 1),
+            "rss_mb_final": final["rss_mb"], "channels_final": final["channels"], "ok": ok}
+
+
+def run_soak(config: SoakConfig) -> tuple[dict, list[dict]]:
+    """Start the servers (unless ``config.urls`` names running ones), soak, stop them; the
+    verdict and the samples."""
+    from ..server import LocalTritonServer
+
+    servers = [] if config.urls else [LocalTritonServer(models=["jet_tagger"], device="cpu").start()
+                                      for _ in range(config.servers)]
+    samples: list[dict] = []
+    try:
+        urls = list(config.urls) or [server.url("jet_tagger") for server in servers]
+        template = TritonModel(urls if len(urls) > 1 else urls[0], max_in_flight=4,
+                               max_request_bytes=config.rows * 6 * 4, transport=config.transport)
+        counts: dict[str, Any] = _drive(template, config, samples)
+    finally:
+        for server in servers:
+            server.stop()
+    return {**counts, **judge(samples, config, counts["requests"])}, samples

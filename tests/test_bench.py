@@ -170,3 +170,16 @@ def test_soak_keeps_descriptors_and_memory_flat_and_rejects_bad_inputs(jet_tagge
     assert verdict["ok"], verdict
     assert verdict["requests"] == 400 and verdict["rejected_bad_inputs"] == 2
     assert [sample["requests"] for sample in samples] == [4, 100, 200, 300, 400]
+
+
+def test_ragged_requests_carry_the_unpadded_rows_and_one_count_per_event():
+    from coffea_sonic.bench.ragged_bytes import measure
+
+    result = measure(events_per_dataset=200, seed=3, cap=64 * 1024)
+    pf, pn = result["pf_candidates_per_event"], result["constituents_per_jet"]
+    for part, row_bytes in ((pf, 5 * 4), (pn, pn["values_per_row"] * 4)):
+        counted = part["multiplicity"]
+        assert part["ragged_bytes"] == counted["total"] * row_bytes + counted["entries"] * 8
+        assert part["ragged_requests"] > 1  # the cap splits the calls
+        assert part["ragged_bytes"] < part["padded_to_sample_max_bytes"]
+    assert pf["ragged_bytes"] < pf["padded_to_request_max_bytes"]

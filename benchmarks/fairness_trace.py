@@ -49,12 +49,13 @@ IDS_PER_USER = 10**7
 
 def traced_user_main(spec: Any, commands: Any, results: Any) -> None:
     """A user process whose request ids start at ``spec.index * IDS_PER_USER``."""
-    import coffea_sonic.model as model
+    import coffea_sonic.dispatch as dispatch
     from coffea_sonic.bench.fairness_users import user_main
 
     Path(os.environ["FAIRNESS_TRACE_DIR"], "pids").mkdir(exist_ok=True)
     Path(os.environ["FAIRNESS_TRACE_DIR"], "pids", str(os.getpid())).write_text(str(spec.index))
-    model._call_ids = itertools.count(spec.index * IDS_PER_USER + 1)
+    # request ids are "<call id>.<piece>"; the call counter lives where calls are made
+    dispatch._call_ids = itertools.count(spec.index * IDS_PER_USER + 1)
     user_main(spec, commands, results)
 
 

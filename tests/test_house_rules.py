@@ -3,7 +3,10 @@
 * small modules: at most 500 lines in coffea_sonic/ (data tables excepted);
 * small functions: at most 60 lines each, docstring and decorators included;
 * glue stays generic: the zoo's column recipes live in the zoo, and a default the glue shares
-  with a zoo model is the model's declaration.
+  with a zoo model is the model's declaration;
+* benchmarks live in the package: a Python script under benchmarks/ is a thin caller of a
+  ``coffea-sonic bench`` scenario (``run_scenario``), and the GPU scripts open with the one shared
+  prologue (benchmarks/gpu/prologue.sh) instead of copies of it.
 
 The lists of exceptions only shrink: an entry that is within the limit again fails the test
 until it is removed, so a split stays split.
@@ -17,7 +20,8 @@ from pathlib import Path
 from coffea_sonic import columns
 from coffea_sonic.zoo.spec import JET_TAGGER_FEATURES
 
-PACKAGE = Path(__file__).resolve().parents[1] / "coffea_sonic"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "coffea_sonic"
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
@@ -27,6 +31,34 @@ DATA_TABLES: set[str] = set()
 LONG_MODULES: dict[str, str] = {}
 #: functions over the limit (path::qualified name), each with what would split it
 LONG_FUNCTIONS: dict[str, str] = {}
+
+#: longest a thin caller under benchmarks/ may be
+THIN_CALLER_LINES = 15
+_GPU_RUN = "GPU-only: moving it changes code no GPU here can rerun"
+#: scripts under benchmarks/ that still hold logic of their own, each with why it is not a
+#: ``coffea-sonic bench`` scenario yet
+SCRIPTS_WITH_OWN_LOGIC: dict[str, str] = {
+    "benchmarks/fairness_trace.py": "replaces the fairness scenario's server, figures and user "
+                                    "process to trace them; needs trace hooks in bench.fairness",
+    "benchmarks/transport/bench_transport.py": "the transport before/after study against a "
+                                               "patched old model.py; its GPU plan: " + _GPU_RUN,
+    "benchmarks/transport/link_bench.py": "network namespaces (root) through netlab",
+    "benchmarks/transport/plot_transport.py": "plots bench_transport's JSON",
+    "benchmarks/transport/sink.py": "the payload_sink model of bench_transport (slice_model)",
+    "benchmarks/transport/wrapper_vs_tritonmodel.py": "coffea's triton_wrapper vs TritonModel "
+                                                      "study with py-spy profiles",
+    "benchmarks/gpu/defaults_sweep.py": _GPU_RUN,
+    "benchmarks/gpu/final_check.py": _GPU_RUN,
+    "benchmarks/gpu/network_check.py": _GPU_RUN,
+    "benchmarks/gpu/one_process_probe.py": _GPU_RUN,
+    "benchmarks/gpu/response_cache_cuda.py": _GPU_RUN,
+    "benchmarks/gpu/serve_check.py": _GPU_RUN,
+    "benchmarks/gpu/shadow_tolerance.py": _GPU_RUN,
+}
+#: GPU scripts that still open with their own copy of the prologue (written while their owners
+#: ran them on the GPU machines; the next change of each sources prologue.sh)
+OWN_PROLOGUE: set[str] = {"benchmarks/gpu/network_check.sh", "benchmarks/gpu/shadow_tolerance.sh",
+                          "benchmarks/gpu/wire_check.sh", "benchmarks/gpu/wire_check2.sh"}
 
 
 def _sources() -> dict[str, str]:
@@ -76,3 +108,28 @@ def test_functions_are_at_most_60_lines():
 
 def test_jet_features_default_is_the_jet_taggers_input_order():
     assert columns.DEFAULT_JET_FIELDS == JET_TAGGER_FEATURES
+
+
+def test_benchmark_scripts_are_thin_callers_of_bench_scenarios():
+    scripts = {path.relative_to(ROOT).as_posix(): path.read_text()
+               for path in sorted((ROOT / "benchmarks").rglob("*.py"))}
+    thin = {name for name, text in scripts.items()
+            if "run_scenario(" in text and text.count("\n") <= THIN_CALLER_LINES}
+    own = set(scripts) - thin
+    assert own <= set(SCRIPTS_WITH_OWN_LOGIC), (
+        f"benchmark scripts with logic of their own (make each a `coffea-sonic bench` scenario "
+        f"in coffea_sonic/bench/commands and the script a thin caller): "
+        f"{sorted(own - set(SCRIPTS_WITH_OWN_LOGIC))}")
+    fixed = sorted(set(SCRIPTS_WITH_OWN_LOGIC) - own)
+    assert not fixed, f"thin callers or gone now: remove from SCRIPTS_WITH_OWN_LOGIC: {fixed}"
+
+
+def test_gpu_scripts_open_with_the_shared_prologue():
+    copies = {path.relative_to(ROOT).as_posix() for path in (ROOT / "benchmarks").rglob("*.sh")
+              if path.name not in ("prologue.sh", "triton-gpu-env.sh")
+              and "source benchmarks/gpu/triton-gpu-env.sh" in path.read_text()}
+    assert copies <= OWN_PROLOGUE, (
+        f"GPU scripts with their own copy of the opening lines (source "
+        f"benchmarks/gpu/prologue.sh instead): {sorted(copies - OWN_PROLOGUE)}")
+    fixed = sorted(OWN_PROLOGUE - copies)
+    assert not fixed, f"prologue.sh sourced now: remove from OWN_PROLOGUE: {fixed}"

@@ -4,8 +4,8 @@
 #   here, once:  bash benchmarks/gpu/prepare_device.sh .device && bash benchmarks/gpu/fetch_wheels.sh
 #   GPU machine: timeout 570 bash benchmarks/gpu/run_on_device.sh      (with .device copied there)
 #
-# It sets up tritonserver + the model Python (numpy 1.26 + the machine's torch) with
-# triton-gpu-env.sh, installs the carried client wheels, then
+# It sets up tritonserver + the model Python (numpy 1.26 + the machine's torch), installs the
+# carried client wheels (prologue.sh; without them mode coffea-wrapper is left out), then
 #   1. serve_check.py: `coffea-sonic serve --device gpu --models emtrk_cnn` (log line of the GPU
 #      instance, served == onnxruntime) and GpuEngine vs CpuEngine (rows/s, max |diff|);
 #   2. `coffea-sonic bench suite --preset gpu --device gpu`: jet_tagger and emtrk_cnn in modes cpu,
@@ -30,16 +30,9 @@ else
   PY=python3
   SERVE_MODEL=${SERVE_MODEL:-emtrk_cnn}
   # shellcheck disable=SC1091
-  source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
-  # the coffea-wrapper mode's wheels (fetch_wheels.sh); without them that mode is left out
-  if ls "$DEV"/extra/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site "$DEV"/extra/*.whl || exit 1
-  fi
-  export PYTHONPATH=$PWD:${PYTHONPATH:+$PYTHONPATH:}/tmp/site
+  source benchmarks/gpu/prologue.sh
 fi
 export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 MODES=()
 if ! $PY -c "import coffea.ml_tools.triton_wrapper, tritonclient.http" 2>/dev/null; then
   echo "coffea's triton_wrapper is not importable here (no $DEV/extra wheels?): mode coffea-wrapper left out"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-machine part of benchmarks/transport (issue 6), self-contained for one command on the GPU machine.
+# The GPU-machine part of benchmarks/transport, self-contained for one command on the GPU machine.
 #
 #   here, once:  bash benchmarks/gpu/prepare_device.sh .device; mkdir -p .devtransport/whl
 #                ln -f .device/ts.tar.xz .devtransport/; ln -f .device/whl/*.whl .devtransport/whl/
@@ -12,12 +12,8 @@ set -uo pipefail
 DEV=${DEV:-.devtransport}
 OUT=${OUT:-/tmp/transport-out}
 BUDGET=${BUDGET:-560}
-mkdir -p "$OUT"
 # shellcheck disable=SC1091
-source benchmarks/gpu/triton-gpu-env.sh "$DEV" || exit 1
-export PYTHONPATH=$PWD:$PYTHONPATH PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-nproc
+source benchmarks/gpu/prologue.sh
 echo "== CUDA shared-memory test"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/test_shm_transport.py -k cuda 2>&1 \
   | tail -25 | tee "$OUT/pytest-cuda.txt"

@@ -158,6 +158,19 @@ def test_triton_pods_request_a_gpu_and_read_the_model_repository_volume():
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
 
 
+def _server_templates(servers_cfg: str) -> dict[str, list[str]]:
+    """Each backend's one ``server-template`` line, split into words."""
+    templates, backend = {}, ""
+    for line in servers_cfg.splitlines():
+        words = line.split()
+        if words[:1] == ["backend"]:
+            backend = words[1]
+        elif words[:1] == ["server-template"]:
+            assert backend not in templates, f"backend {backend} has two server templates"
+            templates[backend] = words
+    return templates
+
+
 def test_the_gateway_runs_the_tested_policy_file_over_the_triton_service(tmp_path):
     data = _one("ConfigMap", "gateway-config")["data"]
     haproxy = DEPLOY.parent / "haproxy"
@@ -166,8 +179,8 @@ def test_the_gateway_runs_the_tested_policy_file_over_the_triton_service(tmp_pat
     assert data["grpc_refuse.lua"] == (haproxy / "grpc_refuse.lua").read_text()
     triton = _one("Service", "triton")
     ports = {p["name"]: p["port"] for p in triton["spec"]["ports"]}
-    (template,) = [line.split() for line in data["servers.cfg"].splitlines()
-                   if line.strip().startswith("server-template")]
+    templates = _server_templates(data["servers.cfg"])
+    template = templates["tritons"]
     assert template[3] == f"triton.{NAMESPACE}.svc.cluster.local:{ports['grpc']}"
     assert template[template.index("port") + 1] == str(ports["http"])  # Triton's readiness
     assert "proto" in template and template[template.index("proto") + 1] == "h2"
@@ -179,6 +192,9 @@ def test_the_gateway_runs_the_tested_policy_file_over_the_triton_service(tmp_pat
     service_ports = {p["name"]: p["port"] for p in _one("Service", "gateway")["spec"]["ports"]}
     assert env["GATEWAY_BIND"] == f":{service_ports['grpc']}"
     assert env["GATEWAY_STATS_BIND"] == f":{service_ports['stats']}"
+    assert env["GATEWAY_HTTP_BIND"] == f":{service_ports['http']}"
+    # HTTP/REST clients go to the pods' HTTP port
+    assert templates["tritons_http"][3] == f"triton.{NAMESPACE}.svc.cluster.local:{ports['http']}"
     assert int(pod["metadata"]["annotations"]["prometheus.io/port"]) == service_ports["stats"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert env["GATEWAY_JWT_KEY"].startswith(mounts["issuer-key"] + "/")

@@ -46,11 +46,11 @@ class _Setup:
         name = f"{subject}-{abs(hash(tuple(sorted(options.items()))))}.token"
         return self.issuer.write(self.folder / name, subject, **options)
 
-    def model(self, token_file: Path | None, **options) -> TritonModel:
+    def model(self, token_file: Path | None, protocol: str = "grpc", **options) -> TritonModel:
         headers = ({"authorization": Secret.from_file(str(token_file), prefix="Bearer ")}
                    if token_file is not None else None)
-        return TritonModel(self.gateway.url("jet_tagger"), headers=headers, transport="grpc",
-                           **options)
+        return TritonModel(self.gateway.url("jet_tagger", protocol), headers=headers,
+                           transport=protocol, **options)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,8 @@ def setup(jet_tagger_server: LocalTritonServer) -> Iterator[_Setup]:
             gateway = start_gateway(
                 here, [(jet_tagger_server.grpc_address, jet_tagger_server.ports["http"])],
                 public_key=issuer.public_key, directory=folder / "gateway", quota_rps=QUOTA_RPS,
-                retry_after_s=RETRY_AFTER_S, port=free_port(), stats_port=free_port())
+                retry_after_s=RETRY_AFTER_S, port=free_port(), stats_port=free_port(),
+                http_port=free_port())
             yield _Setup(jet_tagger_server, gateway, issuer, folder)
     except NetworkLabError as error:  # no haproxy and no way to install it here
         pytest.skip(str(error))
@@ -76,12 +77,16 @@ def _direct(setup: _Setup, inputs: dict[str, np.ndarray]) -> np.ndarray:
     return TritonModel(setup.server.url("jet_tagger"), transport="grpc")(inputs)["probs"]
 
 
-def test_a_valid_token_is_served_through_the_gateway(setup: _Setup):
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_valid_token_is_served_through_the_gateway(setup: _Setup, protocol: str):
     inputs = _rows(1)
-    answer = setup.model(setup.token_file("alice"))(inputs)["probs"]
+    model = setup.model(setup.token_file("alice"), protocol)
+    answer = model(inputs)["probs"]
     np.testing.assert_array_equal(answer, _direct(setup, inputs))
+    assert model.transport_kind == protocol
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
 @pytest.mark.parametrize("problem, options, reason", [
     ("missing", None, "no bearer token"),
     ("expired", {"ttl_s": -60}, "token expired"),
@@ -89,7 +94,7 @@ def test_a_valid_token_is_served_through_the_gateway(setup: _Setup):
     ("wrong audience", {"audience": "another-service"}, "audience is not coffea-sonic"),
 ])
 def test_a_refused_token_raises_an_authentication_error_naming_the_gateway_and_its_source(
-        setup: _Setup, problem: str, options, reason: str):
+        setup: _Setup, problem: str, options, reason: str, protocol: str):
     if options is None:
         token_file = None
     elif options == "other issuer":
@@ -98,9 +103,10 @@ def test_a_refused_token_raises_an_authentication_error_naming_the_gateway_and_i
     else:
         token_file = setup.token_file("bob", **options)
     with pytest.raises(AuthenticationError) as raised:
-        setup.model(token_file)(_rows(2))
+        setup.model(token_file, protocol)(_rows(2))
     message = str(raised.value)
-    assert setup.gateway.address in message and reason in message
+    address = setup.gateway.http_address if protocol == "http" else setup.gateway.address
+    assert address in message and reason in message
     if token_file is None:
         assert "no token" in message
     else:
@@ -188,3 +194,49 @@ def test_shared_memory_and_model_control_calls_are_refused_and_auto_sends_over_g
     assert model.transport_kind == "grpc"
     # and the model is still loaded for everyone
     np.testing.assert_array_equal(_direct(setup, inputs), model(inputs)["probs"])
+
+
+def test_over_http_a_user_over_quota_gets_429_backs_off_and_completes(
+        setup: _Setup, caplog: pytest.LogCaptureFixture):
+    caplog.set_level(logging.INFO, logger="coffea_sonic")
+    model = setup.model(setup.token_file("dave"), "http", max_in_flight=8,
+                        max_request_bytes=ROWS * 24, retry={"total_s": 60.0})
+    inputs = _rows(6, rows=ROWS * 16)  # 16 requests at once, 4/s allowed
+    np.testing.assert_array_equal(model(inputs)["probs"], _direct(setup, inputs))
+    assert model.stats.failed_requests > 0 and model.stats.fallback_rows == 0
+    assert "quarantined" not in caplog.text
+    waits = [float(wait) for wait in re.findall(
+        r"retrying jet_tagger rows \d+-\d+ in ([0-9.]+) s .*HTTP 429.*quota exceeded", caplog.text)]
+    assert waits and min(waits) >= RETRY_AFTER_S - 1e-3, "the Retry-After was not honoured"
+    hasty = setup.model(setup.token_file("erin"), "http", max_in_flight=8,
+                        max_request_bytes=ROWS * 24, retry={"total_s": 1.0})
+    with pytest.raises(QuotaExceededError, match="quota exceeded"):
+        for _ in range(5):
+            hasty(inputs)
+
+
+def test_over_http_shared_memory_and_model_control_are_refused_and_nothing_passes_without_a_token(
+        setup: _Setup):
+    import urllib.error
+    import urllib.request
+
+    def status(path: str, token: Path | None, body: bytes | None = b"{}") -> int:
+        request = urllib.request.Request(f"http://{setup.gateway.http_address}{path}", data=body)
+        if token is not None:
+            request.add_header("authorization", f"Bearer {token.read_text()}")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    token = setup.token_file("frank")
+    assert status("/v2/health/ready", token, body=None) == 200
+    assert status("/v2/health/ready", None, body=None) == 401
+    assert status("/v2/models/jet_tagger/infer", None) == 401
+    assert status("/v2/systemsharedmemory/region/probe/register", token) == 403
+    assert status("/v2/repository/models/jet_tagger/unload", token) == 403
+    # the model is still loaded for everyone
+    inputs = _rows(7)
+    np.testing.assert_array_equal(setup.model(token, "http")(inputs)["probs"],
+                                  _direct(setup, inputs))

@@ -46,5 +46,5 @@ def user_gateway(server, users: int, quota_rps: int,
         gateway = start_gateway(here, [(server.grpc_address, server.ports["http"])],
                                 public_key=issuer.public_key, directory=Path(folder) / "gateway",
                                 quota_rps=quota_rps, retry_after_s=retry_after_s,
-                                port=free_port(), stats_port=free_port())
+                                port=free_port(), stats_port=free_port(), http_port=free_port())
         yield gateway.address, tokens

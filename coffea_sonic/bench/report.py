@@ -110,6 +110,17 @@ def _rss_cell(record: dict) -> str:
     return f"{rss['ratio_to_tensor_bytes']:.2f} (worst {worst:.2f})"
 
 
+def _rate_cells(record: dict) -> str:
+    """``median | min–max`` of a record's rows/s (two table cells)."""
+    rate = record["rows_per_s"]
+    return f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–{format_rate(rate['max'])}"
+
+
+def _latency_cell(record: dict) -> str:
+    """``p50 / p99`` of a record's latency in ms."""
+    return f"{_ms(record['latency'].get('p50_ms'))} / {_ms(record['latency'].get('p99_ms'))}"
+
+
 def _server_cell(record: dict) -> str:
     server = record.get("server")
     if not server:
@@ -163,14 +174,11 @@ def _batch_section(results: dict) -> list[str]:
               "| max abs diff |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in _sweep(results, "batch"):
-        rate = r["rows_per_s"]
         diff = r.get("max_abs_diff")
         lines.append(
             f"| {r['model']} | {r['mode']} | {batch_cell(r)} | {r['in_flight']} | "
-            f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–{format_rate(rate['max'])} | "
-            f"{format_rate(r['events_per_s']['median'])} | "
-            f"{_ms(r['latency'].get('p50_ms'))} / {_ms(r['latency'].get('p99_ms'))} | "
-            f"{_server_cell(r)} | {_rss_cell(r)} | "
+            f"{_rate_cells(r)} | {format_rate(r['events_per_s']['median'])} | "
+            f"{_latency_cell(r)} | {_server_cell(r)} | {_rss_cell(r)} | "
             f"{'–' if diff is None else f'{diff:.1e}'} |")
     return lines
 
@@ -183,13 +191,8 @@ def _in_flight_section(results: dict) -> list[str]:
         lines += ["", "## Requests in flight (remote, one client)", "",
                   "| model | batch | in flight | rows/s | spread | latency p50 / p99 ms | "
                   "server queue / compute ms (avg batch) |", "|---|---:|---:|---:|---:|---:|---:|"]
-        for r in in_flight:
-            rate = r["rows_per_s"]
-            lines.append(
-                f"| {r['model']} | {batch_cell(r)} | {r['in_flight']} | "
-                f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–"
-                f"{format_rate(rate['max'])} | {_ms(r['latency'].get('p50_ms'))} / "
-                f"{_ms(r['latency'].get('p99_ms'))} | {_server_cell(r)} |")
+        lines += [f"| {r['model']} | {batch_cell(r)} | {r['in_flight']} | {_rate_cells(r)} | "
+                  f"{_latency_cell(r)} | {_server_cell(r)} |" for r in in_flight]
     return lines
 
 
@@ -203,15 +206,13 @@ def _clients_section(results: dict) -> list[str]:
                   "server busy | GPU util mean / max % | client RSS growth / tensor bytes, median chunk of the worst process |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in clients:
-            rate = r["rows_per_s"]
             busy = (r.get("server") or {}).get("busy_fraction")
             gpu = r.get("gpu") or {}
             gpu_cell = ("–" if gpu.get("mean_percent") is None
                         else f"{gpu['mean_percent']:.0f} / {gpu['max_percent']:.0f}")
             lines.append(
                 f"| {r['model']} | {r['mode']} | {batch_cell(r)} | {r['clients']} | "
-                f"{format_rate(rate['median'])} | {format_rate(rate['min'])}–"
-                f"{format_rate(rate['max'])} | {format_rate(r['events_per_s']['median'])} | "
+                f"{_rate_cells(r)} | {format_rate(r['events_per_s']['median'])} | "
                 f"{'–' if busy is None else f'{100 * busy:.0f} %'} | {gpu_cell} | "
                 f"{_rss_cell(r)} |")
     return lines

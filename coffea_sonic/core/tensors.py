@@ -22,7 +22,8 @@ import numpy as np
 
 from ..errors import InferenceError
 
-__all__ = ["ModelInfo", "TensorInfo", "numpy_dtype", "signature_checksum", "triton_dtype"]
+__all__ = ["ModelInfo", "NamedTensors", "TensorInfo", "numpy_dtype", "signature_checksum",
+           "triton_dtype"]
 
 _TRITON_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(bool), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
@@ -86,8 +87,29 @@ class TensorInfo:
         return f"{self.name} {self.datatype}{list(self.dims)}{top}"
 
 
+class NamedTensors:
+    """``input_names`` and ``output_names`` of anything with ``inputs`` and ``outputs`` whose items
+    have a ``name`` (a served model's :class:`ModelInfo`, a zoo model's declaration).
+
+    >>> ModelInfo("m", ("1",), "onnxruntime", 8, (TensorInfo("x", "FP32", (4,)),),
+    ...           (TensorInfo("y", "FP32", (1,)),)).output_names
+    ('y',)
+    """
+
+    inputs: tuple
+    outputs: tuple
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.outputs)
+
+
 @dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(NamedTensors):
     """The served signature of one model (one version, or the latest when ``version`` is ``""``)."""
 
     name: str
@@ -140,14 +162,6 @@ class ModelInfo:
     def batching(self) -> bool:
         """True if the model takes a leading batch dimension (``max_batch_size > 0``)."""
         return self.max_batch_size > 0
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.inputs)
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.outputs)
 
     @property
     def latest_version(self) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..core.tensors import NamedTensors
+
 #: NanoAOD ``Jet`` fields the per-jet tagger reads, in this order (all exist in NanoAOD v9 and later).
 JET_TAGGER_FEATURES: tuple[str, ...] = ("pt", "eta", "phi", "mass", "btagDeepFlavB", "nConstituents")
 #: Class order of the taggers' probability outputs (``Jet_hadronFlavour`` 5, 4, 0).
@@ -57,7 +59,7 @@ class TensorSpec:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(NamedTensors):
     """Everything the repository writer and clients need to know about a zoo model.
 
     >>> MODEL_SPECS["emtrk_cnn"].output_names
@@ -74,14 +76,6 @@ class ModelSpec:
     #: Ships as package data (small, trained) or is generated on first use and cached (large).
     shipped: bool = True
     extra: dict = field(default_factory=dict, compare=False)
-
-    @property
-    def input_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.inputs)
-
-    @property
-    def output_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.outputs)
 
 
 #: The CMS ParticleNet layout, shared by particlenet_lite (untrained) and particlenet (trained).

@@ -38,8 +38,6 @@ _GPU_RUN = "GPU-only: moving it changes code no GPU here can rerun"
 #: scripts under benchmarks/ that still hold logic of their own, each with why it is not a
 #: ``coffea-sonic bench`` scenario yet
 SCRIPTS_WITH_OWN_LOGIC: dict[str, str] = {
-    "benchmarks/fairness_trace.py": "replaces the fairness scenario's server, figures and user "
-                                    "process to trace them; needs trace hooks in bench.fairness",
     "benchmarks/transport/bench_transport.py": "the transport before/after study against a "
                                                "patched old model.py; its GPU plan: " + _GPU_RUN,
     "benchmarks/transport/link_bench.py": "network namespaces (root) through netlab",

@@ -185,7 +185,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-def _server(config: FairnessConfig):
+def _server(config: FairnessConfig, extra_args: Sequence[str] = ()):
     from ..server import LocalTritonServer
     from ..server.repository import QueuePolicy
 
@@ -203,7 +203,7 @@ def _server(config: FairnessConfig):
         extra = ["--rate-limit=execution_count",
                  f"--rate-limit-resource=execution:{config.concurrent_executions}"]
     return LocalTritonServer(models=[MODEL], device="cpu", instances=config.instances,
-                             repository_options=options, extra_args=extra)
+                             repository_options=options, extra_args=[*extra, *extra_args])
 
 
 def _plan(config: FairnessConfig) -> list[tuple[str, float, tuple[str, ...]]]:
@@ -337,16 +337,19 @@ def _specs(config: FairnessConfig, url: str, tokens: Sequence[str]) -> list[User
             for user in range(config.users)]
 
 
-def run_fairness(config: FairnessConfig, *,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the scenario (module docstring) and return what ``results.json`` holds."""
+def run_fairness(config: FairnessConfig, *, progress: Callable[[str], None] | None = None,
+                 server_args: Sequence[str] = (), user_target: Callable[..., None] = user_main,
+                 on_records: Callable[[list[Phase], dict], None] | None = None) -> dict[str, Any]:
+    """Run the scenario (module docstring) and return what ``results.json`` holds. A tracing
+    run (:mod:`coffea_sonic.bench.fairness_trace`) adds tritonserver arguments, its own user
+    process entry point (``user_main``'s signature) and a look at the raw records."""
     from .machine import machine_info
 
     config.check()
     progress = progress or (lambda message: logger.info("%s", message))
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(_server(config))
+        server = stack.enter_context(_server(config, server_args))
         url, tokens = server.url(MODEL), []
         if config.policy == "gateway":
             quota = gateway_quota(config.interval_s, config.gateway_quota_factor)
@@ -356,20 +359,22 @@ def run_fairness(config: FairnessConfig, *,
             progress(f"fairness: gateway {address}, {quota} inference requests/s per user")
         progress(f"fairness: server up ({config.instances} instances, policy {config.policy}); "
                  f"starting {config.users} users")
-        phases, records = _run_users(config, _specs(config, url, tokens), progress)
+        phases, records = _run_users(config, _specs(config, url, tokens), progress, user_target)
+    if on_records is not None:
+        on_records(phases, records)
     figures = _figures(config, phases, records)
     return {"scenario": "fairness", "machine": machine_info(), "config": asdict(config),
             "command": " ".join(["coffea-sonic", *sys.argv[1:]]) if sys.argv else "",
             "wall_s": time.monotonic() - started, "fairness": figures}
 
 
-def _run_users(config: FairnessConfig, specs: list[UserSpec],
-               progress: Callable[[str], None]) -> tuple[list[Phase], dict[str, dict[int, list]]]:
+def _run_users(config: FairnessConfig, specs: list[UserSpec], progress: Callable[[str], None],
+               target: Callable[..., None]) -> tuple[list[Phase], dict[str, dict[int, list]]]:
     """Start the user processes, run every phase of the plan, stop them."""
     context = multiprocessing.get_context("spawn")
     commands = [context.Queue() for _ in range(config.users)]
     results = context.Queue()
-    processes = [context.Process(target=user_main, args=(spec, commands[spec.index], results),
+    processes = [context.Process(target=target, args=(spec, commands[spec.index], results),
                                  name=f"fairness-user-{spec.index}", daemon=True)
                  for spec in specs]
     phases: list[Phase] = []

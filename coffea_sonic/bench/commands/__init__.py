@@ -24,12 +24,12 @@ import logging
 import pkgutil
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from ...cliargs import add_output_option
 
-__all__ = ["DEFAULT_OUTPUT_ROOT", "add_output", "print_written", "progress_printer",
-           "register_all", "run_scenario", "scenario_names", "scenario_parser"]
+__all__ = ["DEFAULT_OUTPUT_ROOT", "add_numbers", "add_output", "print_written",
+           "progress_printer", "register_all", "run_scenario", "scenario_names", "scenario_parser"]
 
 #: Scenarios write into DEFAULT_OUTPUT_ROOT/SCENARIO unless ``-o`` says otherwise.
 DEFAULT_OUTPUT_ROOT = "bench-output"
@@ -64,6 +64,21 @@ def scenario_parser(subparsers: argparse._SubParsersAction, name: str, *, help: 
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output(parser, name)
     return parser
+
+
+def add_numbers(parser: argparse.ArgumentParser,
+                options: Sequence[tuple[str, type, int | float | None, str]]) -> None:
+    """Numeric options from ``(flag, int or float, default, what)`` rows; the help says the
+    default.
+
+    >>> parser = argparse.ArgumentParser()
+    >>> add_numbers(parser, [("--rounds", int, 3, "windows per configuration")])
+    >>> parser.parse_args(["--rounds", "5"]).rounds, parser.parse_args([]).rounds
+    (5, 3)
+    """
+    for flag, kind, default, what in options:
+        parser.add_argument(flag, type=kind, default=default,
+                            help=f"{what} (default: %(default)s)")
 
 
 def progress_printer(started: float | None = None) -> Callable[[str], None]:

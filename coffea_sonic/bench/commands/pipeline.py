@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ...cliargs import add_list_option
-from . import scenario_parser
+from . import add_numbers, scenario_parser
 
 _MODES = ("direct", "fused", "ensemble")
 _DESCRIPTION = """\
@@ -43,14 +43,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     help="client process counts, one run each (default: 1 8)")
     add_list_option(parser, "--modes", choices=_MODES, default=list(_MODES),
                     help="default: all of " + ", ".join(_MODES))
-    parser.add_argument("--events", type=int, default=200,
-                        help="events per call (chunk) (default: %(default)s)")
-    parser.add_argument("--duration", type=float, default=6.0,
-                        help="seconds per run (default: %(default)s)")
-    parser.add_argument("--gpu", type=int, default=0,
-                        help="--device gpu: the one GPU the server and the direct runs use")
-    parser.add_argument("--instances", type=int, default=None,
-                        help="model instances per GPU (default: LocalTritonServer's)")
+    add_numbers(parser, [
+        ("--events", int, 200, "events per call (chunk)"),
+        ("--duration", float, 6.0, "seconds per run"),
+        ("--gpu", int, 0, "--device gpu: the one GPU the server and the direct runs use"),
+        ("--instances", int, None, "model instances per GPU (None: LocalTritonServer's)")])
     parser.add_argument("--server", default=None, metavar="HOST:PORT",
                         help="use this running server's gRPC address (serving trackgnn and "
                              "trackgnn_ensemble) instead of starting one")

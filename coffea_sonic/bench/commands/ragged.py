@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import scenario_parser
+from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
 Writes the synthetic PFNano-like sample, reads its multiplicities back from the ROOT files and
@@ -36,11 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
     parser = scenario_parser(subparsers, "ragged", description=_DESCRIPTION,
                              help="bytes on the wire: ragged requests vs padded tensors")
-    parser.add_argument("--events", type=int, default=DEFAULT_EVENTS_PER_DATASET,
-                        help="events per dataset, ttbar and qcd_light (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default: 0)")
-    parser.add_argument("--cap", type=int, default=TRANSPORT_DEFAULTS["grpc"][0],
-                        help="max_request_bytes (default: gRPC's, %(default)s)")
+    add_numbers(parser, [
+        ("--events", int, DEFAULT_EVENTS_PER_DATASET, "events per dataset, ttbar and qcd_light"),
+        ("--seed", int, 0, "the sample's seed"),
+        ("--cap", int, TRANSPORT_DEFAULTS["grpc"][0], "max_request_bytes (gRPC's)")])
     parser.add_argument("--json", metavar="FILE", help="also write the results here")
     parser.set_defaults(func=run)
     return parser

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import scenario_parser
+from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
 Starts real embedded tritonservers (jet_tagger) and sends --requests requests through TritonModel
@@ -38,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = scenario_parser(
         subparsers, "soak", description=_DESCRIPTION,
         help="many requests through TritonModel: no growth of descriptors or memory")
-    for flag, kind, default, what in (
+    add_numbers(parser, [
             ("--requests", int, 10_000, "requests in all"),
             ("--rows", int, 256, "rows per request"),
             ("--requests-per-call", int, 4, "requests each call is split into"),
@@ -46,9 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             ("--servers", int, 1, "embedded servers, balanced"),
             ("--report-every", int, 1000, "requests between samples"),
             ("--max-fd-growth", int, 8, "open descriptors the run may add after warm-up"),
-            ("--max-rss-growth-mb", float, 64.0, "RSS the run may add after warm-up, MB")):
-        parser.add_argument(flag, type=kind, default=default,
-                            help=f"{what} (default: %(default)s)")
+            ("--max-rss-growth-mb", float, 64.0, "RSS the run may add after warm-up, MB")])
     parser.add_argument("--transport", default="auto", choices=["auto", "grpc", "shm"],
                         help="TritonModel's transport (default: auto: shared memory here)")
     parser.add_argument("--json", metavar="FILE", help="also write the verdict and samples here")

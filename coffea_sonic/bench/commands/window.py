@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from ...cliargs import add_list_option
-from . import scenario_parser
+from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
 One client process calls the transport-bound passthrough model (x: 16 floats -> y: 2) on an
@@ -39,12 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     help="max_request_bytes values in MiB (default: 1 2 4 8)")
     add_list_option(parser, "--in-flight", type=int, default=[2, 4, 8],
                     help="max_in_flight values (default: 2 4 8)")
-    parser.add_argument("--rows", type=int, default=200_000,
-                        help="rows per call (default: %(default)s)")
-    parser.add_argument("--window", type=float, default=3.0,
-                        help="seconds per window (default: %(default)s)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="windows per configuration (default: %(default)s)")
+    add_numbers(parser, [("--rows", int, 200_000, "rows per call"),
+                         ("--window", float, 3.0, "seconds per window"),
+                         ("--rounds", int, 3, "windows per configuration")])
     parser.set_defaults(func=run)
     return parser
 

@@ -42,7 +42,6 @@ SCRIPTS_WITH_OWN_LOGIC: dict[str, str] = {
                                                "patched old model.py; its GPU plan: " + _GPU_RUN,
     "benchmarks/transport/link_bench.py": "network namespaces (root) through netlab",
     "benchmarks/transport/plot_transport.py": "plots bench_transport's JSON",
-    "benchmarks/transport/sink.py": "the payload_sink model of bench_transport (slice_model)",
     "benchmarks/transport/wrapper_vs_tritonmodel.py": "coffea's triton_wrapper vs TritonModel "
                                                       "study with py-spy profiles",
     "benchmarks/gpu/defaults_sweep.py": _GPU_RUN,

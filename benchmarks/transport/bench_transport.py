@@ -49,7 +49,8 @@ from coffea_sonic.bench import modes
 from coffea_sonic.bench.client import max_abs_difference
 from coffea_sonic.bench.clients import ClientPool
 
-from sink import SINK_NAME, write_sink
+from coffea_sonic.bench.slice_model import SINK_NAME
+from coffea_sonic.bench.slice_model import write_payload_sink as write_sink
 
 
 HERE = Path(__file__).resolve().parent

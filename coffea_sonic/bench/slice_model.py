@@ -4,7 +4,8 @@ Each row's first ``kept`` values come back (the input reshaped to one row of val
 the server does next to no work per row and a request's time is the transport's: client
 encoding, the wire or shared memory, Triton's copies into the python backend, and the answer.
 The answer also proves the bytes arrived. :mod:`.passthrough` (16 floats in, 2 out) is one;
-the transport benchmarks in benchmarks/transport/ write others of the same kind.
+:func:`write_payload_sink` (``emtrk_cnn``'s input, one float out) is the transport study's
+(benchmarks/transport/bench_transport.py).
 
 >>> import tempfile
 >>> from pathlib import Path
@@ -20,7 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["write_slice_model"]
+__all__ = ["SINK_NAME", "write_payload_sink", "write_slice_model"]
+
+#: The transport study's sink: ``emtrk_cnn``'s input signature, the first value of a row back.
+SINK_NAME = "payload_sink"
 
 _MODEL = '''
 import numpy as np
@@ -64,3 +68,17 @@ def write_slice_model(repository: Path, name: str, input: tuple[str, Sequence[in
     (version / "model.py").write_text(
         _MODEL % {"input": input[0], "output": output[0], "kept": kept})
     return repository
+
+
+def write_payload_sink(repository: Path, instances: int = 2) -> Path:
+    """Write ``payload_sink`` into ``repository`` (created if missing); returns it. It takes
+    ``emtrk_cnn``'s input (``patch`` FP32 [1, 48, 48] per row, 9 216 bytes) and answers
+    ``first`` = ``patch[:, 0, 0, 0]``: a request costs almost nothing to compute.
+
+    >>> import tempfile
+    >>> repo = write_payload_sink(Path(tempfile.mkdtemp()))
+    >>> sorted(p.name for p in (repo / SINK_NAME).iterdir())
+    ['1', 'config.pbtxt']
+    """
+    return write_slice_model(repository, SINK_NAME, ("patch", [1, 48, 48]), ("first", [1]),
+                             instances=instances, max_batch=65536, queue_delay_us=0)

@@ -17,9 +17,9 @@ server, the facility helpers, settings, errors); they are imported lazily, so
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import Any
+
+from .lazy import lazy_exports
 
 # Worker processes forked from a driver that already talked to a server (coffea's FuturesExecutor,
 # multiprocessing) may use gRPC in the child only with gRPC's fork handlers on; grpc reads this
@@ -71,14 +71,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'coffea_sonic' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), also=["__version__"])

@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # zoo.spec: the zoo's tensor declarations (plain data, imported by data/ and the engines
     # without the zoo's models), so it sits with the core types
     ("core", ("coffea_sonic.errors", "coffea_sonic.config", "coffea_sonic.stats",
+              "coffea_sonic.lazy",
               "coffea_sonic.core", "coffea_sonic.zoo.spec")),
     ("transport", ("coffea_sonic.transport",)),
     ("client", ("coffea_sonic.model", "coffea_sonic.calls", "coffea_sonic.classification",

@@ -14,8 +14,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "FacilityCluster": "cluster", "make_cluster": "cluster", "deliver_settings": "cluster",
@@ -30,14 +29,5 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'coffea_sonic.facility' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(
+    __name__, {name: f".{module}" for name, module in _EXPORTS.items()}, globals())

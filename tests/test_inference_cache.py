@@ -216,26 +216,25 @@ def test_four_dask_workers_writing_the_same_entries_leave_a_consistent_cache(jet
     assert _served(reader) == before and reader.stats.cache_hit_rows == ROWS
 
 
-def test_a_ragged_call_is_cached_whole_with_its_counts(tmp_path):
+def test_a_ragged_call_is_cached_whole_with_its_counts(trackgnn_server, tmp_path):
     from coffea_sonic.data.hits import generate_hits
 
     drawn = generate_hits(30, seed=11)
     fields = drawn["fields"]
     rows = np.stack([fields["x"], fields["y"], fields["z"]], axis=1)
     counts = np.asarray(drawn["counts"], dtype=np.int64)
-    with LocalTritonServer(models=["trackgnn"], device="cpu") as server:
-        first = TritonModel(server.url("trackgnn"), cache=tmp_path)
-        start = _served(first)
-        labels = first({"hits": rows}, counts=counts)["labels"]
-        second = TritonModel(server.url("trackgnn"), cache=tmp_path)
-        before = _served_once_counted(second, start, requests=first.stats.requests)
-        np.testing.assert_array_equal(second({"hits": rows}, counts=counts)["labels"], labels)
-        assert _served(second) == before and second.stats.cache_hits == 1
-        # other counts over the same rows are another call
-        regrouped = np.concatenate([counts[:-2], [counts[-2] + counts[-1]]])
-        other = TritonModel(server.url("trackgnn"), cache=tmp_path)
-        other({"hits": rows}, counts=regrouped)
-        assert other.stats.cache_misses == 1 and other.stats.requests >= 1
+    first = TritonModel(trackgnn_server.url("trackgnn"), cache=tmp_path)
+    start = _served(first)
+    labels = first({"hits": rows}, counts=counts)["labels"]
+    second = TritonModel(trackgnn_server.url("trackgnn"), cache=tmp_path)
+    before = _served_once_counted(second, start, requests=first.stats.requests)
+    np.testing.assert_array_equal(second({"hits": rows}, counts=counts)["labels"], labels)
+    assert _served(second) == before and second.stats.cache_hits == 1
+    # other counts over the same rows are another call
+    regrouped = np.concatenate([counts[:-2], [counts[-2] + counts[-1]]])
+    other = TritonModel(trackgnn_server.url("trackgnn"), cache=tmp_path)
+    other({"hits": rows}, counts=regrouped)
+    assert other.stats.cache_misses == 1 and other.stats.requests >= 1
 
 
 def test_answers_of_the_in_process_fallback_are_returned_but_not_stored(tmp_path):

@@ -32,8 +32,8 @@ import numpy as np
 from .core.process_local import ProcessLocal
 from .errors import ConfigurationError
 
-__all__ = ["BUILTIN", "FallbackChoice", "declared_info", "fallback_engine", "resolve_fallback",
-           "submit", "warn_fallback"]
+__all__ = ["BUILTIN", "FallbackChoice", "declared_info", "fallback_engine", "reference_engine",
+           "resolve_fallback", "submit", "warn_fallback"]
 
 logger = logging.getLogger("coffea_sonic.fallback")
 
@@ -44,7 +44,8 @@ FallbackChoice = Union[None, bool, str, Callable[[str], Engine]]
 #: server, the zoo) and found by name, so the client never imports what imports it.
 BUILTIN: dict[str, dict[str, str]] = {
     "cpu": {"engine": "coffea_sonic.engines:fallback_engine",
-            "info": "coffea_sonic.zoo:declared_info"},
+            "info": "coffea_sonic.zoo:declared_info",
+            "reference": "coffea_sonic.engines:reference_engine"},
     "local": {"engine": "coffea_sonic.server.fallback:local_fallback_engine",
               "info": "coffea_sonic.server.fallback:declared_info"},
 }
@@ -93,6 +94,16 @@ def fallback_engine(choice: str | Callable[[str], Engine], model: str) -> Engine
     """The (cached, per process) engine that runs ``model`` for fallback ``choice``."""
     return _engines.get((choice, model), lambda: (
         _builtin(choice, "engine")(model) if isinstance(choice, str) else choice(model)))
+
+
+def reference_engine(choice: str | Callable[[str], Engine], model: str) -> Engine:
+    """The (cached, per process) engine that recomputes rows for shadow validation: the
+    fallback's, except where a built-in has a lighter one (``"cpu"``: one onnxruntime thread,
+    see :func:`coffea_sonic.engines.reference_engine`)."""
+    if isinstance(choice, str) and "reference" in BUILTIN.get(choice, {}):
+        return _engines.get((choice, model, "reference"),
+                            lambda: _builtin(choice, "reference")(model))
+    return fallback_engine(choice, model)
 
 
 def submit(function: Callable[[], Any]) -> Future:

@@ -178,7 +178,7 @@ class ShadowHook(CallHooks):
     def _engine(self, model: str) -> Any:
         choice = self.reference or "cpu"
         try:
-            return fallback_module.fallback_engine(choice, model)
+            return fallback_module.reference_engine(choice, model)
         except MissingDependencyError:
             raise
         except ImportError as error:

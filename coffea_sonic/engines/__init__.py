@@ -23,7 +23,7 @@ from ..errors import InputValidationError, MissingDependencyError, require
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CpuEngine", "GpuEngine", "fallback_engine"]
+__all__ = ["CpuEngine", "GpuEngine", "fallback_engine", "reference_engine"]
 
 
 def _check_inputs(name: str, inputs: Mapping[str, np.ndarray]) -> None:
@@ -124,10 +124,29 @@ def fallback_engine(model: str) -> "CpuEngine":
     ...
     coffea_sonic.errors.ConfigurationError: fallback='cpu' runs zoo models only, and 'no_such_model' is not one; pass fallback=factory with factory(model_name) -> engine(inputs) -> outputs
     """
+    _zoo_only(model)
+    return CpuEngine(model)
+
+
+def _zoo_only(model: str) -> None:
     from ..errors import ConfigurationError
 
     if model not in zoo.names():
         raise ConfigurationError(
             f"fallback='cpu' runs zoo models only, and {model!r} is not one; pass "
             "fallback=factory with factory(model_name) -> engine(inputs) -> outputs")
-    return CpuEngine(model)
+
+
+def reference_engine(model: str) -> "CpuEngine":
+    """Shadow validation's reference for ``fallback="cpu"``: the same model on ONE onnxruntime
+    thread. It recomputes a few rows per answer beside the analysis; with a thread per core
+    (the fallback's setting) onnxruntime's pool spins after every run, and in a 2-core
+    shared-box bench that spinning cost the Dask workers about a third more CPU per event while
+    the comparisons themselves took 0.3 %; on one thread the run's CPU per event rose 0.7 %
+    (benchmarks/RESULTS.md, "Shadow validation").
+
+    >>> reference_engine("jet_tagger").session.get_session_options().intra_op_num_threads
+    1
+    """
+    _zoo_only(model)
+    return CpuEngine(model, threads=1)

@@ -4,7 +4,7 @@ Machines without iproute2 (the GPU machines: root, ``unshare`` and ``nsenter`` b
 ``tc``, and no package index) can still make a lab: pyroute2 is pure Python, so its wheel can be
 carried, and it speaks netlink directly (namespaces, veth pairs, bridges, addresses and tbf,
 including rates above 4 Gbit/s). :func:`netlink` picks ``ip`` where both commands are on PATH, else
-pyroute2 where it imports; ``COFFEA_SONIC_NETLAB_NETLINK=ip|pyroute2`` chooses.
+pyroute2 where it imports; ``NETLAB_NETLINK=ip|pyroute2`` chooses.
 
 >>> sorted(BACKENDS)
 ['ip', 'pyroute2']
@@ -24,8 +24,9 @@ from typing import Protocol, Sequence
 
 from ..errors import NetworkLabError
 
-#: Environment variable naming the backend (``ip`` or ``pyroute2``).
-BACKEND_ENV = "COFFEA_SONIC_NETLAB_NETLINK"
+#: Environment variable naming the backend (``ip`` or ``pyroute2``): a knob of the test and bench
+#: harness, not a setting of the package.
+BACKEND_ENV = "NETLAB_NETLINK"
 #: A device's root qdisc, as netlink names it (TC_H_ROOT).
 TC_ROOT = 0xFFFFFFFF
 
@@ -228,7 +229,7 @@ BACKENDS = {"ip": IpTools, "pyroute2": Pyroute2Netlink}
 
 
 def available_backend() -> str:
-    """The backend a lab uses here ("" when none can): ``$COFFEA_SONIC_NETLAB_NETLINK``, else
+    """The backend a lab uses here ("" when none can): ``$NETLAB_NETLINK``, else
     ``ip`` where ``ip`` and ``tc`` are on PATH, else ``pyroute2`` where it imports.
 
     >>> available_backend() in ("", "ip", "pyroute2")

@@ -19,7 +19,7 @@
 #    connections, the last two kinds from 8 processes too;
 # 2. perf_analyzer at the matching concurrency (batch 2048; gRPC c 1 and 8, CUDA memory c 1);
 # 3. pipeline_bench.py --clients 1: trackgnn direct, fused, ensemble from one client, with the
-#    served models' per-stage times (COFFEA_SONIC_STAGE_TIMES) beside the direct call's.
+#    served models' per-stage times (TRACKGNN_STAGE_TIMES) beside the direct call's.
 # Writes defaults-accept.json/.md, reference/, pipeline-gpu.json/.md, stage-times.jsonl and logs.
 set -uo pipefail
 DEV=${DEV:-.device}
@@ -49,7 +49,7 @@ if [ "$MODE" = accept ]; then
   mv "$OUT/reference" "$OUT/reference-grpc" 2>/dev/null; mv "$OUT/reference-log.txt" "$OUT/reference-grpc-log.txt"
   reference 35 cuda 2 1
   echo "== trackgnn from one client ($SECONDS s so far)"
-  COFFEA_SONIC_STAGE_TIMES=$(cd "$OUT" && pwd)/stage-times.jsonl timeout 60 python3 benchmarks/pipeline_bench.py \
+  TRACKGNN_STAGE_TIMES=$(cd "$OUT" && pwd)/stage-times.jsonl timeout 60 python3 benchmarks/pipeline_bench.py \
     --device gpu --clients 1 --duration 2.5 --out "$OUT" 2>&1 | grep -v "$quiet" \
     | tee "$OUT/pipeline-log.txt" | tail -16
   echo "done in $SECONDS s"; ls -la "$OUT"

@@ -153,7 +153,7 @@ def _stage_ms(device: str, events: int, gpu: int = 0, repeats: int = 5) -> dict:
 
 def served_stage_ms(path: str | None) -> dict:
     """Median ms per served model's ``execute`` and, fused, per pipeline stage, from the lines the
-    served models append to ``$COFFEA_SONIC_STAGE_TIMES`` (empty where it was not set).
+    served models append to ``$TRACKGNN_STAGE_TIMES`` (empty where it was not set).
 
     >>> served_stage_ms(None)
     {}
@@ -280,7 +280,7 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
 def _write(report: dict, config: PipelineConfig, out: Path) -> str:
     """``pipeline-<device>.json`` and ``.md`` in ``out``; returns the table."""
     stem = out / f"pipeline-{config.device}"
-    report["served_stage_ms"] = served_stage_ms(os.environ.get("COFFEA_SONIC_STAGE_TIMES"))
+    report["served_stage_ms"] = served_stage_ms(os.environ.get("TRACKGNN_STAGE_TIMES"))
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     text = table(report["records"], config.device, config.events)
     if report.get("direct_stage_ms"):

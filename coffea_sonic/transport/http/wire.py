@@ -5,7 +5,9 @@ extension), written straight from the numpy arrays' memory; an answer is read wi
 into one buffer that the output arrays then view. Nothing here knows about models or policy.
 
 >>> import numpy as np
->>> header, blobs = encode_inputs({"x": np.ones((2, 3), np.float32)}, ("y",), request_id="r1")
+>>> from coffea_sonic.core.tensors import TensorInfo
+>>> header, blobs = encode_inputs({"x": np.ones((2, 3), np.float32)}, (TensorInfo("y", "FP32", (1,)),),
+...                               request_id="r1")
 >>> header
 b'{"inputs":[{"name":"x","shape":[2,3],"datatype":"FP32","parameters":{"binary_data_size":24}}],"id":"r1","outputs":[{"name":"y","parameters":{"binary_data":true}}]}'
 >>> body = bytearray(b'{"model_version":"1","outputs":[{"name":"y","datatype":"INT32","shape":[2],'
@@ -31,7 +33,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ...core.secrets import Secret
-from ...core.tensors import numpy_dtype, triton_dtype
+from ...core.tensors import TensorInfo, numpy_dtype, triton_dtype
 from ...core.tls import TlsOptions
 from ...errors import InferenceError
 
@@ -194,13 +196,13 @@ def _blob(array: np.ndarray) -> Any:
     return contiguous.reshape(-1).view(np.uint8) if contiguous.size else b""
 
 
-def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[Any],
+def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[TensorInfo],
                   request_id: str = "", priority: int = 0) -> tuple[bytes, list[Any]]:
     """The inference header (JSON) and the tensors' bytes, in order; ``priority`` > 0 goes in
-    the request's ``parameters`` (Triton's dynamic batcher level). ``outputs``: names, or
-    :class:`~coffea_sonic.core.tensors.TensorInfo` (whose ``classification`` is asked for).
+    the request's ``parameters`` (Triton's dynamic batcher level). ``outputs``: the outputs asked
+    for (with their ``classification``, where set).
 
-    >>> encode_inputs({}, ("y",), priority=2)[0]
+    >>> encode_inputs({}, (TensorInfo("y", "FP32", (1,)),), priority=2)[0]
     b'{"inputs":[],"outputs":[{"name":"y","parameters":{"binary_data":true}}],"parameters":{"priority":2}}'
     """
     described, blobs = [], []
@@ -214,10 +216,7 @@ def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[Any],
     body: dict[str, Any] = {"inputs": described}
     if request_id:
         body["id"] = request_id
-    wanted = [{"name": name, "parameters": {"binary_data": True}} if isinstance(name, str)
-              else {"name": name.name, "parameters": {"binary_data": True, **(
-                  {"classification": name.classification} if name.classification else {})}}
-              for name in outputs]
+    wanted = [_requested(output) for output in outputs]
     if wanted:
         body["outputs"] = wanted
     else:
@@ -225,6 +224,14 @@ def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[Any],
     if priority:
         body.setdefault("parameters", {})["priority"] = priority
     return json.dumps(body, separators=(",", ":")).encode(), blobs
+
+
+def _requested(output: TensorInfo) -> dict[str, Any]:
+    """One requested output: its bytes in the binary part, its top classes where asked."""
+    parameters: dict[str, Any] = {"binary_data": True}
+    if output.classification:
+        parameters["classification"] = output.classification
+    return {"name": output.name, "parameters": parameters}
 
 
 def decode_outputs(body: Any, header_length: int) -> tuple[str, dict[str, np.ndarray], int]:

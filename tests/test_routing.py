@@ -58,7 +58,10 @@ def test_requests_balance_over_servers_that_serve_the_model(triton_server, jet_o
         return counted if sum(counted) == 40 else None
 
     # Triton counts a request in its statistics just after answering it: wait for all 40
-    counted = wait_for(shares, timeout=10, what="40 requests in the servers' statistics")
+    counted = wait_for(shares, timeout=10, what=lambda: (
+        "40 requests in the servers' statistics; counted "
+        f"{[_served(triton_server) - before[0], _served(jet_only_server) - before[1]]}, "
+        f"the model sent {model.stats.requests} in all"))
     # least outstanding requests: both get work, however much faster one of them is (the second
     # request goes to the idle server); how the 40 split depends on the servers' speeds on a
     # shared machine (one took 3 of 40 under load), so no share is asserted beyond that

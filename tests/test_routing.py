@@ -37,6 +37,26 @@ def version_two_server(tmp_path_factory):
         yield server
 
 
+def _ready_over_grpc(server: LocalTritonServer) -> bool:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    try:
+        return client.is_server_ready()
+    finally:
+        client.close()
+
+
+def wait_until_answering(*servers: LocalTritonServer) -> None:
+    """Counting tests start once every server answers gRPC: a server of this module refused
+    connections once in a whole-suite run while its process lived (it answered again later);
+    routing around it is the client's job, but then this test would count nothing."""
+    for server in servers:
+        wait_for(lambda: _ready_over_grpc(server), timeout=30, ignoring=(Exception,),
+                 what=lambda: f"{server.grpc_address} answering gRPC (its process "
+                              f"{'lives' if server.process.poll() is None else 'exited'})")
+
+
 def _served(server: LocalTritonServer, model: str = "jet_tagger") -> int:
     return TritonModel(server.url(model)).server_statistics().success_count
 
@@ -45,6 +65,7 @@ def test_requests_balance_over_servers_that_serve_the_model(triton_server, jet_o
     urls = [triton_server.url("jet_tagger"), jet_only_server.url("jet_tagger")]
     model = TritonModel(urls, max_request_bytes=24 * 100, max_in_flight=4)
     inputs = zoo.example_inputs("jet_tagger", 4000)
+    wait_until_answering(triton_server, jet_only_server)
     # warm both, so neither is slow because it is cold: connections, and as many shared-memory
     # slots as requests in flight (a slot made during the counted call costs a registration
     # round trip: the likely cause when, in about one run in twenty, one server took only 2 of
@@ -85,6 +106,7 @@ def test_pinned_version_is_only_sent_where_that_version_is_served(
     suffix = f"/{version}" if version else ""
     urls = [f"triton+grpc://{s.grpc_address}/jet_tagger{suffix}"
             for s in (triton_server, version_two_server)]
+    wait_until_answering(triton_server, version_two_server)
     model = TritonModel(urls, max_request_bytes=24 * 100)
     router = model._get_runtime().router  # shared by every model of this process on these servers
     before = [e.requests for e in router.endpoints]

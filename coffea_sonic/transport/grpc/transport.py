@@ -15,11 +15,9 @@ import itertools
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...core.endpoint import ServerSettings
-from ...core.process_local import ProcessLocal
 from ...core.tensors import ModelInfo
 from ...errors import ConfigurationError, InferenceError
 from ...stats import ServerStatistics
@@ -31,6 +29,7 @@ from ..kinds import transport_kind
 from .channel import Connection, get_connection
 from .codec import decode_response, encode_framed
 from .heap import tune_heap
+from ..senders import send_soon
 
 __all__ = ["GrpcTransport"]
 
@@ -125,7 +124,7 @@ class GrpcTransport(Transport):
         if request.caller_waits:
             self._blocking(payload, future, request)
             return future
-        sender_pool().submit(self._blocking, payload, future, request)
+        send_soon(self._blocking, payload, future, request)
         return future
 
     def _blocking(self, payload: bytes, future: TransportFuture, request: InferRequest) -> None:
@@ -210,18 +209,6 @@ def _grpc_compression(name: str) -> Any:
 #: gRPC connections per server and process (a bound: each is a socket on the server too)
 MAX_CONNECTIONS = 8
 DEFAULT_CONNECTIONS = transport_kind("grpc").connections
-
-#: Threads that make blocking calls for requests sent without a waiting caller, per process:
-#: enough for every model's window to be in flight at once.
-SENDER_THREADS = 16
-_senders: ProcessLocal[int, ThreadPoolExecutor] = ProcessLocal("gRPC sender threads")
-
-
-def sender_pool() -> ThreadPoolExecutor:
-    """This process' sender threads (a forked child makes its own)."""
-    return _senders.get(SENDER_THREADS, lambda: ThreadPoolExecutor(
-        SENDER_THREADS, thread_name_prefix="csonic-grpc"))
-
 
 def _identity(payload: bytes) -> bytes:
     return payload

@@ -32,7 +32,8 @@ from ...errors import InferenceError
 from ...stats import ServerStatistics
 from ..base import InferAnswer, InferRequest, Transport, TransportFuture
 from ..errors import TransportError, from_grpc
-from ..grpc.transport import GrpcTransport, sender_pool
+from ..grpc.transport import GrpcTransport
+from ..senders import send_soon
 from .pool import Slot, SlotPool
 from .regions import align
 
@@ -182,7 +183,7 @@ class SlotTransport(Transport):
         if request.caller_waits:
             self._call(message, future, request, slot, layout, context)
         else:
-            sender_pool().submit(self._call, message, future, request, slot, layout, context)
+            send_soon(self._call, message, future, request, slot, layout, context)
         return future
 
     def _inline(self, request: InferRequest, context: Any) -> TransportFuture:

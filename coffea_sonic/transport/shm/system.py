@@ -40,8 +40,11 @@ from .pool import DEFAULT_MAX_SLOTS, Slot, SystemRegions
 
 __all__ = ["SystemShmTransport"]
 
-#: Inputs at least this large are copied into the region by ``copy_threads`` threads.
-PARALLEL_COPY_BYTES = 2 << 20  # numpy releases the GIL while copying: 2+ MiB pays for the threads
+#: Inputs at least this large are copied into the region by ``copy_threads`` threads (numpy
+#: releases the GIL while copying). Below it one thread copies: a 4 MiB piece is copied in about
+#: 0.1 ms, less than handing its parts to threads and waking them costs in client CPU on a
+#: machine whose cores the server shares (RESULTS.md, "The shared-memory call path").
+PARALLEL_COPY_BYTES = 8 << 20
 
 #: copy threads per thread count (a forked child has none of its parent's threads)
 _copy_pools: ProcessLocal[int, ThreadPoolExecutor] = ProcessLocal("shared-memory copy threads")
@@ -57,7 +60,7 @@ class SystemShmTransport(SlotTransport):
 
     ``settings``: the server (``ServerSettings``; a ``host:port`` string is accepted).
     ``max_slots``: regions, so requests in flight through shared memory at once; more requests
-    travel inline. ``copy_threads``: threads that copy one large input (>= 2 MiB) into its region
+    travel inline. ``copy_threads``: threads that copy one large input (>= 8 MiB) into its region
     (numpy releases the GIL while copying); 1 copies in the caller's thread only.
     """
 

@@ -19,6 +19,17 @@ pieces of a window still travel side by side.
 True
 >>> seen[0] == seen[1] and seen[0].startswith("csonic-grpc")  # kept by the same thread
 True
+
+A second task started by the same one goes to another thread, so the two run side by side:
+
+>>> together = threading.Barrier(3, timeout=10)  # the two tasks and this thread
+>>> def meet():
+...     together.wait()  # returns only once the other task waits too
+>>> def start_two():
+...     send_soon(meet); send_soon(meet)
+>>> send_soon(start_two)
+>>> together.wait() in (0, 1, 2)  # a kept pair would run one after the other and time out
+True
 """
 
 from __future__ import annotations

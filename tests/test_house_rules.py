@@ -40,7 +40,6 @@ _GPU_RUN = "GPU-only: moving it changes code no GPU here can rerun"
 SCRIPTS_WITH_OWN_LOGIC: dict[str, str] = {
     "benchmarks/transport/bench_transport.py": "the transport before/after study against a "
                                                "patched old model.py; its GPU plan: " + _GPU_RUN,
-    "benchmarks/transport/link_bench.py": "network namespaces (root) through netlab",
     "benchmarks/transport/plot_transport.py": "plots bench_transport's JSON",
     "benchmarks/transport/wrapper_vs_tritonmodel.py": "coffea's triton_wrapper vs TritonModel "
                                                       "study with py-spy profiles",

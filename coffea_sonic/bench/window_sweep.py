@@ -17,7 +17,6 @@ window-sweep.md.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .clients import ClientPool
+from .files import write_report
 from .machine import machine_info
 from .passthrough import PASSTHROUGH, write_passthrough
 from .reference import tritonmodel_task
@@ -95,9 +95,4 @@ def markdown(report: dict) -> str:
 
 def write_sweep(report: dict, out: str | Path) -> str:
     """window-sweep.json and window-sweep.md in ``out``; returns the table."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "window-sweep.json").write_text(json.dumps(report, indent=1, default=str))
-    text = markdown(report)
-    (out / "window-sweep.md").write_text(text)
-    return text
+    return write_report(report, out, "window-sweep", markdown)

@@ -124,13 +124,14 @@ class TritonHost:
 
 
 def start_triton(host: "Host", models: Sequence[str], *, extra_args: Sequence[str] = (),
-                 wait: bool = True, device: str = "cpu",
-                 startup_timeout_s: float = 180.0) -> TritonHost:
+                 wait: bool = True, device: str = "cpu", startup_timeout_s: float = 180.0,
+                 repository: str | os.PathLike | None = None) -> TritonHost:
     """An embedded tritonserver (:class:`~coffea_sonic.server.LocalTritonServer`) on ``host``,
-    serving zoo ``models`` on ``device`` (``cpu`` or ``gpu``) on ports 8001 (gRPC), 8000 (HTTP)
-    and 8002 (metrics) of its address."""
+    serving zoo ``models`` (or, with ``models`` empty, the model ``repository``) on ``device``
+    (``cpu`` or ``gpu``) on ports 8001 (gRPC), 8000 (HTTP) and 8002 (metrics) of its address."""
     argv = [sys.executable, "-m", "coffea_sonic.netlab.services", "triton", "--host", host.ip,
-            "--device", device, "--models", *models]
+            "--device", device]
+    argv += ["--models", *models] if models else ["--repository", str(repository)]
     for argument in extra_args:
         argv.append(f"--extra-arg={argument}")
     triton = TritonHost(host, host.popen(argv, name="tritonserver", grace_s=30.0), list(models))
@@ -194,7 +195,9 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m coffea_sonic.netlab.services triton")
     parser.add_argument("--host", required=True)
-    parser.add_argument("--models", nargs="+", required=True)
+    served = parser.add_mutually_exclusive_group(required=True)
+    served.add_argument("--models", nargs="+")
+    served.add_argument("--repository", help="a model repository instead of zoo models")
     parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     parser.add_argument("--extra-arg", action="append", default=[])
     options = parser.parse_args(argv)
@@ -203,7 +206,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     workdir = tempfile.mkdtemp(prefix="netlab-triton-")
-    server = LocalTritonServer(models=options.models, device=options.device, host=options.host,
+    server = LocalTritonServer(models=options.models, repository=options.repository,
+                               device=options.device, host=options.host,
                                grpc_port=GRPC_PORT, http_port=HTTP_PORT,
                                metrics_port=METRICS_PORT, extra_args=options.extra_arg,
                                workdir=workdir)

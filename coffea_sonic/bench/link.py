@@ -1,0 +1,309 @@
+"""One default TritonModel across a shaped link: goodput against raw TCP, with and without compression.
+
+``coffea-sonic bench link`` runs it (:mod:`coffea_sonic.bench.commands.link`; needs root, through
+:mod:`coffea_sonic.netlab`). A lab host ``srv`` behind a tbf-shaped link serves the transport-bound
+``passthrough`` model (x: 16 floats -> y: 2); this process calls it back to back with
+``rows``-row calls, directly or through the lab's relay adding a round-trip time. Per case: raw
+TCP's rate on the same path (one socket, 1 MiB writes), the model's request bytes per second, the
+link busy fraction (bytes on the caller's interface / link rate) and, for back-to-back calls,
+where a call's time goes on the wire (:func:`call_phases`); with compression gzip and deflate too.
+Then, per zoo model, how much its example inputs compress and how fast (one core, zlib level 6
+as gRPC's gzip): the rate a compressing client could feed at most.
+
+>>> parse_links(["1000/0", "1000/20", "10000"])
+[(1000.0, [0.0, 20.0]), (10000.0, [0.0])]
+>>> wire = [(0.1 * i, 10_000 * i) for i in range(11)]  # 100 kB in 1 s, 10 kB per 0.1 s
+>>> call_phases([(0.0, 1.0)] * 3, wire)  # first 20 kB after 0.3 s, the rest by 1 s
+{'head_ms': 300.0, 'sending_ms': 700.0, 'tail_ms': 0.0}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .files import write_report
+from .machine import machine_info
+from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
+from .reference_run import uptime_line
+
+__all__ = ["LinkBench", "call_phases", "compressibility", "markdown", "parse_links", "run_link",
+           "write_link"]
+
+#: A TCP sink on the lab host: raw TCP's rate on the model's path.
+SINK_PORT = 9999
+_SINK = """
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(4)
+while True:
+    c, _ = s.accept()
+    while c.recv(1 << 20):
+        pass
+    c.close()
+"""
+
+
+@dataclass
+class LinkBench:
+    """The links (rate in Mbit/s, each with its added round-trip times in ms) and each case."""
+
+    links: list[tuple[float, list[float]]] = field(
+        default_factory=lambda: [(1000.0, [0.0, 20.0]), (10000.0, [0.0])])
+    seconds: float = 6.0
+    rows: int = 200_000
+    compression: bool = True
+
+
+def parse_links(specs: list[str]) -> list[tuple[float, list[float]]]:
+    """``RATE_MBIT[/RTT_MS]`` strings, grouped by rate in the order given (one lab per rate)."""
+    links: dict[float, list[float]] = {}
+    for spec in specs:
+        rate, _, rtt = spec.partition("/")
+        links.setdefault(float(rate), []).append(float(rtt or 0))
+    return list(links.items())
+
+
+def _tx_bytes(interface: str) -> int:
+    return int(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text())
+
+
+def raw_tcp(address: str, seconds: float) -> float:
+    """Bytes per second one socket writes to ``address`` in 1 MiB blocks for ``seconds``."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as sock:
+        block, sent, began = b"\0" * (1 << 20), 0, time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            sock.sendall(block)
+            sent += len(block)
+        return sent / (time.perf_counter() - began)
+
+
+class WireSampler:
+    """The caller's interface's sent bytes every half millisecond, in a thread (a context)."""
+
+    def __init__(self, interface: str) -> None:
+        self.path = f"/sys/class/net/{interface}/statistics/tx_bytes"
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.0005):
+            with open(self.path) as counter:
+                self.samples.append((time.perf_counter(), int(counter.read())))
+
+    def __enter__(self) -> "WireSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def call_phases(calls: list[tuple[float, float]], samples: list[tuple[float, int]]) -> dict:
+    """Median per back-to-back call (ms): ``head`` from the call to its first 20 kB on the wire
+    (the client's own setup), ``sending`` to 98 % of its bytes, ``tail`` from there to the call's
+    return (the round trip, the server's last piece and its answer, the client's assembly). The
+    first and last call are left out (the sampler starts and stops around them)."""
+    times = np.array([t for t, _ in samples])
+    sent = np.array([b for _, b in samples])
+    heads, sends, tails = [], [], []
+    for start, end in calls[1:-1]:
+        inside = (times >= start) & (times <= end)
+        if inside.sum() < 4:
+            continue
+        t, b = times[inside], sent[inside] - sent[inside][0]
+        first, last = t[np.argmax(b > 20_000)], t[np.argmax(b >= 0.98 * b[-1])]
+        heads.append(first - start)
+        sends.append(last - first)
+        tails.append(end - last)
+    if not heads:
+        return {}
+    return {f"{name}_ms": round(1e3 * float(np.median(values)), 3)
+            for name, values in (("head", heads), ("sending", sends), ("tail", tails))}
+
+
+@contextlib.contextmanager
+def _compression(name: str) -> Iterator[None]:
+    """``COFFEA_SONIC_COMPRESSION`` set to ``name`` for a fresh client, restored afterwards."""
+    from ..routing import clear_routers
+    from ..transport.registry import close_all_transports
+
+    before = os.environ.get("COFFEA_SONIC_COMPRESSION")
+    os.environ["COFFEA_SONIC_COMPRESSION"] = name
+    clear_routers()
+    close_all_transports()
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("COFFEA_SONIC_COMPRESSION", None)
+        else:
+            os.environ["COFFEA_SONIC_COMPRESSION"] = before
+        clear_routers()
+        close_all_transports()
+
+
+def _call_for(model, inputs: dict, seconds: float, pipelined: bool) -> list[tuple[float, float]]:
+    """Call ``model`` for ``seconds``: back to back, or with the next call sent before the
+    previous answer is awaited; the (start, end) of every call."""
+    spans: list[tuple[float, float]] = []
+    began, pending = time.perf_counter(), None
+    while time.perf_counter() - began < seconds:
+        started = time.perf_counter()
+        if pipelined:
+            handle = model.infer_async(inputs)
+            if pending is not None:
+                pending.result()
+            pending = handle
+        else:
+            model(inputs)
+        spans.append((started, time.perf_counter()))
+    if pending is not None:
+        pending.result()
+    return spans
+
+
+def model_rate(address: str, seconds: float, interface: str, compression: str,
+               pipelined: bool, rows: int) -> dict:
+    """A default TritonModel on ``address`` for ``seconds``: payload and wire bytes per second."""
+    from ..model import TritonModel
+
+    with _compression(compression):
+        model = TritonModel(f"triton+grpc://{address}/{PASSTHROUGH}")
+        inputs = passthrough_inputs(rows)
+        model(inputs)
+        began, wire0 = time.perf_counter(), _tx_bytes(interface)
+        with WireSampler(interface) as wire:
+            spans = _call_for(model, inputs, seconds, pipelined)
+        elapsed = time.perf_counter() - began
+        result = {"rows": rows, "payload_Bps": len(spans) * inputs["x"].nbytes / elapsed,
+                  "wire_Bps": (_tx_bytes(interface) - wire0) / elapsed,
+                  "calls_done": len(spans), "transport": model.transport_kind}
+        model.close()
+    return {**result, **(call_phases(spans, wire.samples) if not pipelined else {})}
+
+
+def compressibility(seconds: float = 1.0) -> dict:
+    """Per model (passthrough and the zoo): compressed fraction and one core's zlib-6 rate."""
+    from .. import zoo
+
+    rows = {}
+    for name in [PASSTHROUGH, *zoo.names()]:
+        inputs = passthrough_inputs(50_000) if name == PASSTHROUGH else zoo.example_inputs(
+            name, 20_000 if name != "emtrk_cnn" else 1000)
+        raw = b"".join(np.ascontiguousarray(a).tobytes() for a in inputs.values())
+        packed, began, rounds = b"", time.perf_counter(), 0
+        while time.perf_counter() - began < seconds or rounds == 0:
+            packed = zlib.compress(raw, 6)
+            rounds += 1
+        rate = rounds * len(raw) / (time.perf_counter() - began)
+        rows[name] = {"bytes": len(raw), "compressed_fraction": len(packed) / len(raw),
+                      "compress_MBps_one_core": rate / 1e6}
+    return rows
+
+
+def _variants(config: LinkBench) -> list[tuple[str, bool, int]]:
+    """(compression, pipelined, rows) of every case on one path."""
+    variants = [("none", False, config.rows), ("none", True, config.rows),
+                ("none", False, 2 * config.rows)]
+    if config.compression:
+        variants += [("gzip", False, config.rows), ("deflate", False, config.rows)]
+    return variants
+
+
+def _path_cases(config: LinkBench, host, interface: str, rate: float, rtt: float, *,
+                relay_port: int) -> list[dict]:
+    """Every case through one path: direct (``rtt`` 0) or through relays adding ``rtt`` ms
+    (the model's on ``relay_port``, the sink's on the next port)."""
+    from ..netlab import start_relay
+    from ..netlab.services import GRPC_PORT
+
+    grpc, sink = host.address(GRPC_PORT), host.address(SINK_PORT)
+    if rtt:
+        grpc = start_relay(host, target=grpc, listen_port=relay_port, rtt_ms=rtt)
+        sink = start_relay(host, target=sink, listen_port=relay_port + 1, rtt_ms=rtt)
+    raw = raw_tcp(sink, config.seconds)
+    cases = []
+    for compression, pipelined, rows in _variants(config):
+        case = {"rate_mbit": rate, "rtt_ms": rtt, "compression": compression,
+                "mode": "2 calls in flight (infer_async)" if pipelined else "back to back",
+                "raw_tcp_Bps": raw,
+                **model_rate(grpc, config.seconds, interface, compression, pipelined, rows)}
+        case["link_busy"] = case["wire_Bps"] * 8 / (rate * 1e6)
+        case["raw_busy"] = raw * 8 / (rate * 1e6)
+        print(json.dumps(case), flush=True)
+        cases.append(case)
+    return cases
+
+
+def _link_cases(config: LinkBench, rate: float, rtts: list[float], repository: Path) -> list[dict]:
+    """One lab: ``srv`` behind a ``rate`` Mbit/s link, the server and the sink on it, each path."""
+    from ..netlab import Lab, Link
+    from ..netlab.services import start_triton
+
+    with Lab() as lab:
+        host = lab.host("srv", Link(rate_mbit=rate))
+        sink = host.popen([sys.executable, "-c", _SINK, host.ip, str(SINK_PORT)], name="sink")
+        start_triton(host, [], repository=repository)
+        sink.wait_for_port(SINK_PORT)
+        interface = f"csnl{lab.index}r"  # the caller's end of its veth to the lab's switch
+        cases = []
+        for index, rtt in enumerate(rtts):
+            cases += _path_cases(config, host, interface, rate, rtt, relay_port=9001 + 2 * index)
+        return cases
+
+
+def run_link(config: LinkBench) -> dict:
+    """Every link and path of ``config``; the report (machine, load, command, cases)."""
+    report = {"machine": machine_info(), "uptime_before": uptime_line(),
+              "command": " ".join(sys.argv), "seconds": config.seconds, "cases": []}
+    repository = write_passthrough(Path(tempfile.mkdtemp(prefix="link-bench-")))
+    for rate, rtts in config.links:
+        report["cases"] += _link_cases(config, rate, rtts, repository)
+    report["compressibility"] = compressibility() if config.compression else {}
+    report["uptime_after"] = uptime_line()
+    return report
+
+
+def markdown(report: dict) -> str:
+    """The cases and the compressibility table, with machine, load and command."""
+    m = report["machine"]
+    lines = [f"# passthrough across a tbf-shaped link ({m['cpu_model']}, {m['cpu_cores']} cores, "
+             f"{m['date']})", "", f"load: before `{report['uptime_before']}`, after "
+             f"`{report.get('uptime_after', '')}`", "", f"command: `{report['command']}`", "",
+             "| link | added RTT | compression | call MB | calls | raw TCP busy | model: link busy | "
+             "payload Mbit/s | per call: head / sending / tail ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in report["cases"]:
+        phases = (f"{c['head_ms']:.1f} / {c['sending_ms']:.0f} / {c['tail_ms']:.1f}"
+                  if "head_ms" in c else "-")
+        lines.append(f"| {c['rate_mbit'] / 1000:g} Gb/s | {c['rtt_ms']:g} ms | {c['compression']} "
+                     f"| {c.get('rows', 200_000) * 64 / 1e6:.1f} | {c['mode']} | "
+                     f"{c['raw_busy']:.0%} | {c['link_busy']:.0%} | "
+                     f"{c['payload_Bps'] * 8 / 1e6:.0f} | {phases} |")
+    lines += ["", "| model | compressed size (zlib 6) | compress rate, one core (MB/s) |",
+              "|---|---|---|"]
+    for name, row in report.get("compressibility", {}).items():
+        lines.append(f"| {name} | {row['compressed_fraction']:.0%} | "
+                     f"{row['compress_MBps_one_core']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_link(report: dict, out: str | Path) -> str:
+    """link.json and link.md in ``out``; returns the table."""
+    return write_report(report, out, "link", markdown)

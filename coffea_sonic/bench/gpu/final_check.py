@@ -1,6 +1,6 @@
 """Check on a GPU machine, step by step with timings (prints as it goes).
 
-    python benchmarks/gpu/final_check.py [--instances N]
+    python -m coffea_sonic.bench.gpu.final_check [--instances N]
 
 1. LocalTritonServer(device="gpu") serving emtrk_cnn: start-up time and the log lines that show
    the model instances on the GPU;
@@ -21,6 +21,11 @@ from coffea_sonic.server import LocalTritonServer
 
 
 def rate(function, inputs, repeats=5) -> float:
+    """Rows per second of ``function(inputs)``, mean over ``repeats`` calls after one warm-up.
+
+    >>> rate(lambda inputs: None, {"x": [0.0] * 100}, repeats=2) > 0
+    True
+    """
     function(inputs)
     started = time.perf_counter()
     for _ in range(repeats):
@@ -28,11 +33,11 @@ def rate(function, inputs, repeats=5) -> float:
     return repeats * len(next(iter(inputs.values()))) / (time.perf_counter() - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--instances", type=int, default=None)
     parser.add_argument("--rows", type=int, default=2048)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     inputs = zoo.example_inputs("emtrk_cnn", args.rows, seed=1)
     started = time.perf_counter()
     cpu = CpuEngine("emtrk_cnn")
@@ -62,6 +67,7 @@ def main() -> None:
     diff = max(float(np.abs(local[k] - reference[k]).max()) for k in reference)
     print(f"GpuEngine vs CpuEngine: max|diff| {diff:.2e}; GpuEngine {rate(gpu, inputs):,.0f} rows/s, "
           f"CpuEngine {rate(cpu, inputs, 2):,.0f} rows/s", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The e2e analysis with its server on a "GPU host" behind a shaped link vs on the workers' host.
 
-Run by benchmarks/gpu/network_check.sh (root; on the GPU machines pyroute2 does the netlink work,
+Run by benchmarks/gpu/network_check.sh, or ``python -m coffea_sonic.bench.gpu.network_check``
+(root; on the GPU machines pyroute2 does the netlink work,
 as they have no ``ip``/``tc``). Two served runs of the same analysis, same files, same workers:
 
 * ``same-host``: LocalTritonServer in this network namespace, the default URL (``auto`` picks

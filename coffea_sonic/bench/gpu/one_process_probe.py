@@ -13,7 +13,7 @@ For ``emtrk_cnn`` chunks of 2048 rows (18.9 MB) on one GPU, median milliseconds 
 
 Run on a GPU machine after ``source benchmarks/gpu/triton-gpu-env.sh .device``::
 
-    python3 benchmarks/gpu/one_process_probe.py --out $OUT
+    python3 -m coffea_sonic.bench.gpu.one_process_probe --out $OUT
 """
 
 from __future__ import annotations
@@ -34,7 +34,11 @@ MODEL, ROWS = "emtrk_cnn", 2048
 
 
 def timed(function: Callable[[], Any], repeats: int = 40, warm: int = 5) -> float:
-    """Median wall milliseconds of ``function()`` (which must synchronise what it starts)."""
+    """Median wall milliseconds of ``function()`` (which must synchronise what it starts).
+
+    >>> timed(lambda: None, repeats=3, warm=1) >= 0
+    True
+    """
     for _ in range(warm):
         function()
     samples = []
@@ -117,10 +121,10 @@ def served(results: dict[str, float], label: str, extra_args: list[str]) -> None
         model.close()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results: dict[str, float] = {}
     args.out.mkdir(parents=True, exist_ok=True)
     steps = [lambda: in_process(results), lambda: served(results, "default server", []),

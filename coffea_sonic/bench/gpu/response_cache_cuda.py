@@ -4,11 +4,12 @@ and three times with ``transport="auto"`` (which, for a model with the response 
 system shared memory) to one embedded GPU server with ``response_cache``; prints and writes (to
 ``$OUT/response_cache_cuda.json``) executions, cache hits and misses per transport.
 
-    python3 benchmarks/gpu/response_cache_cuda.py     (after triton-gpu-env.sh, see cache_check.sh)
+    python3 -m coffea_sonic.bench.gpu.response_cache_cuda   # after triton-gpu-env.sh
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -20,7 +21,8 @@ from coffea_sonic.routing import clear_routers
 from coffea_sonic.server import LocalTritonServer
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     results = {}
     with LocalTritonServer(models=["emtrk_cnn"], device="gpu", response_cache="1GB") as server:
         for seed, transport in enumerate(("cuda", "auto")):
@@ -42,6 +44,7 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "."))
     out.mkdir(parents=True, exist_ok=True)
     (out / "response_cache_cuda.json").write_text(json.dumps(results, indent=2))
+    return 0
 
 
 if __name__ == "__main__":

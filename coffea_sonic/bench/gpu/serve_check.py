@@ -8,7 +8,8 @@
 
 Writes a JSON summary (``--out``) and prints it. Runs on the CPU box too (``--device cpu``).
 
-    python benchmarks/gpu/serve_check.py --device gpu --model emtrk_cnn --out $OUT/serve_check.json
+    python -m coffea_sonic.bench.gpu.serve_check --device gpu --model emtrk_cnn \
+        --out $OUT/serve_check.json
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def compare_engines(model: str, rows: int, repetitions: int) -> dict:
     return result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="gpu", choices=("cpu", "gpu", "auto"))
@@ -139,7 +140,7 @@ def main() -> int:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", default="serve_check.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     summary = {"serve": check_serve(args.device, args.model, min(args.rows, 256), args.timeout),
                "engines": compare_engines(args.model, args.rows, args.repetitions)}
     Path(args.out).write_text(json.dumps(summary, indent=1, default=str))

@@ -6,7 +6,8 @@ Serves every zoo model on the GPU (``LocalTritonServer(device=DEVICE)``, the def
 sends ``--rows`` rows of each through a default ``TritonModel``, and compares with the CPU engine
 (onnxruntime: the reference shadow validation uses) by :func:`coffea_sonic.shadow.divergence`.
 
-    python benchmarks/gpu/shadow_tolerance.py --device gpu --rows 20000 --out $OUT/shadow_tolerance.json
+    python -m coffea_sonic.bench.gpu.shadow_tolerance --device gpu --rows 20000 \
+        --out $OUT/shadow_tolerance.json
 """
 
 from __future__ import annotations
@@ -46,14 +47,14 @@ def measure(device: str, rows: int, models: list[str]) -> dict:
     return found
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="gpu", choices=["cpu", "gpu"])
     parser.add_argument("--rows", type=int, default=20000)
     parser.add_argument("--models", nargs="+", default=None,
                         help="zoo models (default: every one that is not a pipeline)")
     parser.add_argument("--out", default="shadow_tolerance.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     models = args.models or [n for n in zoo.names() if n not in zoo.pipeline_names()]
     started = time.time()
     results = measure(args.device, args.rows, models)
@@ -64,6 +65,7 @@ def main() -> None:
     with open(args.out, "w") as handle:
         json.dump(summary, handle, indent=1)
     print(json.dumps({k: v for k, v in summary.items() if k != "models"}))
+    return 0
 
 
 if __name__ == "__main__":

@@ -39,9 +39,6 @@ _GPU_RUN = "GPU-only: moving it changes code no GPU here can rerun"
 #: scripts under benchmarks/ that still hold logic of their own, each with why it is not a
 #: ``coffea-sonic bench`` scenario yet
 SCRIPTS_WITH_OWN_LOGIC: dict[str, str] = {
-    "benchmarks/transport/bench_transport.py": "the transport before/after study against a "
-                                               "patched old model.py; its GPU plan: " + _GPU_RUN,
-    "benchmarks/transport/plot_transport.py": "plots bench_transport's JSON",
     "benchmarks/transport/wrapper_vs_tritonmodel.py": "coffea's triton_wrapper vs TritonModel "
                                                       "study with py-spy profiles",
 }

@@ -6,8 +6,8 @@
 #   device run:  bash benchmarks/transport/run_on_device.sh      (carry: .devtransport)
 #
 # 1. the CUDA shared-memory tests of tests/test_shm_transport.py (a GPU tritonserver, a fake one);
-# 2. bench_transport.py --plan gpu: before/after tables, GPU utilisation, server profile,
-#    served == in-process check; JSON + log into $OUT.
+# 2. bench_transport.py --plan gpu (coffea-sonic bench transport): rows/s and GB/s per transport,
+#    GPU utilisation, server profile; JSON, table, figure + log into $OUT.
 set -uo pipefail
 DEV=${DEV:-.devtransport}
 OUT=${OUT:-/tmp/transport-out}

@@ -1,0 +1,88 @@
+"""``coffea-sonic bench transport``: rows/s and GB/s per transport, client processes and server.
+
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
+>>> _ = register(parser.add_subparsers())
+>>> args = parser.parse_args(["transport", "--plan", "gpu", "--only", "shm,cuda", "--out", "o"])
+>>> args.plan, args.transports, args.output, args.duration, args.tag
+('gpu', ['shm', 'cuda'], 'o', 4.0, None)
+>>> parser.parse_args(["transport", "--replot", "results-cpu.json"]).replot
+'results-cpu.json'
+
+The choices are the bench's own (listed here so that registering imports nothing heavy):
+
+>>> from coffea_sonic.bench.transport_bench import PLANS
+>>> from coffea_sonic.bench.transport_clients import KINDS
+>>> sorted(PLANS) == list(_PLANS) and sorted(KINDS) == sorted(_KINDS)
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ...cliargs import add_list_option
+from . import add_numbers, print_written, scenario_parser
+
+_KINDS = ("tritonclient", "grpc", "http", "shm", "cuda", "local")
+_PLANS = ("cpu", "gpu", "quick")
+
+_DESCRIPTION = """\
+One real tritonserver (embedded; on a GPU machine the one triton-gpu-env.sh points to) serves the
+plan's zoo models (python backend) and payload_sink (emtrk_cnn's input, one float back: only the
+transport works). Each entry of the plan (transport, model, rows per request, client processes,
+requests in flight) gets one --duration window: spawned client processes start together and send
+back to back; rows/s and input GB/s are counted inside the window, beside Triton's statistics
+(queue, compute input / infer / output per request, average batch) and GPU utilisation.
+Transports: tritonclient (stock tritonclient.grpc infer, the baseline), grpc, http, shm, cuda (GPU
+inputs; GPU only), local (the in-process engine). Writes results-TAG.json, results-TAG.md and
+transport-TAG.png into -o DIR (TAG: --tag, default the plan).
+
+examples:
+  coffea-sonic bench transport --plan quick --duration 1            # a look (under a minute)
+  coffea-sonic bench transport --plan cpu -o benchmarks/results/cpu2-transport-bench
+  coffea-sonic bench transport --plan gpu --instances 4 --tag h100  # on a GPU machine
+  coffea-sonic bench transport --replot results-cpu.json -o figures # table + figure again
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``transport`` to the ``bench`` scenarios."""
+    parser = scenario_parser(subparsers, "transport", description=_DESCRIPTION,
+                             help="rows/s and GB/s per transport, client processes and server")
+    parser.add_argument("--out", dest="output", help=argparse.SUPPRESS)  # the old script's name
+    parser.add_argument("--plan", default="cpu", choices=_PLANS,
+                        help="the windows to measure (default: cpu)")
+    add_list_option(parser, "--transports", "--only", choices=_KINDS, default=[],
+                    help="keep only these transports of the plan (default: all)")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default=None,
+                        help="the server's device (default: a GPU if one is visible)")
+    add_numbers(parser, [("--duration", float, 4.0, "seconds per window"),
+                         ("--instances", int, None,
+                          "model instances per device, None: the server's default")])
+    parser.add_argument("--staging", default="pinned", choices=["pinned", "pageable"],
+                        help="host staging of the GPU model's inputs (default: pinned)")
+    parser.add_argument("--gpu-inputs", action="store_true",
+                        help="GPU models take their inputs on the GPU (with cuda: no host copy)")
+    parser.add_argument("--tag", default=None, help="file name tag (default: the plan)")
+    parser.add_argument("--replot", metavar="JSON",
+                        help="only write the table and figure of an earlier results-TAG.json")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure (or re-draw), write, print the table; exit 1 if a window failed."""
+    from ..transport_bench import TransportBench, run_transport_bench
+    from ..transport_report import markdown, replot, write_transport_report
+
+    if args.replot:
+        print_written(replot(args.replot, args.output))
+        return 0
+    config = TransportBench(plan=args.plan, kinds=tuple(args.transports), device=args.device,
+                            duration=args.duration, instances=args.instances,
+                            staging=args.staging, gpu_inputs=args.gpu_inputs)
+    report = run_transport_bench(config)
+    print(markdown(report))
+    print_written(write_transport_report(report, args.output, args.tag or args.plan))
+    return 1 if any(record.get("errors") for record in report["records"]) else 0

@@ -328,8 +328,18 @@ def measure(run: Run, config: Server, server, pool: ClientPool, gpu: Any, durati
 
 
 def summary_markdown(report: dict) -> str:
+    """The sweep's markdown table, under a line that names the machine (card, cores) and date.
+
+    >>> machine = {"gpus": ["NVIDIA H100 80GB HBM3, 81559 MiB, 550.54"], "cpu_cores": 16,
+    ...            "cpu_model": "Intel Xeon", "date": "2026-11-27"}
+    >>> print(summary_markdown({"machine": machine, "plan": "smoke", "duration_s": 1.0,
+    ...                         "records": []}).splitlines()[0])  # doctest: +NORMALIZE_WHITESPACE
+    card: NVIDIA H100 80GB HBM3, 81559 MiB, 550.54; 16 cores (Intel Xeon); date 2026-11-27;
+    plan smoke; 1.0 s per run; chunks: emtrk_cnn 2048 rows, jet_tagger 65536
+    """
     m = report["machine"]
-    lines = [f"card: {m.get('gpu', 'none')}; {m.get('cores')} cores ({m.get('cpu', '?')}); "
+    card = " + ".join(m.get("gpus") or []) or "none"
+    lines = [f"card: {card}; {m.get('cpu_cores')} cores ({m.get('cpu_model', '?')}); "
              f"date {m.get('date')}; plan {report['plan']}; {report['duration_s']} s per run; "
              f"chunks: emtrk_cnn {CHUNK_ROWS['emtrk_cnn']} rows, jet_tagger {CHUNK_ROWS['jet_tagger']}",
              "",

@@ -35,13 +35,9 @@ LONG_FUNCTIONS: dict[str, str] = {}
 
 #: longest a thin caller under benchmarks/ may be
 THIN_CALLER_LINES = 15
-_GPU_RUN = "GPU-only: moving it changes code no GPU here can rerun"
 #: scripts under benchmarks/ that still hold logic of their own, each with why it is not a
 #: ``coffea-sonic bench`` scenario yet
-SCRIPTS_WITH_OWN_LOGIC: dict[str, str] = {
-    "benchmarks/transport/wrapper_vs_tritonmodel.py": "coffea's triton_wrapper vs TritonModel "
-                                                      "study with py-spy profiles",
-}
+SCRIPTS_WITH_OWN_LOGIC: dict[str, str] = {}
 #: GPU scripts that still open with their own copy of the prologue (written while their owners
 #: ran them on the GPU machines; the next change of each sources prologue.sh)
 OWN_PROLOGUE: set[str] = {"benchmarks/gpu/network_check.sh", "benchmarks/gpu/shadow_tolerance.sh",

@@ -185,7 +185,9 @@ class TritonModelRunner(ChunkRunner):
             close()
 
 
-def _coffea_wrapper_class():
+def coffea_wrapper_class() -> type:
+    """coffea's ``triton_wrapper`` as shipped, subclassed as a user must (``prepare_awkward``),
+    each request timed into ``latencies_s``; only ``numpy_call`` is benchmarked."""
     from coffea.ml_tools.triton_wrapper import triton_wrapper
 
     class TimedTritonWrapper(triton_wrapper):
@@ -220,7 +222,7 @@ class CoffeaWrapperRunner(ChunkRunner):
             raise ConfigurationError("mode 'coffea-wrapper' needs a server address")
         if not spec.model_version:
             raise ConfigurationError("coffea's triton_wrapper needs an explicit model version")
-        wrapper_class = _coffea_wrapper_class()
+        wrapper_class = coffea_wrapper_class()
         # The wrapper defaults to TLS for gRPC; the benchmark server speaks plain gRPC.
         self.wrapper = wrapper_class(
             f"triton+grpc://{spec.server_address}/{spec.model}/{spec.model_version}",

@@ -15,6 +15,8 @@ statistics (queue, compute input / infer / output per request, average batch, bu
 
 >>> [entry.kind for entry in PLANS["quick"]]
 ['local', 'tritonclient', 'grpc', 'http', 'shm', 'shm']
+>>> TransportBench(plan="quick", kinds=("tritonclient",)).entries()  # it blocks: 1 in flight
+[Entry(kind='tritonclient', model='payload_sink', rows=512, procs=1, in_flight=1)]
 >>> TransportBench(plan="quick", kinds=("grpc", "shm")).entries()[0]
 Entry(kind='grpc', model='payload_sink', rows=2048, procs=1, in_flight=2)
 """
@@ -71,7 +73,8 @@ PLANS: dict[str, list[Entry]] = {
         Entry("shm", "jet_tagger", 16384, 2, 2),
         Entry("tritonclient", "emtrk_cnn", 256, 1, 1),
         Entry("shm", "emtrk_cnn", 256, 1, 2),
-        *[Entry(kind, _SINK, 2048, 1, 2) for kind in ("tritonclient", "grpc", "http", "shm")],
+        Entry("tritonclient", _SINK, 2048, 1, 1),
+        *[Entry(kind, _SINK, 2048, 1, 2) for kind in ("grpc", "http", "shm")],
         *[Entry(kind, _SINK, 512, 1, 4) for kind in ("grpc", "http", "shm")],
         *[Entry(kind, _SINK, 2048, 2, 2) for kind in ("grpc", "http", "shm")],
     ],
@@ -93,6 +96,8 @@ PLANS: dict[str, list[Entry]] = {
 
 #: kinds that need a GPU (left out of a run on a CPU server)
 GPU_KINDS = ("cuda",)
+#: kinds that answer in the calling thread: one request at a time whatever ``in_flight`` says
+BLOCKING_KINDS = ("tritonclient", "local")
 
 
 @dataclass
@@ -124,7 +129,8 @@ class TransportBench:
         """The plan's entries this run measures (GPU kinds only on a GPU)."""
         if self.plan not in PLANS:
             raise ValueError(f"plan must be one of {', '.join(PLANS)}, not {self.plan!r}")
-        return [entry for entry in PLANS[self.plan]
+        return [entry._replace(in_flight=1) if entry.kind in BLOCKING_KINDS else entry
+                for entry in PLANS[self.plan]
                 if (not self.kinds or entry.kind in self.kinds)
                 and (device == "gpu" or entry.kind not in GPU_KINDS)]
 

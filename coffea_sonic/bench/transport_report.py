@@ -115,6 +115,7 @@ def _panel(axis, records: list[dict], model: str) -> None:
         axis.text(values[index], index, " " + text, va="center", fontsize=7)
     axis.set_yticks(range(len(mine)), [label(record) for record in mine], fontsize=7)
     axis.invert_yaxis()
+    axis.margins(x=0.3)  # room for the labels right of the bars
     axis.set_xlabel("tensor payload GB/s (transport-bound model)" if sink else "rows/s")
     axis.set_title(model, fontsize=9)
 

@@ -20,10 +20,9 @@ background load of a shared machine; each figure pools its phases, and
 ``light_p95_ratio_by_round`` gives each round's ratio alone (its spread).
 
 Request size: a light user sends 51 k rows/s, 8192 rows (192 KiB, the jets of ~2.7 k events) every
-160 ms; the heavy one ten times that. Until 2026-11-26 the same rows/s went as 2048 rows every
-40 ms, but then a request cost ~2.7 ms of CPU in the client (Python, gRPC) and the server (gRPC,
-python backend) around 0.7 ms of inference (measured on the 2-core box), so the scenario measured
-mostly per-request overhead; coffea-sonic itself sends a chunk's rows in requests of up to 4 MiB
+160 ms; the heavy one ten times that. Not 2048 rows every 40 ms: on a small machine such a
+request costs several times more CPU in the client and the server (gRPC, Python) than its
+inference, so the scenario would measure per-request overhead; coffea-sonic itself sends a chunk's rows in requests of up to 4 MiB
 (174 k rows of jet_tagger), so 8192 rows is still a small request. Both phases use the same size.
 
 Figures (``results.json``, key ``fairness``):

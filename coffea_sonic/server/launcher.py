@@ -48,10 +48,10 @@ from .served import install_adapters, prepare_repository
 logger = logging.getLogger(__name__)
 
 DeviceChoice = Literal["auto", "cpu", "gpu"]
-#: Model instances per GPU when not given. Each python-backend instance spends 1.5-3 ms of host
-#: work (copies, Python) per request; with 6 that hides behind the others' GPU work: on an H100
-#: with 8 client processes 4 / 6 / 8 instances gave 1.03 / 1.12 / 1.05x in-process
-#: (benchmarks/gpu/results-defaults).
+#: Model instances per GPU when not given. Each python-backend instance spends milliseconds of
+#: host work (copies, Python) per request; with 6 that hides behind the others' GPU work, and
+#: more gave nothing (benchmarks/RESULTS.md, "What sets each default"; data in
+#: benchmarks/gpu/results-defaults).
 GPU_INSTANCES = 6
 #: How many lines of the server log a failed start reports.
 LOG_TAIL_LINES = 40

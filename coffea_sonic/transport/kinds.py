@@ -40,13 +40,11 @@ class TransportKind:
 
 
 KINDS: dict[str, TransportKind] = {kind.name: kind for kind in (
-    # 9 MiB x 2, 1 connection: H100, emtrk_cnn 2048-row chunks over gRPC, 8 processes 0.84-0.89x
-    # in-process where 2 MiB x 4 gave 0.71x, 2 MiB x 8 0.68x and 4.5 MiB x 4 over 4 connections
-    # 0.78x. One process wants the opposite (0.16-0.21x here; 2.25 MiB x 8 over 4 connections
-    # 0.29-0.33x), but a server on another host serves many worker processes, so the default is
-    # theirs; a lone process sets max_request_bytes / max_in_flight /
-    # COFFEA_SONIC_GRPC_CONNECTIONS (RESULTS.md, "The gRPC path"). More connections gave nothing
-    # at 9 MiB x 2 (0.21x with 2) nor from 8 processes.
+    # gRPC's default serves many worker processes per server (a server on another host), which
+    # want few large requests; one lone process does better with smaller requests, more in
+    # flight and more connections, and sets max_request_bytes / max_in_flight /
+    # COFFEA_SONIC_GRPC_CONNECTIONS itself. No setting measured served both (RESULTS.md,
+    # "The gRPC path, one process, and NVIDIA's perf_analyzer").
     TransportKind("grpc", 9 * 2**20, 2, "coffea_sonic.transport.grpc:GrpcTransport",
                   "Triton's gRPC API"),
     TransportKind("shm", 9 * 2**20, 2, "coffea_sonic.transport.shm:SystemShmTransport",

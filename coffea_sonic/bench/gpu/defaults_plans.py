@@ -72,8 +72,8 @@ def plan_final(include_16: bool = True) -> list[Server]:
     if include_16:
         served.append(Run("triton", "emtrk_cnn", 16))
     served.append(Run("triton", "jet_tagger", 8))
-    # beside the defaults: system shared memory for GPU models too (the default until
-    # 2026-11-26, when auto began to choose CUDA memory where the client has CUDA)
+    # beside the defaults: system shared memory for GPU models too (what auto chooses where the
+    # client has no CUDA)
     served += [_t("emtrk_cnn", 1, transport="shm"), _t("emtrk_cnn", 8, transport="shm")]
     return [baselines, Server("defaults", default=True, runs=served),
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]

@@ -113,14 +113,17 @@ def submit(function: Callable[[], Any]) -> Future:
     return executor.submit(function)
 
 
-def warn_fallback(model: str, rows: int, reason: str) -> None:
-    """WARNING for the first fallback of ``model`` in this process, then at most every 30 s."""
+def warn_fallback(model: str, rows: int | None, reason: str) -> None:
+    """WARNING for the first fallback of ``model`` in this process, then at most every 30 s.
+    ``rows``: those about to run in-process (None when no server could even describe the model:
+    then every call of this process runs in-process)."""
     now = time.monotonic()
     last = _last_warning.peek(model)
     if last is None or now - last > 30.0:
         _last_warning.set(model, now)
-        logger.warning("coffea-sonic: FALLBACK: running %s in-process for %d rows because no "
-                       "server can serve it (%s)", model, rows, reason)
+        what = "its calls" if rows is None else f"{rows} rows"
+        logger.warning("coffea-sonic: FALLBACK: running %s in-process (%s) because no server can "
+                       "serve it (%s)", model, what, reason)
 
 
 def _builtin(choice: str, what: str) -> Callable[[str], Any]:

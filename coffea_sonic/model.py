@@ -74,7 +74,7 @@ from .errors import ConfigurationError, ServerUnavailableError, SonicError
 from .retry import RetryPolicy
 from .routing import get_router
 from .shadow import ShadowAction, ShadowHook, resolve_shadow
-from .stats import InferenceStats, ServerStatistics
+from .stats import InferenceStats, ServerStatistics, counted_since
 from .tracing import TraceHook
 from .transport.errors import TransportError, to_sonic_error
 from .transport.kinds import KINDS, REQUESTABLE
@@ -326,7 +326,7 @@ class TritonModel:
                             info = self.cache.offline_info(self.model_name, self.version)
                         if info is None:
                             raise
-                        fallback_module.warn_fallback(self.model_name, 0, str(error))
+                        fallback_module.warn_fallback(self.model_name, None, str(error))
                         version = self.version
                     runtime.version = version
                     runtime.info = info
@@ -420,11 +420,13 @@ class TritonModel:
                 model(inputs)
             measured.delta.queue_s, measured.delta.average_batch
         """
+        sent_before = self.stats.requests + self.stats.failed_requests
         measured = ServerDelta(before=self.server_statistics())
         try:
             yield measured
-        finally:
-            measured.delta = self.server_statistics() - measured.before
+        finally:  # once the server has counted what this model sent in the block
+            sent = self.stats.requests + self.stats.failed_requests - sent_before
+            measured.delta = counted_since(self.server_statistics, measured.before, sent)
 
 
 @dataclass

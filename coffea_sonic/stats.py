@@ -27,8 +27,9 @@ model; subtracting two snapshots gives what the server did in between (queue and
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["Counters", "InferenceStats", "ServerStatistics"]
 
@@ -230,3 +231,21 @@ class ServerStatistics(Counters):
                 cache_hit_ns=int(stats.cache_hit.ns), cache_miss_ns=int(stats.cache_miss.ns),
             )
         return total
+
+
+def counted_since(read: Callable[[], "ServerStatistics"], before: "ServerStatistics",
+                  requests: int, timeout_s: float = 5.0) -> "ServerStatistics":
+    """``read() - before`` once it counts at least ``requests`` requests (answered or failed), or
+    as it is after ``timeout_s``: Triton counts a request just after sending its answer, so a
+    read right after a call may miss the call's last requests.
+
+    >>> reads = iter([ServerStatistics(success_count=1), ServerStatistics(success_count=2)])
+    >>> counted_since(lambda: next(reads), ServerStatistics(), 2).success_count
+    2
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        delta = read() - before
+        if delta.success_count + delta.fail_count >= requests or time.monotonic() >= deadline:
+            return delta
+        time.sleep(0.01)

@@ -57,6 +57,21 @@ def wait_until_answering(*servers: LocalTritonServer) -> None:
                               f"{'lives' if server.process.poll() is None else 'exited'})")
 
 
+def _counted_since(start: list[int], requests: int, *servers: LocalTritonServer,
+                   model: TritonModel, at_least: bool = False) -> list[int]:
+    """The servers' success counts once they have counted ``requests`` more than ``start``
+    (``at_least``: or more, where an earlier test's last request may be counted late too)."""
+    def counts() -> list[int] | None:
+        now = [_served(server) for server in servers]
+        more = sum(now) - sum(start)
+        return now if more == requests or (at_least and more > requests) else None
+
+    return wait_for(counts, timeout=10, what=lambda: (
+        f"{requests} requests in the servers' statistics; counted "
+        f"{[_served(server) - s for server, s in zip(servers, start)]} since, "
+        f"the model sent {model.stats.requests} in all"))
+
+
 def _served(server: LocalTritonServer, model: str = "jet_tagger") -> int:
     return TritonModel(server.url(model)).server_statistics().success_count
 
@@ -70,19 +85,17 @@ def test_requests_balance_over_servers_that_serve_the_model(triton_server, jet_o
     # slots as requests in flight (a slot made during the counted call costs a registration
     # round trip: the likely cause when, in about one run in twenty, one server took only 2 of
     # the 40 requests; with this warm-up 0 of 12 runs did)
+    start = [_served(triton_server), _served(jet_only_server)]
     model(inputs)
-    before = [_served(triton_server), _served(jet_only_server)]
+    # Triton counts a request in its statistics just after answering it: the counted call's
+    # baseline is taken once all 40 requests of the warm-up are counted (else a late one of
+    # them is counted as the counted call's)
+    before = _counted_since(start, 40, triton_server, jet_only_server, model=model,
+                            at_least=True)
     np.testing.assert_allclose(model(inputs)["probs"],
                                reference_engine("jet_tagger", threads=1)(inputs)["probs"], atol=1e-5)
-    def shares() -> list[int] | None:
-        counted = [_served(triton_server) - before[0], _served(jet_only_server) - before[1]]
-        return counted if sum(counted) == 40 else None
-
-    # Triton counts a request in its statistics just after answering it: wait for all 40
-    counted = wait_for(shares, timeout=10, what=lambda: (
-        "40 requests in the servers' statistics; counted "
-        f"{[_served(triton_server) - before[0], _served(jet_only_server) - before[1]]}, "
-        f"the model sent {model.stats.requests} in all"))
+    after = _counted_since(before, 40, triton_server, jet_only_server, model=model)
+    counted = [a - b for a, b in zip(after, before)]
     # least outstanding requests: both get work, however much faster one of them is (the second
     # request goes to the idle server); how the 40 split depends on the servers' speeds on a
     # shared machine (one took 3 of 40 under load), so no share is asserted beyond that

@@ -26,7 +26,8 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from coffea_sonic.server import LocalTritonServer, free_port
+from coffea_sonic.server import LocalTritonServer
+from coffea_sonic.server.launcher import free_ports
 from coffea_sonic.server.launcher import server_environment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,7 +118,7 @@ class PyTritonJetTagger:
         def infer(features: np.ndarray) -> dict[str, np.ndarray]:
             return engine({"features": features})
 
-        self.ports = {kind: free_port(LOOPBACK) for kind in ("http", "grpc", "metrics")}
+        self.ports = dict(zip(("http", "grpc", "metrics"), free_ports(3, LOOPBACK)))
         config = TritonConfig(
             http_address=LOOPBACK, http_port=self.ports["http"],
             grpc_address=LOOPBACK, grpc_port=self.ports["grpc"],

@@ -113,6 +113,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Iterable[int] = ()) -> list[int]:
+    """``count`` different ports, each free on ``host`` right now and none of ``avoid``: two
+    :func:`free_port` calls may return the same port (the OS hands a freed port out again), and
+    tritonserver refuses one port for two of its endpoints.
+
+    >>> len(set(free_ports(3)))
+    3
+    """
+    ports: list[int] = []
+    seen = set(avoid)
+    while len(ports) < count:
+        port = free_port(host)
+        if port not in seen:
+            ports.append(port)
+            seen.add(port)
+    return ports
+
+
 def _cache_bytes(size: int | str | None) -> int | None:
     """Bytes of a response-cache size given as an int or text ("512MB"), None for off."""
     if size is None:
@@ -327,8 +345,9 @@ class LocalTritonServer:
         """Spawn the server and wait for it; again on new ports where one picked free was taken."""
         picked = [kind for kind, port in self.ports.items() if port == 0]
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            for kind in picked:
-                self.ports[kind] = free_port(self.host)
+            given = [port for kind, port in self.ports.items() if kind not in picked]
+            for kind, port in zip(picked, free_ports(len(picked), self.host, avoid=given)):
+                self.ports[kind] = port
             self._spawn(self._command(repository, backend_dir), workdir)
             try:
                 self._wait_ready()

@@ -226,3 +226,26 @@ def test_pipeline_benchmark_smoke_run_writes_json_and_table(server, tmp_path):
     assert all(r["events_per_s"] > 0 for r in modes.values())
     assert "| fused | 1 |" in (tmp_path / "pipeline-cpu.md").read_text()
     assert sorted(report["direct_stage_ms"]) == ["cc", "embed", "filter", "gnn", "graph"]
+
+
+def test_stages_handing_tensors_over_as_dlpack_and_warmed_at_start_equal_direct():
+    """What a GPU server runs (each instance warmed on the sample at its start, stages passing
+    DLPack tensors where they lie), on CPU: same labels as direct over gRPC, shm and HTTP."""
+    from coffea_sonic.server import LocalTritonServer
+
+    rows, counts = _with_small_events(25)
+    direct = trackgnn.run_direct(rows, counts)
+    options = {"warm_up": True, "handoff": "device"}
+    with LocalTritonServer(models=["trackgnn", "trackgnn_ensemble"], device="cpu",
+                           repository_options=options) as served:
+        for transport in ("grpc", "shm", "http"):
+            url = (f"triton+http://{served.http_address}/trackgnn_ensemble" if transport == "http"
+                   else served.url("trackgnn_ensemble"))
+            model = TritonModel(url, transport=transport, max_request_bytes=6000)
+            labels = model({"hits": rows}, counts=counts)["labels"]
+            assert model.transport_kind == transport
+            np.testing.assert_array_equal(labels, direct, err_msg=transport)
+        log = served.log_path.read_text()
+    warmed = [line for line in log.splitlines() if "warm-up" in line]
+    assert len(warmed) == 6, warmed  # the fused model and the five stages, one instance each
+    assert not any("failed" in line for line in warmed), warmed

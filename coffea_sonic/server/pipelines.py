@@ -9,9 +9,13 @@
 Both take the ragged convention of :mod:`coffea_sonic.ragged` (``hits [-1, 3]`` FP32 with
 ``hits__counts``, per-hit ``labels [-1]`` INT64). Every model folder holds ``model.py``
 (``trackgnn_model.py.tmpl``), the pipeline's numeric code ``trackgnn_pipeline.py`` and
-``trackgnn_labels.py`` (the modules an in-process run imports) and the weights ``trackgnn.npz``: a repository runs without
-coffea-sonic installed on the server (torch and numpy < 2 are needed; scipy is used when
-present).
+``trackgnn_labels.py`` (the modules an in-process run imports), the weights ``trackgnn.npz``
+and a sample of events ``trackgnn_warmup.npz``: a repository runs without coffea-sonic
+installed on the server (torch and numpy < 2 are needed; scipy is used when present).
+
+On a GPU each instance runs the pipeline on the sample when it starts (``warm_up``), and the
+ensemble's stages pass their tensors to each other in GPU memory (``handoff: device``); on a
+CPU neither (a CPU process has little to warm, and its tensors live on the host anyway).
 
 >>> import tempfile
 >>> repo = write_pipeline(tempfile.mkdtemp(), "trackgnn_ensemble")
@@ -47,39 +51,65 @@ PIPELINE_MODELS: tuple[str, ...] = trackgnn.SERVED_NAMES
 #: Requests a pipeline model takes in one batch (each request is one group of whole events).
 MAX_BATCH_SIZE = 64
 
+#: Events of the sample each GPU instance runs when it starts (its largest call; it also runs
+#: the first half and quarter of them).
+WARM_UP_EVENTS = 400
+HANDOFFS = ("host", "device")
+
 _HITS = TensorInfo("hits", "FP32", (3,))
 _LABELS = TensorInfo("labels", "INT64", ())
 
 
-def fused_config(device: Device = "cpu", instances: int = 1,
-                 intra_op_threads: int = 0) -> model_config_pb2.ModelConfig:
+def fused_config(device: Device = "cpu", instances: int = 1, intra_op_threads: int = 0,
+                 warm_up: bool | None = None) -> model_config_pb2.ModelConfig:
     """The ``ModelConfig`` of the fused ``trackgnn`` model (ragged, python backend).
+    ``warm_up``: run the sample at each instance's start (None: on a GPU).
 
     >>> config = fused_config()
     >>> [(i.name, list(i.dims)) for i in config.input], config.parameters["stage"].string_value
     ([('hits', [-1, 3]), ('hits__counts', [-1])], 'fused')
+    >>> fused_config("gpu").parameters["warm_up"].string_value
+    'yes'
     """
     return ragged_model_config(
         trackgnn.NAME, [_HITS], [_LABELS], device=device, instances=instances,
         max_batch_size=MAX_BATCH_SIZE,
-        parameters={"stage": "fused", "intra_op_threads": str(intra_op_threads)})
+        parameters={"stage": "fused", "intra_op_threads": str(intra_op_threads),
+                    "warm_up": _yes(device == "gpu" if warm_up is None else warm_up)})
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 def stage_config(stage: str, device: Device = "cpu", instances: int = 1,
-                 intra_op_threads: int = 0) -> model_config_pb2.ModelConfig:
+                 intra_op_threads: int = 0, warm_up: bool | None = None,
+                 handoff: str | None = None) -> model_config_pb2.ModelConfig:
     """The ``ModelConfig`` of stage model ``trackgnn_<stage>`` (python backend, one request at a
-    time; every tensor ``[1, rows, ...]``).
+    time; every tensor ``[1, rows, ...]``). ``warm_up`` (None: on a GPU) and ``handoff``
+    (:data:`HANDOFFS`; None: ``device`` on a GPU, else ``host``) as in the module's text.
 
     >>> [o.name for o in stage_config("graph").output]
     ['graph_edges']
+    >>> gpu = stage_config("gnn", "gpu")
+    >>> gpu.parameters["handoff"].string_value, gpu.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value
+    ('device', 'no')
     """
     if stage not in stages.STAGE_TENSORS:
         raise ConfigurationError(f"no trackgnn stage {stage!r}; stages: {list(stages.STAGES)}")
+    handoff = handoff or ("device" if device == "gpu" else "host")
+    if handoff not in HANDOFFS:
+        raise ConfigurationError(f"handoff must be one of {HANDOFFS}, not {handoff!r}")
     config = model_config_pb2.ModelConfig(name=f"trackgnn_{stage}", backend="python",
                                           max_batch_size=MAX_BATCH_SIZE)
     config.parameters["stage"].string_value = stage
     config.parameters["device"].string_value = device
     config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
+    config.parameters["warm_up"].string_value = _yes(device == "gpu" if warm_up is None
+                                                     else warm_up)
+    config.parameters["handoff"].string_value = handoff
+    # inputs that arrive in GPU memory (the previous stage's outputs) stay there
+    config.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value = _yes(handoff == "host")
     inputs, outputs = stages.STAGE_TENSORS[stage]
     for declared, (name, datatype, dims) in ([(config.input.add(), t) for t in inputs]
                                              + [(config.output.add(), t) for t in outputs]):
@@ -118,25 +148,55 @@ def _files(link: bool) -> dict[str, Path]:
             "trackgnn.npz": trackgnn.weights_path()}
 
 
-def _write_python(dest: Path, config: model_config_pb2.ModelConfig, link: bool) -> Path:
+def write_warm_up_sample(path: str | os.PathLike, events: int = WARM_UP_EVENTS) -> Path:
+    """Write the synthetic events a starting instance runs (``hits`` ``[R, 3]`` float32 and
+    ``counts`` ``[events]`` int64, :mod:`coffea_sonic.data.hits`, a seed of its own) to ``path``.
+
+    >>> import tempfile, numpy as np
+    >>> with np.load(write_warm_up_sample(Path(tempfile.mkdtemp()) / "w.npz", 5)) as sample:
+    ...     len(sample["counts"]), int(sample["counts"].sum()) == len(sample["hits"])
+    (5, True)
+    """
+    import numpy as np
+
+    from ..data.hits import generate_hits
+
+    drawn = generate_hits(events, seed=20261127)
+    fields = drawn["fields"]
+    hits = np.stack([fields["x"], fields["y"], fields["z"]], axis=1).astype(np.float32)
+    path = Path(path)
+    with open(path, "wb") as sink:
+        np.savez(sink, hits=hits, counts=np.asarray(drawn["counts"], dtype=np.int64))
+    return path
+
+
+def _write_python(dest: Path, config: model_config_pb2.ModelConfig, link: bool,
+                  sample: Path | None) -> Path:
+    """Write one python-backend model; its warm-up sample is ``sample`` (linked or copied), or
+    drawn into its folder when None. Returns the sample's path."""
     template = resources.files(__package__) / "trackgnn_model.py.tmpl"
     folder = write_model(dest, config, {"model.py": template.read_text()})
-    for name, source in _files(link).items():
+    sources = _files(link)
+    if sample is not None:
+        sources["trackgnn_warmup.npz"] = sample
+    for name, source in sources.items():
         target = folder / "1" / name
         if link:
             target.symlink_to(source.resolve())
         else:
             shutil.copyfile(source, target)
-    return folder
+    return sample or write_warm_up_sample(folder / "1" / "trackgnn_warmup.npz")
 
 
 def write_pipeline(dest: str | os.PathLike, name: str, *, device: Device = "cpu",
-                   instances: int = 1, intra_op_threads: int = 0, link: bool = False) -> Path:
+                   instances: int = 1, intra_op_threads: int = 0, link: bool = False,
+                   warm_up: bool | None = None, handoff: str | None = None) -> Path:
     """Write pipeline model ``name`` (:data:`PIPELINE_MODELS`) into repository ``dest``: the
     fused model, or the ensemble with its stage models. Returns ``dest``.
 
     ``instances``: model instances (per GPU with ``device="gpu"``) of the fused model and of each
-    stage model; ``link``: symlink the code and weights instead of copying them.
+    stage model; ``link``: symlink the code and weights instead of copying them; ``warm_up`` and
+    ``handoff``: see :func:`stage_config` (None: the device's default).
     """
     if name not in PIPELINE_MODELS:
         raise ConfigurationError(f"no pipeline model {name!r}; pipelines: {list(PIPELINE_MODELS)}")
@@ -145,10 +205,13 @@ def write_pipeline(dest: str | os.PathLike, name: str, *, device: Device = "cpu"
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     if name == trackgnn.NAME:
-        _write_python(dest, fused_config(device, instances, intra_op_threads), link)
+        _write_python(dest, fused_config(device, instances, intra_op_threads, warm_up), link,
+                      None)
     else:
+        sample = None
         for stage in stages.STAGES:
-            _write_python(dest, stage_config(stage, device, instances, intra_op_threads), link)
+            sample = _write_python(dest, stage_config(stage, device, instances, intra_op_threads,
+                                                      warm_up, handoff), link, sample)
         folder = dest / trackgnn.ENSEMBLE_NAME
         if folder.exists():
             shutil.rmtree(folder)
@@ -179,11 +242,13 @@ def write_models(dest: str | os.PathLike, models: Iterable[str] | None = None, *
             f"{pipelines} run on the python backend only (torch stages), not {backend!r}; "
             "export them with backend='python'")
     dest = Path(dest)
+    pipeline_options = {key: config_options.pop(key) for key in ("warm_up", "handoff")
+                        if key in config_options}
     if singles is None or singles:
         write_repository(dest, singles, backend=backend, device=device, instances=instances,
                          link=link, **config_options)
     threads = int(config_options.get("intra_op_threads", 0) or 0)
     for name in pipelines:
         write_pipeline(dest, name, device=device, instances=instances, link=link,
-                       intra_op_threads=threads)
+                       intra_op_threads=threads, **pipeline_options)
     return dest

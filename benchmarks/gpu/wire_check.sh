@@ -21,6 +21,12 @@
 # 3. pipeline_bench.py --clients 1: trackgnn direct, fused, ensemble from one client, with the
 #    served models' per-stage times (TRACKGNN_STAGE_TIMES) beside the direct call's.
 # Writes defaults-accept.json/.md, reference/, pipeline-gpu.json/.md, stage-times.jsonl and logs.
+#
+# `bash benchmarks/gpu/wire_check.sh pipeline` (about 5 minutes with setup): trackgnn direct,
+# fused and ensemble from 1 and 8 clients at the server's defaults (instances warmed at start,
+# the ensemble's stages handing tensors over on the GPU), then direct and ensemble again with
+# the stages passing numpy through the host (--handoff host). Writes pipeline-device/ and
+# pipeline-host/ (pipeline-gpu.json/.md, log), stage-times.jsonl of the first.
 set -uo pipefail
 DEV=${DEV:-.device}
 MODE=${1:-all}
@@ -41,6 +47,19 @@ sys.exit(run(['emtrk_cnn'], sys.argv[1].split(','), False, '$OUT/reference', Non
              batches=[2048], concurrency=[int(c) for c in sys.argv[2:]], window_s=$3))" "$2" "${@:4}" \
     2>&1 | grep --line-buffered -v "$quiet" | tee "$OUT/reference-log.txt" | tail -12
 }
+if [ "$MODE" = pipeline ]; then
+  echo "== trackgnn, server defaults ($SECONDS s so far)"
+  mkdir -p "$OUT/pipeline-device" "$OUT/pipeline-host"
+  TRACKGNN_STAGE_TIMES=$(cd "$OUT" && pwd)/stage-times.jsonl timeout 260 python3 benchmarks/pipeline_bench.py \
+    --device gpu --clients 1 8 --duration 6 --out "$OUT/pipeline-device" 2>&1 | grep -v "$quiet" \
+    | tee "$OUT/pipeline-device/log.txt" | tail -16
+  echo "== trackgnn, stages through the host ($SECONDS s so far)"
+  timeout 170 python3 benchmarks/pipeline_bench.py --device gpu --clients 1 8 --duration 6 \
+    --modes direct ensemble --handoff host --out "$OUT/pipeline-host" 2>&1 | grep -v "$quiet" \
+    | tee "$OUT/pipeline-host/log.txt" | tail -12
+  echo "done in $SECONDS s"; ls -la "$OUT"
+  exit 0
+fi
 if [ "$MODE" = accept ]; then
   timeout 80 python3 benchmarks/gpu/defaults_sweep.py --plan accept --out "$OUT" --budget 62 2>&1 \
     | grep --line-buffered -v "^INFO:coffea\|$quiet" | tee "$OUT/defaults-accept-log.txt" | tail -14

@@ -226,6 +226,8 @@ class PipelineConfig:
     gpu: int = 0
     instances: int | None = None
     server: str | None = None
+    #: how the ensemble's stages pass tensors (None: the server's default for the device)
+    handoff: str | None = None
 
 
 def _start_server(config: PipelineConfig, report: dict) -> Any:
@@ -240,7 +242,8 @@ def _start_server(config: PipelineConfig, report: dict) -> Any:
         began = time.time()
         server = LocalTritonServer(
             models=list(SERVED.values()), device=config.device, instances=config.instances,
-            gpus=[config.gpu] if config.device == "gpu" else None, startup_timeout_s=240).start()
+            gpus=[config.gpu] if config.device == "gpu" else None, startup_timeout_s=240,
+            repository_options={"handoff": config.handoff} if config.handoff else None).start()
         logger.info("server ready in %.1f s", time.time() - began)
     report["served_equals_direct"] = _verify(server, config.device, config.events, config.gpu)
     logger.info("served labels equal to direct (fraction of hits): %s",
@@ -303,6 +306,7 @@ def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
     records: list[dict] = []
     report = {"machine": machine_info(), "device": config.device,
               "events_per_call": config.events, "duration_s": config.duration,
+              "handoff": config.handoff or ("device" if config.device == "gpu" else "host"),
               "records": records}
     server = None
     pool = ClientPool(max(config.clients), _run_task)

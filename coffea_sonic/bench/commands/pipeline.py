@@ -48,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         ("--duration", float, 6.0, "seconds per run"),
         ("--gpu", int, 0, "--device gpu: the one GPU the server and the direct runs use"),
         ("--instances", int, None, "model instances per GPU (None: LocalTritonServer's)")])
+    parser.add_argument("--handoff", choices=("host", "device"), default=None,
+                        help="how the ensemble's stages pass tensors to each other: as numpy "
+                             "through the host, or as DLPack tensors where they lie (default: "
+                             "device on a GPU, host on a CPU)")
     parser.add_argument("--server", default=None, metavar="HOST:PORT",
                         help="use this running server's gRPC address (serving trackgnn and "
                              "trackgnn_ensemble) instead of starting one")
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
 
     config = PipelineConfig(device=args.device, clients=args.clients, modes=args.modes,
                             events=args.events, duration=args.duration, gpu=args.gpu,
-                            instances=args.instances, server=args.server)
+                            instances=args.instances, server=args.server,
+                            handoff=args.handoff)
     report, text = run_pipeline(config, args.output)
     print(text, flush=True)
     return 1 if any("error" in record for record in report["records"]) else 0

@@ -344,17 +344,30 @@ class TrackPipeline:
         hits = np.asarray(hits, dtype=np.float32).reshape(-1, 3)
         counts = (np.array([len(hits)], dtype=np.int64) if counts is None
                   else np.asarray(counts, dtype=np.int64).reshape(-1))
+        return self._run(hits, counts, timings)
+
+    def _run(self, hits: np.ndarray, counts: np.ndarray, timings: dict[str, float] | None,
+             until: str = "cc") -> Any:
+        """The stages in order up to ``until``; the labels when that is ``cc``."""
         mark = _StageClock(self.torch, self.device, timings)
         with self.torch.inference_mode():
             rows = self._hits(hits)
             embedding = self.embed(rows)
             mark("embed")
+            if until == "embed":
+                return None
             edges = self.graph(rows, embedding, counts)
             mark("graph")
+            if until == "graph":
+                return None
             edges = self.filter(rows, embedding, edges)
             mark("filter")
+            if until == "filter":
+                return None
             edges = self.gnn(rows, edges)
             mark("gnn")
+            if until == "gnn":
+                return None
             labels = self.components(edges, len(hits), counts)
             mark("cc")
             return labels
@@ -406,9 +419,10 @@ class TrackPipeline:
                 return {"gnn_edges": self.gnn(hits, tensor("filter_edges", (-1, 2)))}
             return {"labels": self.components(tensor("gnn_edges", (-1, 2)), rows, counts)}
 
-    def warm_up(self, hits: np.ndarray, counts: np.ndarray, parts: int = 3) -> float:
-        """Run the whole pipeline on the first 1/2**k of the events of a sample (k = parts - 1
-        ... 0) and return the seconds it took.
+    def warm_up(self, hits: np.ndarray, counts: np.ndarray, parts: int = 3,
+                until: str = "cc") -> float:
+        """Run the pipeline up to stage ``until`` on the first 1/2**k of the events of a sample
+        (k = parts - 1 ... 0) and return the seconds it took.
 
         A fresh process pays its first calls' one-time costs (BLAS handles, kernels loaded on
         first use, the allocator's first blocks of each size) inside the first requests
@@ -419,13 +433,18 @@ class TrackPipeline:
         >>> rows = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32) * 30
         >>> pipeline.warm_up(rows, np.array([10, 10, 20])) >= 0
         True
+        >>> pipeline.warm_up(rows, np.array([10, 10, 20]), until="embed") >= 0  # a stage model's
+        True
         """
+        if until not in STAGES:
+            raise ValueError(f"no trackgnn stage {until!r}; stages: {list(STAGES)}")
         began = time.perf_counter()
+        hits = np.asarray(hits, dtype=np.float32).reshape(-1, 3)
         counts = np.asarray(counts, dtype=np.int64).reshape(-1)
         bounds = np.concatenate([[0], np.cumsum(counts)])
         for k in reversed(range(parts)):
             events = max(1, len(counts) >> k)
-            self.run(hits[:bounds[events]], counts[:events])
+            self._run(hits[:bounds[events]], counts[:events], None, until)
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
         return time.perf_counter() - began

@@ -173,9 +173,14 @@ def filter_logits(nets: Any, feats: Any, embedding: Any, edges: Any, geometry: A
 
 
 def best_outgoing(edges: Any, scores: Any, cut: float, rows: int) -> Any:
-    """The edges scoring over ``cut`` that are the best-scoring outgoing edge of their source:
-    each hit links to at most one hit further out, so a wrong edge beside a right one cannot
-    merge two tracks into one component (order kept).
+    """The edges scoring over ``cut`` that are the best-scoring outgoing edge of their source
+    (the first of equal best ones): each hit links to at most one hit further out, so a wrong
+    edge beside a right one cannot merge two tracks into one component (order kept).
+
+    >>> import torch
+    >>> edges = torch.tensor([[0, 1], [0, 2], [1, 2], [1, 3]])
+    >>> best_outgoing(edges, torch.tensor([1.0, 1.0, 0.7, 0.9]), 0.5, 4).tolist()
+    [[0, 1], [1, 3]]
 
     (Also requiring the best incoming edge of the target breaks tracks: a track's edges that
     skip a layer are right too, and often win.)"""
@@ -183,7 +188,15 @@ def best_outgoing(edges: Any, scores: Any, cut: float, rows: int) -> Any:
 
     fill = torch.full((rows,), -math.inf, dtype=scores.dtype, device=scores.device)
     best = fill.scatter_reduce(0, edges[:, 0], scores, reduce="amax")
-    return edges[(scores > cut) & (scores == best[edges[:, 0]])]
+    kept = edges[(scores > cut) & (scores == best[edges[:, 0]])]
+    # equal best scores (a float32 sigmoid is exactly 1 past a logit of about 17) would give a
+    # hit two links outwards, and the labelling would leave the GPU for the host's general
+    # connected components: keep the first (edges come in (source, target) order)
+    if len(kept) > 1:
+        first = torch.ones(len(kept), dtype=torch.bool, device=kept.device)
+        first[1:] = kept[1:, 0] != kept[:-1, 0]
+        kept = kept[first]
+    return kept
 
 
 def pair_chunks(counts: np.ndarray, budget: int = PAIR_BUDGET) -> list[tuple[int, int]]:

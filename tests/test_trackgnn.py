@@ -249,3 +249,23 @@ def test_stages_handing_tensors_over_as_dlpack_and_warmed_at_start_equal_direct(
     warmed = [line for line in log.splitlines() if "warm-up" in line]
     assert len(warmed) == 6, warmed  # the fused model and the five stages, one instance each
     assert not any("failed" in line for line in warmed), warmed
+
+
+def test_float32_scores_still_leave_each_hit_one_link_outwards():
+    """On a GPU the networks run in float32, whose sigmoid saturates at exactly 1: equal best
+    scores must not leave a hit two links outwards (the labelling then leaves the device)."""
+    import torch
+
+    from coffea_sonic.zoo.trackgnn_labels import forest_labels
+
+    rows, counts, _ = _fresh(60)
+    pipeline = pipeline_code.TrackPipeline(pipeline_code.load_weights(str(trackgnn.weights_path())),
+                                           "cpu")
+    pipeline.dtype, pipeline.nets = torch.float32, pipeline.nets.to(torch.float32)
+    with torch.inference_mode():
+        hits = pipeline._hits(rows.astype(np.float32))
+        embedding = pipeline.embed(hits)
+        edges = pipeline.filter(hits, embedding, pipeline.graph(hits, embedding, counts))
+        kept = pipeline.gnn(hits, edges)
+    assert int(torch.bincount(kept[:, 0], minlength=len(rows)).max()) == 1
+    assert forest_labels(kept, len(rows), counts, 3) is not None

@@ -203,6 +203,17 @@ class Window:
             # started outside the lock: starting may complete (and release) synchronously
             self._start(piece)
 
+    def resize(self, limit: int) -> None:
+        """Make ``limit`` the most requests in flight (from now on; requests in flight over it
+        finish)."""
+        with self._lock:
+            if limit == self._max_limit:
+                return
+            grew = limit > self._max_limit
+            self._max_limit = limit
+            self._limit = float(limit) if grew else min(self._limit, float(limit))
+        self.pump()
+
     @property
     def in_flight(self) -> int:
         return self._in_flight

@@ -81,6 +81,7 @@ from .errors import (InferenceError, ModelNotFoundError, QuotaExceededError,
 from .hooks import CallHooks, PieceAnswer
 from .retry import RetryPolicy, call_later
 from .routing import Router
+from .sizing import ShareSizer, server_requests
 from .stats import InferenceStats
 from .transport.base import InferAnswer, InferRequest
 from .transport.errors import TransportError, to_sonic_error
@@ -130,6 +131,8 @@ class CallRunner:
         self.kind = ""
         self.lock = threading.Lock()
         self._stats_lock = stats_lock
+        self.sizer = ShareSizer(lambda: server_requests(router, self.model_name, self.version,
+                                                        owner.timeout_s))
 
     @property
     def model_name(self) -> str:
@@ -174,7 +177,8 @@ class CallRunner:
             call.done.set()
             return InferenceHandle(self, call)
         window, kind = self.sized_window()
-        cap = self.owner.max_request_bytes or transport_kind(kind).max_request_bytes
+        cap = self.owner.max_request_bytes or self.sizer.request_bytes(
+            kind, self.owner.max_in_flight, self.owner.stats.requests, window)
         plan = plan_pieces(info, arrays, rows, cap) if ragged is None else ragged.plan(cap)
         call.pieces = [Piece(call, index, start, stop, pad)
                        for index, (start, stop, pad) in enumerate(plan)]

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "coffea_sonic.dispatch", "coffea_sonic.hooks",
                 "coffea_sonic.answers", "coffea_sonic.retry", "coffea_sonic.endpoints",
                 "coffea_sonic.discovery", "coffea_sonic.provenance",
-                "coffea_sonic.shadow")),
+                "coffea_sonic.shadow", "coffea_sonic.sizing")),
     ("glue", ("coffea_sonic.processor", "coffea_sonic.columns", "coffea_sonic.friends")),
     ("top", ("coffea_sonic.zoo", "coffea_sonic.engines", "coffea_sonic.server",
              "coffea_sonic.data", "coffea_sonic.examples", "coffea_sonic.demo",

@@ -22,6 +22,11 @@
 #    served models' per-stage times (TRACKGNN_STAGE_TIMES) beside the direct call's.
 # Writes defaults-accept.json/.md, reference/, pipeline-gpu.json/.md, stage-times.jsonl and logs.
 #
+# `bash benchmarks/gpu/wire_check.sh share` (about 4 minutes with setup): gRPC forced at its
+# defaults (sized by the process's share of the server's work) and at the fixed 9 MiB x 2, from 1
+# and 8 processes (defaults_sweep --plan share), then perf_analyzer over gRPC (c 1 and 8) beside
+# a default TritonModel. Writes defaults-share.json/.md, reference/ and logs.
+#
 # `bash benchmarks/gpu/wire_check.sh pipeline` (about 5 minutes with setup): trackgnn direct,
 # fused and ensemble from 1 and 8 clients at the server's defaults (instances warmed at start,
 # the ensemble's stages handing tensors over on the GPU), then direct and ensemble again with
@@ -47,6 +52,14 @@ sys.exit(run(['emtrk_cnn'], sys.argv[1].split(','), False, '$OUT/reference', Non
              batches=[2048], concurrency=[int(c) for c in sys.argv[2:]], window_s=$3))" "$2" "${@:4}" \
     2>&1 | grep --line-buffered -v "$quiet" | tee "$OUT/reference-log.txt" | tail -12
 }
+if [ "$MODE" = share ]; then
+  timeout 150 python3 benchmarks/gpu/defaults_sweep.py --plan share --duration 4 --out "$OUT" --budget 120 2>&1 \
+    | grep --line-buffered -v "^INFO:coffea\|$quiet" | tee "$OUT/defaults-share-log.txt" | tail -14
+  echo "== perf_analyzer over gRPC at matching concurrency ($SECONDS s so far)"
+  reference 70 grpc 3 1 8
+  echo "done in $SECONDS s"; ls -la "$OUT"
+  exit 0
+fi
 if [ "$MODE" = pipeline ]; then
   echo "== trackgnn, server defaults ($SECONDS s so far)"
   mkdir -p "$OUT/pipeline-device" "$OUT/pipeline-host"

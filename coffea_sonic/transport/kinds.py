@@ -40,11 +40,11 @@ class TransportKind:
 
 
 KINDS: dict[str, TransportKind] = {kind.name: kind for kind in (
-    # gRPC's default serves many worker processes per server (a server on another host), which
-    # want few large requests; one lone process does better with smaller requests, more in
-    # flight and more connections, and sets max_request_bytes / max_in_flight /
-    # COFFEA_SONIC_GRPC_CONNECTIONS itself. No setting measured served both (RESULTS.md,
-    # "The gRPC path, one process, and NVIDIA's perf_analyzer").
+    # gRPC's row serves many worker processes per server (a server on another host), which
+    # want few large requests; a process that is the server's only client gets smaller
+    # requests, more in flight (coffea_sonic.sizing, from its share of the server's requests)
+    # unless the model sets max_request_bytes or max_in_flight. No one setting served both
+    # (RESULTS.md, "The gRPC path, one process, and NVIDIA's perf_analyzer").
     TransportKind("grpc", 9 * 2**20, 2, "coffea_sonic.transport.grpc:GrpcTransport",
                   "Triton's gRPC API"),
     TransportKind("shm", 9 * 2**20, 2, "coffea_sonic.transport.shm:SystemShmTransport",

@@ -235,6 +235,18 @@ def plan_accept() -> list[Server]:
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 
-PLANS = {"accept": plan_accept, "final": plan_final, "wire": plan_wire, "wire2": plan_wire2,
+def plan_share() -> list[Server]:
+    """gRPC forced, at its defaults (requests sized by the process's share of the server's work:
+    coffea_sonic.sizing) beside the fixed shared shape (9 MiB x 2), from 1 and from 8 processes;
+    the default client (CUDA memory) from 1."""
+    grpc = _grpc
+    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
+            Server("defaults", default=True, runs=[
+                Run("verify", "emtrk_cnn"), Run("triton", "emtrk_cnn", 1),
+                grpc(1), grpc(1, 9, 2), grpc(8), grpc(8, 9, 2), grpc(1)]),
+            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+
+
+PLANS = {"accept": plan_accept, "share": plan_share, "final": plan_final, "wire": plan_wire, "wire2": plan_wire2,
          "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2,
          "cuda": plan_cuda, "smoke": plan_smoke}

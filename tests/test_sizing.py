@@ -1,0 +1,156 @@
+"""gRPC requests sized by this process's share of the server's work: small ones, many in flight,
+while a process is the server's only client; the table's few large ones while others send too.
+On a real server over gRPC; shared memory and HTTP keep their table defaults."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coffea_sonic import sizing
+from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
+from coffea_sonic.calls import Window
+from coffea_sonic.model import TritonModel
+from coffea_sonic.server import LocalTritonServer
+from coffea_sonic.sizing import ALONE, SHARED, ShareSizer
+
+#: 6.4 MB: two requests at the shared shape (the model's 65 536-row batches), three alone.
+ROWS = 100_000
+DEADLINE_S = 60
+
+
+@pytest.fixture(scope="module")
+def passthrough_server():
+    repository = write_passthrough(Path(tempfile.mkdtemp(prefix="sizing-")))
+    with LocalTritonServer(repository=repository, device="cpu") as server:
+        yield server
+
+
+def _requests_per_call(model: TritonModel, inputs: dict) -> int:
+    before = model.stats.requests
+    out = model(inputs)["y"]
+    np.testing.assert_array_equal(out, inputs["x"][:, :2])
+    return model.stats.requests - before
+
+
+def _until(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, what
+
+
+def test_the_shape_switches_with_the_share_and_holds_between_the_two_thresholds():
+    server = {"count": 0}
+    now = [0.0]
+    sizer = ShareSizer(lambda: server["count"], interval_s=1.0, clock=lambda: now[0])
+
+    def step(ours: int, others: int, answered: list[int] = [0]) -> object:  # noqa: B006
+        now[0] += 10.0  # past the longest gap between reads
+        answered[0] += ours
+        server["count"] += ours + others
+        return sizer.shape(answered[0])
+
+    assert sizer.shape(0) == SHARED
+    assert step(30, 0) == ALONE
+    assert step(30, 15) == ALONE  # 67 %: between the thresholds, kept
+    assert step(30, 40) == SHARED  # 43 %
+    assert step(30, 15) == SHARED  # 67 %: kept
+    assert step(4, 0) == SHARED  # too few requests to say
+    assert step(30, 5) == ALONE
+
+
+def test_a_server_whose_statistics_cannot_be_read_keeps_the_defaults():
+    def refuse() -> int:
+        raise PermissionError("statistics restricted")
+
+    sizer = ShareSizer(refuse, interval_s=0.0)
+    assert sizer.shape(0) == SHARED and sizer.shape(100) == SHARED
+
+
+def test_a_window_resized_down_lets_its_requests_in_flight_finish_and_starts_no_more():
+    started = []
+    window = Window(8, started.append)
+    window.submit(list(range(10)))
+    assert len(started) == 8
+    window.resize(2)
+    for _ in range(6):
+        window.release()
+    assert len(started) == 8  # 2 in flight still: no more
+    window.release()
+    assert len(started) == 9
+    window.release()
+    assert len(started) == 10
+    window.resize(8)
+    assert window.limit == 8
+
+
+def test_a_lone_process_sends_smaller_requests_and_shares_with_others_again(
+        passthrough_server, monkeypatch):
+    monkeypatch.setattr(sizing, "INTERVAL_S", 0.2)
+    monkeypatch.setattr(sizing, "MAX_INTERVAL_S", 0.8)
+    inputs = passthrough_inputs(ROWS)
+    model = TritonModel(passthrough_server.url(PASSTHROUGH), transport="grpc")
+    assert _requests_per_call(model, inputs) == 2
+    _until(lambda: _requests_per_call(model, inputs) == 3, "a lone process kept large requests")
+    assert model._runtime.window.limit == ALONE.max_in_flight
+
+    import tritonclient.grpc as grpcclient
+
+    stop, errors = threading.Event(), []
+
+    def another_client() -> None:
+        client = grpcclient.InferenceServerClient(passthrough_server.grpc_address)
+        try:
+            tensor = grpcclient.InferInput("x", [1, 16], "FP32")
+            tensor.set_data_from_numpy(passthrough_inputs(1)["x"])
+            while not stop.is_set():
+                client.infer(PASSTHROUGH, [tensor])
+        except Exception as error:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(error)
+        finally:
+            client.close()
+
+    thread = threading.Thread(target=another_client)
+    thread.start()
+    try:
+        _until(lambda: errors or _requests_per_call(model, inputs) == 2,
+               "a process sharing the server kept small requests")
+    finally:
+        stop.set()
+        thread.join()
+    if errors:
+        raise errors[0]
+    assert model._runtime.window.limit == SHARED.max_in_flight
+
+
+@pytest.mark.parametrize("transport", ["shm", "http"])
+def test_shared_memory_and_http_keep_their_table_defaults(passthrough_server, monkeypatch,
+                                                          transport):
+    monkeypatch.setattr(sizing, "INTERVAL_S", 0.0)
+    inputs = passthrough_inputs(ROWS)
+    url = (f"triton+http://{passthrough_server.http_address}/{PASSTHROUGH}"
+           if transport == "http" else passthrough_server.url(PASSTHROUGH))
+    model = TritonModel(url, transport=transport)
+    first = _requests_per_call(model, inputs)
+    assert model.transport_kind == transport
+    assert [_requests_per_call(model, inputs) for _ in range(4)] == [first] * 4
+
+
+def test_reads_grow_sparser_while_the_shape_holds_and_quicken_after_a_switch():
+    reads, now = [], [0.0]
+
+    def count() -> int:
+        reads.append(now[0])
+        return 100 * len(reads)  # this process's share stays 0 (it answers nothing)
+
+    sizer = ShareSizer(count, interval_s=0.25, clock=lambda: now[0])
+    while now[0] < 30:
+        sizer.shape(0)
+        now[0] += 0.125
+    gaps = np.diff(reads).tolist()
+    assert gaps[:5] == [0.25, 0.5, 1.0, 2.0, 4.0] and set(gaps[5:]) == {8.0}

@@ -238,13 +238,14 @@ def test_stages_handing_tensors_over_as_dlpack_and_warmed_at_start_equal_direct(
     options = {"warm_up": True, "handoff": "device"}
     with LocalTritonServer(models=["trackgnn", "trackgnn_ensemble"], device="cpu",
                            repository_options=options) as served:
-        for transport in ("grpc", "shm", "http"):
-            url = (f"triton+http://{served.http_address}/trackgnn_ensemble" if transport == "http"
-                   else served.url("trackgnn_ensemble"))
-            model = TritonModel(url, transport=transport, max_request_bytes=6000)
-            labels = model({"hits": rows}, counts=counts)["labels"]
-            assert model.transport_kind == transport
-            np.testing.assert_array_equal(labels, direct, err_msg=transport)
+        for name in ("trackgnn", "trackgnn_ensemble"):
+            for transport in ("grpc", "shm", "http"):
+                url = (f"triton+http://{served.http_address}/{name}" if transport == "http"
+                       else served.url(name))
+                model = TritonModel(url, transport=transport, max_request_bytes=6000)
+                labels = model({"hits": rows}, counts=counts)["labels"]
+                assert model.transport_kind == transport
+                np.testing.assert_array_equal(labels, direct, err_msg=f"{name} {transport}")
         log = served.log_path.read_text()
     warmed = [line for line in log.splitlines() if "warm-up" in line]
     assert len(warmed) == 6, warmed  # the fused model and the five stages, one instance each

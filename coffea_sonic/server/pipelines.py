@@ -61,21 +61,34 @@ _LABELS = TensorInfo("labels", "INT64", ())
 
 
 def fused_config(device: Device = "cpu", instances: int = 1, intra_op_threads: int = 0,
-                 warm_up: bool | None = None) -> model_config_pb2.ModelConfig:
+                 warm_up: bool | None = None,
+                 handoff: str | None = None) -> model_config_pb2.ModelConfig:
     """The ``ModelConfig`` of the fused ``trackgnn`` model (ragged, python backend).
-    ``warm_up``: run the sample at each instance's start (None: on a GPU).
+    ``warm_up`` (None: on a GPU) and ``handoff`` (inputs taken where they arrive) as for
+    :func:`stage_config`.
 
     >>> config = fused_config()
     >>> [(i.name, list(i.dims)) for i in config.input], config.parameters["stage"].string_value
     ([('hits', [-1, 3]), ('hits__counts', [-1])], 'fused')
-    >>> fused_config("gpu").parameters["warm_up"].string_value
-    'yes'
+    >>> gpu = fused_config("gpu")
+    >>> gpu.parameters["warm_up"].string_value, gpu.parameters["handoff"].string_value
+    ('yes', 'device')
     """
+    handoff = _handoff(handoff, device)
     return ragged_model_config(
         trackgnn.NAME, [_HITS], [_LABELS], device=device, instances=instances,
         max_batch_size=MAX_BATCH_SIZE,
         parameters={"stage": "fused", "intra_op_threads": str(intra_op_threads),
-                    "warm_up": _yes(device == "gpu" if warm_up is None else warm_up)})
+                    "warm_up": _yes(device == "gpu" if warm_up is None else warm_up),
+                    "handoff": handoff,
+                    "FORCE_CPU_ONLY_INPUT_TENSORS": _yes(handoff == "host")})
+
+
+def _handoff(handoff: str | None, device: Device) -> str:
+    handoff = handoff or ("device" if device == "gpu" else "host")
+    if handoff not in HANDOFFS:
+        raise ConfigurationError(f"handoff must be one of {HANDOFFS}, not {handoff!r}")
+    return handoff
 
 
 def _yes(flag: bool) -> str:
@@ -97,9 +110,7 @@ def stage_config(stage: str, device: Device = "cpu", instances: int = 1,
     """
     if stage not in stages.STAGE_TENSORS:
         raise ConfigurationError(f"no trackgnn stage {stage!r}; stages: {list(stages.STAGES)}")
-    handoff = handoff or ("device" if device == "gpu" else "host")
-    if handoff not in HANDOFFS:
-        raise ConfigurationError(f"handoff must be one of {HANDOFFS}, not {handoff!r}")
+    handoff = _handoff(handoff, device)
     config = model_config_pb2.ModelConfig(name=f"trackgnn_{stage}", backend="python",
                                           max_batch_size=MAX_BATCH_SIZE)
     config.parameters["stage"].string_value = stage
@@ -205,8 +216,8 @@ def write_pipeline(dest: str | os.PathLike, name: str, *, device: Device = "cpu"
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     if name == trackgnn.NAME:
-        _write_python(dest, fused_config(device, instances, intra_op_threads, warm_up), link,
-                      None)
+        _write_python(dest, fused_config(device, instances, intra_op_threads, warm_up, handoff),
+                      link, None)
     else:
         sample = None
         for stage in stages.STAGES:

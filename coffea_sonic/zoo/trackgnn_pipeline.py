@@ -260,7 +260,10 @@ class TrackPipeline:
         self.nets = nets.to(device=self.device, dtype=self.dtype).eval()
 
     # -- stages on torch tensors (on self.device) --------------------------------------------------
-    def _hits(self, hits: np.ndarray) -> Any:
+    def _hits(self, hits: Any) -> Any:
+        if isinstance(hits, self.torch.Tensor):  # where it lies (a server's GPU input)
+            return hits.reshape(-1, 3).to(device=self.device, dtype=self.torch.float32).to(
+                self.dtype)
         array = np.ascontiguousarray(np.asarray(hits, dtype=np.float32).reshape(-1, 3))
         return self.torch.from_numpy(array).to(self.device).to(self.dtype)
 
@@ -347,14 +350,17 @@ class TrackPipeline:
     # -- whole runs, numpy in and out -------------------------------------------------------------
     def run(self, hits: np.ndarray, counts: np.ndarray | None = None,
             timings: dict[str, float] | None = None) -> np.ndarray:
-        """Labels ``[R]`` int64 of ``hits [R, 3]`` float32 (``counts``: rows per event; None: one
-        event). Every stage on the device, one copy to the host.
+        """Labels ``[R]`` int64 of ``hits [R, 3]`` float32 (numpy, or a torch tensor on any
+        device; ``counts``: rows per event; None: one event). Every stage on the device, one
+        copy to the host.
 
         ``timings``: a dict that receives each stage's milliseconds (the device synchronised at
         each stage's end, so where a call's time goes can be compared between a server's model
         and an in-process run; None: no synchronisation added).
         """
-        hits = np.asarray(hits, dtype=np.float32).reshape(-1, 3)
+        if not isinstance(hits, self.torch.Tensor):
+            hits = np.asarray(hits, dtype=np.float32)
+        hits = hits.reshape(-1, 3)
         counts = (np.array([len(hits)], dtype=np.int64) if counts is None
                   else np.asarray(counts, dtype=np.int64).reshape(-1))
         return self._run(hits, counts, timings)

@@ -13,8 +13,9 @@ requests, below :data:`SHARED_SHARE` the table's defaults again (`transport/kind
 measurements behind the two shapes: benchmarks/RESULTS.md, "The gRPC path, one process, and
 NVIDIA's perf_analyzer".
 
-A model given ``max_request_bytes`` or ``max_in_flight`` keeps them; a server whose statistics
-cannot be read keeps the defaults.
+A model given ``max_request_bytes`` or ``max_in_flight`` keeps them; while a server's statistics
+cannot be read (restricted, or the server unreachable) the defaults hold, and the sizer asks again
+only every :data:`MAX_INTERVAL_S` seconds.
 
 >>> counts = {"server": 0}
 >>> clock = iter(range(0, 100, 3)).__next__
@@ -84,16 +85,15 @@ class ShareSizer:
         self._clock = clock
         self._current = SHARED
         self._reading = threading.Lock()
-        self._last: tuple[float, int, int] | None = None  # (when, server's count, ours)
+        self._last: tuple[int, int] | None = None  # (server's count, ours) at the last read
+        self._next_read = -float("inf")
         self._readable = True
 
     def shape(self, answered: int = 0) -> Shape:
         """The shape of the next call's requests; ``answered``: the requests this process has
         had answered for the model so far."""
-        if not self._readable:
-            return self._current
         now = self._clock()
-        if self._last is not None and now - self._last[0] < self._interval_s:
+        if now < self._next_read:
             return self._current
         if not self._reading.acquire(blocking=False):
             return self._current  # another thread reads now
@@ -116,19 +116,26 @@ class ShareSizer:
     def _measure(self, now: float, answered: int) -> None:
         try:
             counted = int(self._read())
-        except Exception as error:  # noqa: BLE001 - restricted statistics: keep the defaults
-            logger.info("coffea-sonic: the server's statistics are not readable (%s): gRPC "
-                        "requests keep their default size", error)
-            self._readable, self._current = False, SHARED
+        except Exception as error:  # noqa: BLE001 - restricted or unreachable: the defaults
+            if self._readable:
+                logger.info("coffea-sonic: the server's statistics are not readable (%s): gRPC "
+                            "requests keep their default size", error)
+            self._readable, self._current, self._last = False, SHARED, None
+            self._interval_s = self._first_interval_s
+            self._next_read = now + MAX_INTERVAL_S  # try again, seldom
             return
+        self._readable = True
+        self._next_read = now + self._interval_s
         if self._last is not None:
-            _, counted_before, answered_before = self._last
+            counted_before, answered_before = self._last
             total, ours = counted - counted_before, answered - answered_before
-            if total >= MIN_REQUESTS:
-                switched = self._switch(ours / total)
-                self._interval_s = (self._first_interval_s if switched
-                                    else min(2 * self._interval_s, MAX_INTERVAL_S))
-        self._last = (now, counted, answered)
+            if total < MIN_REQUESTS:
+                return  # the baseline stays: the next read covers a longer time
+            switched = self._switch(ours / total)
+            self._interval_s = (self._first_interval_s if switched
+                                else min(2 * self._interval_s, MAX_INTERVAL_S))
+            self._next_read = now + self._interval_s
+        self._last = (counted, answered)
 
     def _switch(self, share: float) -> bool:
         if self._current == SHARED and share >= ALONE_SHARE:
@@ -148,8 +155,9 @@ def server_requests(router: Router, model: str, version: str, timeout_s: float) 
     total, read = 0, False
     for endpoint in router.endpoints:
         if endpoint.healthy:
+            # one small call, in the caller's thread: bounded well below a request's timeout
             total += router.control(endpoint).statistics(model, version,
-                                                         min(timeout_s, 5.0)).success_count
+                                                         min(timeout_s, 1.0)).success_count
             read = True
     if not read:
         raise TransportError("down", "no reachable server to read statistics from")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 import warnings
 from pathlib import Path
 
@@ -55,6 +56,19 @@ def _jet_tagger_requests(url):
     return TritonModel(f"{url}/jet_tagger").server_statistics().inference_count
 
 
+def _settled_jet_tagger_requests(url, deadline_s: float = 10.0):
+    """The server's count once two reads 50 ms apart agree: Triton counts a request just after
+    answering it, so a read right after earlier tests' calls may not hold them all yet."""
+    previous, give_up = _jet_tagger_requests(url), time.monotonic() + deadline_s
+    while time.monotonic() < give_up:
+        time.sleep(0.05)
+        now = _jet_tagger_requests(url)
+        if now == previous:
+            return now
+        previous = now
+    raise AssertionError(f"the server's jet_tagger count kept moving for {deadline_s} s")
+
+
 @pytest.fixture(scope="module")
 def iterative_output(sample, server_url, each_transport):
     return _run(processor.IterativeExecutor(), sample, server_url)
@@ -91,7 +105,7 @@ def test_dask_awkward_path_builds_without_inference_and_computes_the_same(sample
                                                                            iterative_output):
     from coffea.dataset_tools import apply_to_fileset
 
-    before = _jet_tagger_requests(server_url)
+    before = _settled_jet_tagger_requests(server_url)
     runnable = {name: {"files": {path: "Events" for path in files}} for name, files in sample.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -64,12 +64,37 @@ def test_the_shape_switches_with_the_share_and_holds_between_the_two_thresholds(
     assert step(30, 5) == ALONE
 
 
-def test_a_server_whose_statistics_cannot_be_read_keeps_the_defaults():
-    def refuse() -> int:
-        raise PermissionError("statistics restricted")
+def test_a_server_whose_statistics_cannot_be_read_keeps_the_defaults_and_is_asked_seldom():
+    reads, now, refusing = [], [0.0], [True]
 
-    sizer = ShareSizer(refuse, interval_s=0.0)
-    assert sizer.shape(0) == SHARED and sizer.shape(100) == SHARED
+    def count() -> int:
+        reads.append(now[0])
+        if refusing[0]:
+            raise PermissionError("statistics restricted")
+        return 50 * len(reads)
+
+    sizer = ShareSizer(count, interval_s=0.25, clock=lambda: now[0])
+    for tick in range(40):  # 10 s
+        now[0] = tick * 0.25
+        assert sizer.shape(0) == SHARED
+    assert reads == [0.0, sizing.MAX_INTERVAL_S]
+    refusing[0] = False  # readable again: the share decides once more
+    now[0] = 16.0
+    sizer.shape(0)
+    now[0] = 16.25
+    assert sizer.shape(50 * len(reads) + 100) == ALONE
+
+
+def test_slow_calls_add_up_until_the_share_can_be_told():
+    server, now = {"count": 0}, [0.0]
+    sizer = ShareSizer(lambda: server["count"], interval_s=0.25, clock=lambda: now[0])
+    answered = 0
+    for _ in range(8):  # 3 requests of ours a second: under 8 per interval
+        sizer.shape(answered)
+        now[0] += 1.0
+        answered += 3
+        server["count"] += 3
+    assert sizer.shape(answered) == ALONE
 
 
 def test_a_window_resized_down_lets_its_requests_in_flight_finish_and_starts_no_more():

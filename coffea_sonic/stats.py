@@ -29,9 +29,11 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
-__all__ = ["Counters", "InferenceStats", "ServerStatistics"]
+__all__ = ["Counters", "InferenceStats", "ServerStatistics", "counted_since", "settled"]
+
+T = TypeVar("T")
 
 
 class Counters:
@@ -249,3 +251,23 @@ def counted_since(read: Callable[[], "ServerStatistics"], before: "ServerStatist
         if delta.success_count + delta.fail_count >= requests or time.monotonic() >= deadline:
             return delta
         time.sleep(0.01)
+
+
+def settled(read: Callable[[], T], gap_s: float = 0.05, timeout_s: float = 10.0) -> T:
+    """``read()`` once two reads ``gap_s`` apart agree, or the last read after ``timeout_s``:
+    where the calls a count should hold are not known, wait until the server has counted
+    whatever was answered (Triton counts a request just after sending its answer).
+
+    >>> reads = iter([1, 2, 2])
+    >>> settled(lambda: next(reads), gap_s=0.0)
+    2
+    """
+    deadline = time.monotonic() + timeout_s
+    previous = read()
+    while time.monotonic() < deadline:
+        time.sleep(gap_s)
+        now = read()
+        if now == previous:
+            return now
+        previous = now
+    return previous

@@ -54,6 +54,17 @@ def triton_server():
         yield server
 
 
+@pytest.fixture(scope="module")
+def passthrough_server(tmp_path_factory):
+    """A server of the transport-bound ``passthrough`` model (x: 16 floats -> y: 2), one per
+    module (the modules using it count its requests)."""
+    from coffea_sonic.bench.passthrough import write_passthrough
+
+    repository = write_passthrough(tmp_path_factory.mktemp("passthrough"))
+    with LocalTritonServer(repository=repository, device="cpu") as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def jet_tagger_server():
     """A second, light server with only jet_tagger (for tests that restart or kill servers)."""

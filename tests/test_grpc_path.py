@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
+from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs
 from coffea_sonic.core.endpoint import ServerSettings
 from coffea_sonic.core.tensors import TensorInfo
 from coffea_sonic.errors import ConfigurationError
 from coffea_sonic.model import TritonModel
-from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.transport.base import InferRequest
 from coffea_sonic.transport.grpc import GrpcTransport, channel
 from coffea_sonic.transport.grpc.transport import default_connections
 
 OUTPUT = (TensorInfo("y", "FP32", (2,)),)
-
-
-@pytest.fixture(scope="module")
-def passthrough_server():
-    repository = write_passthrough(Path(tempfile.mkdtemp(prefix="passthrough-")))
-    with LocalTritonServer(repository=repository, device="cpu") as server:
-        yield server
 
 
 def _request(rows: int, seed: int) -> InferRequest:

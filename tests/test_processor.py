@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import time
 import warnings
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from coffea_sonic import SonicMixin, TritonModel, zoo
 from coffea_sonic.data.real import fetch_coffea_test_samples
 from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
+from coffea_sonic.stats import settled
 from helpers import assert_sent_over, pickled_class_names, reference_engine
 
 # client-level suite: every test runs over gRPC and over shared memory
@@ -54,19 +54,6 @@ def _histogram_values(output, dataset):
 
 def _jet_tagger_requests(url):
     return TritonModel(f"{url}/jet_tagger").server_statistics().inference_count
-
-
-def _settled_jet_tagger_requests(url, deadline_s: float = 10.0):
-    """The server's count once two reads 50 ms apart agree: Triton counts a request just after
-    answering it, so a read right after earlier tests' calls may not hold them all yet."""
-    previous, give_up = _jet_tagger_requests(url), time.monotonic() + deadline_s
-    while time.monotonic() < give_up:
-        time.sleep(0.05)
-        now = _jet_tagger_requests(url)
-        if now == previous:
-            return now
-        previous = now
-    raise AssertionError(f"the server's jet_tagger count kept moving for {deadline_s} s")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +92,7 @@ def test_dask_awkward_path_builds_without_inference_and_computes_the_same(sample
                                                                            iterative_output):
     from coffea.dataset_tools import apply_to_fileset
 
-    before = _settled_jet_tagger_requests(server_url)
+    before = settled(lambda: _jet_tagger_requests(server_url))  # earlier tests' calls counted
     runnable = {name: {"files": {path: "Events" for path in files}} for name, files in sample.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

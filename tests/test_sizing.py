@@ -4,31 +4,21 @@ On a real server over gRPC; shared memory and HTTP keep their table defaults."""
 
 from __future__ import annotations
 
-import tempfile
 import threading
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from coffea_sonic import sizing
-from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
+from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs
 from coffea_sonic.calls import Window
 from coffea_sonic.model import TritonModel
-from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.sizing import ALONE, SHARED, ShareSizer
+from helpers import wait_for
 
 #: 6.4 MB: two requests at the shared shape (the model's 65 536-row batches), three alone.
 ROWS = 100_000
 DEADLINE_S = 60
-
-
-@pytest.fixture(scope="module")
-def passthrough_server():
-    repository = write_passthrough(Path(tempfile.mkdtemp(prefix="sizing-")))
-    with LocalTritonServer(repository=repository, device="cpu") as server:
-        yield server
 
 
 def _requests_per_call(model: TritonModel, inputs: dict) -> int:
@@ -36,12 +26,6 @@ def _requests_per_call(model: TritonModel, inputs: dict) -> int:
     out = model(inputs)["y"]
     np.testing.assert_array_equal(out, inputs["x"][:, :2])
     return model.stats.requests - before
-
-
-def _until(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        assert time.monotonic() < deadline, what
 
 
 def test_the_shape_switches_with_the_share_and_holds_between_the_two_thresholds():
@@ -121,7 +105,8 @@ def test_a_lone_process_sends_smaller_requests_and_shares_with_others_again(
     inputs = passthrough_inputs(ROWS)
     model = TritonModel(passthrough_server.url(PASSTHROUGH), transport="grpc")
     assert _requests_per_call(model, inputs) == 2
-    _until(lambda: _requests_per_call(model, inputs) == 3, "a lone process kept large requests")
+    wait_for(lambda: _requests_per_call(model, inputs) == 3, DEADLINE_S,
+             "a lone process to send smaller requests")
     assert model._runtime.window.limit == ALONE.max_in_flight
 
     import tritonclient.grpc as grpcclient
@@ -143,8 +128,8 @@ def test_a_lone_process_sends_smaller_requests_and_shares_with_others_again(
     thread = threading.Thread(target=another_client)
     thread.start()
     try:
-        _until(lambda: errors or _requests_per_call(model, inputs) == 2,
-               "a process sharing the server kept small requests")
+        wait_for(lambda: errors or _requests_per_call(model, inputs) == 2, DEADLINE_S,
+                 "a process sharing the server to send larger requests again")
     finally:
         stop.set()
         thread.join()

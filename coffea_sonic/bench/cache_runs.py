@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from ..stats import settled
+
 __all__ = ["demo_twice", "load_now", "record_calls", "shared_users", "user_main"]
 
 MODELS = ("jet_tagger", "particlenet", "deepmet")
@@ -166,18 +168,9 @@ def _server_totals(base: str) -> dict[str, Any]:
     return {name: TritonModel(f"{base}/{name}").server_statistics() for name in MODELS}
 
 
-def _settled_totals(base: str, timeout_s: float = 30.0) -> dict[str, Any]:
-    """The servers' totals once they stop changing (Triton counts a request's success and
-    execution a moment after its answer is sent)."""
-    deadline = time.monotonic() + timeout_s
-    totals = _server_totals(base)
-    while time.monotonic() < deadline:
-        time.sleep(0.5)
-        again = _server_totals(base)
-        if again == totals:
-            return again
-        totals = again
-    return totals
+def _settled_totals(base: str) -> dict[str, Any]:
+    """The servers' totals once they stop changing (:func:`~coffea_sonic.stats.settled`)."""
+    return settled(lambda: _server_totals(base), gap_s=0.5, timeout_s=30.0)
 
 
 def _one_setting(fileset: dict[str, list[str]], output: Path, users: int, stagger_s: float,

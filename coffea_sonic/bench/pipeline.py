@@ -301,12 +301,13 @@ def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
     (also when a run fails half-way). A record holds ``error`` where a client failed."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    from ..server.pipelines import handoff_for
     from .probes import GpuUtilisation
 
     records: list[dict] = []
     report = {"machine": machine_info(), "device": config.device,
               "events_per_call": config.events, "duration_s": config.duration,
-              "handoff": config.handoff or ("device" if config.device == "gpu" else "host"),
+              "handoff": handoff_for(config.device, config.handoff),
               "records": records}
     server = None
     pool = ClientPool(max(config.clients), _run_task)

@@ -74,25 +74,33 @@ def fused_config(device: Device = "cpu", instances: int = 1, intra_op_threads: i
     >>> gpu.parameters["warm_up"].string_value, gpu.parameters["handoff"].string_value
     ('yes', 'device')
     """
-    handoff = _handoff(handoff, device)
     return ragged_model_config(
         trackgnn.NAME, [_HITS], [_LABELS], device=device, instances=instances,
         max_batch_size=MAX_BATCH_SIZE,
         parameters={"stage": "fused", "intra_op_threads": str(intra_op_threads),
-                    "warm_up": _yes(device == "gpu" if warm_up is None else warm_up),
-                    "handoff": handoff,
-                    "FORCE_CPU_ONLY_INPUT_TENSORS": _yes(handoff == "host")})
+                    **_start_and_handoff(device, warm_up, handoff)})
 
 
-def _handoff(handoff: str | None, device: Device) -> str:
+def handoff_for(device: Device, handoff: str | None = None) -> str:
+    """``handoff`` checked against :data:`HANDOFFS`; None: the device's default.
+
+    >>> handoff_for("gpu"), handoff_for("cpu"), handoff_for("gpu", "host")
+    ('device', 'host', 'host')
+    """
     handoff = handoff or ("device" if device == "gpu" else "host")
     if handoff not in HANDOFFS:
         raise ConfigurationError(f"handoff must be one of {HANDOFFS}, not {handoff!r}")
     return handoff
 
 
-def _yes(flag: bool) -> str:
-    return "yes" if flag else "no"
+def _start_and_handoff(device: Device, warm_up: bool | None,
+                       handoff: str | None) -> dict[str, str]:
+    """The config parameters of warming up (None: on a GPU) and of the hand-off, where inputs
+    that arrive in GPU memory (a client's, or the previous stage's outputs) stay there."""
+    handoff = handoff_for(device, handoff)
+    warm = device == "gpu" if warm_up is None else warm_up
+    return {"warm_up": "yes" if warm else "no", "handoff": handoff,
+            "FORCE_CPU_ONLY_INPUT_TENSORS": "yes" if handoff == "host" else "no"}
 
 
 def stage_config(stage: str, device: Device = "cpu", instances: int = 1,
@@ -110,17 +118,12 @@ def stage_config(stage: str, device: Device = "cpu", instances: int = 1,
     """
     if stage not in stages.STAGE_TENSORS:
         raise ConfigurationError(f"no trackgnn stage {stage!r}; stages: {list(stages.STAGES)}")
-    handoff = _handoff(handoff, device)
     config = model_config_pb2.ModelConfig(name=f"trackgnn_{stage}", backend="python",
                                           max_batch_size=MAX_BATCH_SIZE)
-    config.parameters["stage"].string_value = stage
-    config.parameters["device"].string_value = device
-    config.parameters["intra_op_threads"].string_value = str(intra_op_threads)
-    config.parameters["warm_up"].string_value = _yes(device == "gpu" if warm_up is None
-                                                     else warm_up)
-    config.parameters["handoff"].string_value = handoff
-    # inputs that arrive in GPU memory (the previous stage's outputs) stay there
-    config.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value = _yes(handoff == "host")
+    parameters = {"stage": stage, "device": device, "intra_op_threads": str(intra_op_threads),
+                  **_start_and_handoff(device, warm_up, handoff)}
+    for key, value in parameters.items():
+        config.parameters[key].string_value = value
     inputs, outputs = stages.STAGE_TENSORS[stage]
     for declared, (name, datatype, dims) in ([(config.input.add(), t) for t in inputs]
                                              + [(config.output.add(), t) for t in outputs]):

@@ -2,8 +2,9 @@
 
 Two embedded tritonservers serve the example analysis's models; a Dask ``LocalCluster`` with two
 worker processes runs :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` on a small
-synthetic sample, once cleanly and once while one server is killed with SIGKILL as soon as the
-server's own statistics show that the run is inferring on it. Dask's task retries are off, so any
+synthetic sample, once cleanly and once while one server is killed with SIGKILL after the run's
+first chunks are done (the later chunks wait for the kill, so it always lands inside the run,
+whatever order Dask picks and however late a server counts). Dask's task retries are off, so any
 chunk the client failed to complete would fail the run instead of being silently redone. The
 accumulated output must equal the clean run's, and the failure must show in the run's inference
 counters. Runs once per transport (plain gRPC and system shared memory).
@@ -77,11 +78,13 @@ def _models(servers: tuple[LocalTritonServer, ...]) -> dict[str, list[str]]:
 
 
 def _run(client: Any, fileset: dict[str, list[str]], servers: tuple[LocalTritonServer, ...],
-         transport: str) -> dict[str, Any]:
+         transport: str, gate: str | None = None) -> dict[str, Any]:
     """The example analysis through ``processor.Runner`` + ``DaskExecutor`` (no task retries)."""
     executor = processor.DaskExecutor(client=client, status=False, retries=0)
     runner = processor.Runner(executor=executor, schema=QuietSchema, chunksize=CHUNKSIZE)
-    analysis = JetTaggingProcessor(_models(servers), transport=transport, timeout_s=30.0)
+    options: dict[str, Any] = {"transport": transport, "timeout_s": 30.0}
+    analysis = (JetTaggingProcessor(_models(servers), **options) if gate is None
+                else GatedJetTagging(_models(servers), gate=gate, **options))
     runnable = {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()}
     return runner(runnable, treename="Events", processor_instance=analysis)
 
@@ -104,40 +107,93 @@ def _registered_shm_regions(server: LocalTritonServer) -> list[str]:
         return [region["name"] for region in json.load(response)]
 
 
-class _KillWhenServing:
-    """Thread that SIGKILLs ``victim`` once its served-row count rises above ``baseline``.
+#: chunks that run before the victim is killed; every later chunk waits for the kill, so the kill
+#: lands inside the run however Dask orders the chunks and however late the server counts
+FREE_CHUNKS = 4
+#: how long a held chunk waits for the kill before it fails the run
+GATE_TIMEOUT_S = 120.0
 
-    ``stop()`` ends the watch (when the run finished first); ``join()`` re-raises any error the
-    thread met. ``killed`` is set once the signal was sent.
+
+class GatedJetTagging(JetTaggingProcessor):
+    """The example analysis, whose chunks after the first ``FREE_CHUNKS`` wait for a kill.
+
+    Chunks take tickets in the order they start (files created with O_EXCL in ``gate``, shared by
+    the worker processes of this machine), so the free chunks are always the first to start and
+    never wait behind a held one. A chunk marks itself done in ``gate``; :class:`KillMidRun`
+    kills the victim once every free chunk is done and then opens the gate.
     """
 
-    def __init__(self, victim: LocalTritonServer, baseline: int) -> None:
+    def __init__(self, *args: Any, gate: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+
+    def _ticket(self) -> int:
+        index = 0
+        while True:
+            try:
+                os.close(os.open(os.path.join(self.gate, f"started-{index}"),
+                                 os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                return index
+            except FileExistsError:
+                index += 1
+
+    def process(self, events: Any) -> dict[str, Any]:
+        index = self._ticket()
+        if index >= FREE_CHUNKS:
+            opened = os.path.join(self.gate, "killed")
+            deadline = time.monotonic() + GATE_TIMEOUT_S
+            while not os.path.exists(opened):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"chunk {index} waited {GATE_TIMEOUT_S:g} s for the kill")
+                time.sleep(POLL_S)
+        output = super().process(events)
+        with open(os.path.join(self.gate, f"done-{index}"), "w"):
+            pass
+        return output
+
+
+class KillMidRun:
+    """Thread that SIGKILLs ``victim`` once the free chunks of a :class:`GatedJetTagging` run are
+    done, records the victim's served rows then, and opens the gate for the rest of the run.
+
+    ``stop()`` ends the watch; ``join()`` re-raises any error the thread met. ``killed`` is set
+    once the signal was sent.
+    """
+
+    def __init__(self, victim: LocalTritonServer, gate: str) -> None:
         self.victim = victim
-        self.baseline = baseline
+        self.gate = gate
         self.killed = threading.Event()
         self.rows_at_kill = 0
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._watch, name="kill-when-serving", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="kill-mid-run", daemon=True)
 
-    def start(self) -> "_KillWhenServing":
+    def start(self) -> "KillMidRun":
         self._thread.start()
         return self
+
+    def _free_chunks_done(self) -> bool:
+        return all(os.path.exists(os.path.join(self.gate, f"done-{index}"))
+                   for index in range(FREE_CHUNKS))
 
     def _watch(self) -> None:
         try:
             deadline = time.monotonic() + WATCH_TIMEOUT_S
             while not self._stop.is_set() and time.monotonic() < deadline:
-                rows = _served_rows(self.victim)
-                if rows > self.baseline:
+                if self._free_chunks_done():
+                    self.rows_at_kill = _served_rows(self.victim)
                     assert self.victim.pid is not None
                     os.kill(self.victim.pid, signal.SIGKILL)
-                    self.rows_at_kill = rows
                     self.killed.set()
                     return
                 self._stop.wait(POLL_S)
         except BaseException as error:  # noqa: BLE001 - re-raised in join()
             self._error = error
+        finally:
+            # held chunks go on whatever happened here: a failure shows in the test, not a hang
+            with open(os.path.join(self.gate, "killed"), "w"):
+                pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -158,7 +214,7 @@ def _total(stats: dict[str, InferenceStats]) -> InferenceStats:
 
 @pytest.mark.parametrize("transport", ["grpc", "shm"])
 def test_server_sigkilled_mid_dask_run_gives_the_clean_runs_outputs_and_counts_the_failure(
-        transport: str, sample: dict[str, list[str]], dask_client: Any,
+        transport: str, sample: dict[str, list[str]], dask_client: Any, tmp_path: Any,
         two_servers: tuple[LocalTritonServer, LocalTritonServer]) -> None:
     victim, survivor = two_servers
     clean = _run(dask_client, sample, two_servers, transport)
@@ -170,13 +226,13 @@ def test_server_sigkilled_mid_dask_run_gives_the_clean_runs_outputs_and_counts_t
     regions = _registered_shm_regions(survivor)
     assert bool(regions) == (transport == "shm"), regions
 
-    watcher = _KillWhenServing(victim, baseline=clean_victim_rows).start()
+    watcher = KillMidRun(victim, gate=str(tmp_path)).start()
     try:
-        failed_over = _run(dask_client, sample, two_servers, transport)
+        failed_over = _run(dask_client, sample, two_servers, transport, gate=str(tmp_path))
     finally:
         watcher.stop()
         watcher.join()
-    assert watcher.killed.is_set(), "the run ended before it inferred on the victim"
+    assert watcher.killed.is_set()
     assert not victim.running
 
     # every accumulated output of the analysis is identical to the clean run's

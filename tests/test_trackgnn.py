@@ -216,15 +216,22 @@ def test_models_list_shows_the_pipelines(capsys):
 def test_pipeline_benchmark_smoke_run_writes_json_and_table(server, tmp_path):
     command = [sys.executable, str(ROOT / "benchmarks" / "pipeline_bench.py"), "--device", "cpu",
                "--clients", "1", "--events", "8", "--duration", "0.5", "--server",
-               server.grpc_address, "--out", str(tmp_path)]
+               server.grpc_address, "--transport", "grpc", "--out", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "pipeline-cpu.json").read_text())
     assert report["served_equals_direct"] == {"fused": 1.0, "ensemble": 1.0}
-    modes = {(r["mode"], r["clients"]): r for r in report["records"]}
-    assert sorted(modes) == [("direct", 1), ("ensemble", 1), ("fused", 1)]
-    assert all(r["events_per_s"] > 0 for r in modes.values())
-    assert "| fused | 1 |" in (tmp_path / "pipeline-cpu.md").read_text()
+    assert report["transport"] == "grpc"
+    runs = [(r["mode"], r["clients"], r.get("again", False)) for r in report["records"]]
+    # direct once more after the served modes; the served ones compared with the mean of both
+    assert runs == [("direct", 1, False), ("fused", 1, False), ("ensemble", 1, False),
+                    ("direct", 1, True)]
+    assert all(r["events_per_s"] > 0 for r in report["records"])
+    direct = [r["events_per_s"] for r in report["records"] if r["mode"] == "direct"]
+    fused = report["records"][1]
+    assert fused["ratio"] == pytest.approx(fused["events_per_s"] / (sum(direct) / 2))
+    table = (tmp_path / "pipeline-cpu.md").read_text()
+    assert "| fused | 1 |" in table and "| direct (again) | 1 |" in table
     assert sorted(report["direct_stage_ms"]) == ["cc", "embed", "filter", "gnn", "graph"]
 
 
@@ -270,3 +277,12 @@ def test_float32_scores_still_leave_each_hit_one_link_outwards():
         kept = pipeline.gnn(hits, edges)
     assert int(torch.bincount(kept[:, 0], minlength=len(rows)).max()) == 1
     assert forest_labels(kept, len(rows), counts, 3) is not None
+
+
+def test_pipeline_benchmark_refuses_server_flags_for_a_server_it_does_not_start():
+    command = [sys.executable, str(ROOT / "benchmarks" / "pipeline_bench.py"), "--server",
+               "127.0.0.1:1", "--server-arg=--cuda-memory-pool-byte-size=0:1073741824"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--server-arg --cuda-memory-pool-byte-size=0:1073741824 is for the server the bench " \
+           "starts" in done.stderr

@@ -64,7 +64,7 @@ def chunks(events: int, index: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def _runner(task: dict, cache: dict) -> Any:
-    key = (task["mode"], task.get("url"))
+    key = (task["mode"], task.get("url"), task.get("transport"))
     if key not in cache:
         if task["mode"] == "direct":
             from ..zoo import trackgnn
@@ -75,7 +75,7 @@ def _runner(task: dict, cache: dict) -> Any:
         else:
             from .. import TritonModel
 
-            model = TritonModel(task["url"])
+            model = TritonModel(task["url"], transport=task.get("transport", "auto"))
             cache[key] = lambda rows, counts: model({"hits": rows}, counts=counts)["labels"]
     return cache[key]
 
@@ -122,7 +122,8 @@ class _Running:
         pass
 
 
-def _verify(server: Any, device: str, events: int, gpu: int = 0) -> dict:
+def _verify(server: Any, device: str, events: int, gpu: int = 0,
+            transport: str = "auto") -> dict:
     """Served labels of one chunk against the direct labels (fraction of hits equal)."""
     from .. import TritonModel
     from ..zoo import trackgnn
@@ -131,7 +132,8 @@ def _verify(server: Any, device: str, events: int, gpu: int = 0) -> dict:
     direct = trackgnn.pipeline(f"cuda:{gpu}" if device == "gpu" else "cpu").run(rows, counts)
     result = {}
     for mode, name in SERVED.items():
-        served = TritonModel(server.url(name))({"hits": rows}, counts=counts)["labels"]
+        served = TritonModel(server.url(name), transport=transport)(
+            {"hits": rows}, counts=counts)["labels"]
         result[mode] = float(np.mean(served == direct)) if len(rows) else 1.0
     return result
 
@@ -191,8 +193,9 @@ def table(records: list[dict], device: str, events: int) -> str:
                          f"{record['error'][:80]} | | | | |")
             continue
         ratio = record.get("ratio")
+        mode = record["mode"] + (" (again)" if record.get("again") else "")
         lines.append(
-            f"| {record['mode']} | {record['clients']} | {record['events_per_s']:.1f} | "
+            f"| {mode} | {record['clients']} | {record['events_per_s']:.1f} | "
             f"{record['hits_per_s']:.0f} | {'' if ratio is None else f'{ratio:.2f}x'} | "
             f"{record['chunk_ms_p50']:.1f} | "
             f"{'' if record.get('gpu_percent') is None else record['gpu_percent']} |")
@@ -228,6 +231,10 @@ class PipelineConfig:
     server: str | None = None
     #: how the ensemble's stages pass tensors (None: the server's default for the device)
     handoff: str | None = None
+    #: the clients' transport to the server (TritonModel's ``transport``)
+    transport: str = "auto"
+    #: further tritonserver arguments for the server the benchmark starts
+    server_args: list[str] = field(default_factory=list)
 
 
 def _start_server(config: PipelineConfig, report: dict) -> Any:
@@ -243,9 +250,11 @@ def _start_server(config: PipelineConfig, report: dict) -> Any:
         server = LocalTritonServer(
             models=list(SERVED.values()), device=config.device, instances=config.instances,
             gpus=[config.gpu] if config.device == "gpu" else None, startup_timeout_s=240,
-            repository_options={"handoff": config.handoff} if config.handoff else None).start()
+            repository_options={"handoff": config.handoff} if config.handoff else None,
+            extra_args=config.server_args).start()
         logger.info("server ready in %.1f s", time.time() - began)
-    report["served_equals_direct"] = _verify(server, config.device, config.events, config.gpu)
+    report["served_equals_direct"] = _verify(server, config.device, config.events, config.gpu,
+                                             config.transport)
     logger.info("served labels equal to direct (fraction of hits): %s",
                 report["served_equals_direct"])
     return server
@@ -255,7 +264,7 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
              gpu: Any) -> dict:
     """One run: ``clients`` processes calling ``mode`` together for ``config.duration`` s."""
     task = {"mode": mode, "device": config.device, "events": config.events,
-            "duration": config.duration, "gpu": config.gpu}
+            "duration": config.duration, "gpu": config.gpu, "transport": config.transport}
     if mode in SERVED:
         task["url"] = server.url(SERVED[mode])
     record: dict = {"mode": mode, "clients": clients}
@@ -278,6 +287,26 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
     busy = gpu.mean_between(start_at + 0.2, start_at + config.duration)
     record["gpu_percent"] = None if busy is None else round(busy, 1)
     return record
+
+
+def add_ratios(records: list[dict]) -> None:
+    """Each served record's ``ratio``: its events/s over the mean direct events/s of the same
+    client count (the direct run before the served ones and, where there is one, after).
+
+    >>> records = [{"mode": "direct", "clients": 1, "events_per_s": 90.0},
+    ...            {"mode": "fused", "clients": 1, "events_per_s": 80.0},
+    ...            {"mode": "direct", "clients": 1, "events_per_s": 110.0, "again": True}]
+    >>> add_ratios(records); records[1]["ratio"]
+    0.8
+    """
+    direct: dict[int, list[float]] = {}
+    for record in records:
+        if record["mode"] == "direct" and "error" not in record:
+            direct.setdefault(record["clients"], []).append(record["events_per_s"])
+    for record in records:
+        rates = direct.get(record["clients"])
+        if record["mode"] != "direct" and "error" not in record and rates:
+            record["ratio"] = record["events_per_s"] / float(np.mean(rates))
 
 
 def _write(report: dict, config: PipelineConfig, out: Path) -> str:
@@ -308,6 +337,7 @@ def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
     report = {"machine": machine_info(), "device": config.device,
               "events_per_call": config.events, "duration_s": config.duration,
               "handoff": handoff_for(config.device, config.handoff),
+              "transport": config.transport, "server_args": config.server_args,
               "records": records}
     server = None
     pool = ClientPool(max(config.clients), _run_task)
@@ -316,16 +346,18 @@ def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
         server = _start_server(config, report)
         report["direct_stage_ms"] = _stage_ms(config.device, config.events, config.gpu)
         logger.info("direct, ms per stage of one call: %s", report["direct_stage_ms"])
-        direct: dict[int, float] = {}
         for mode in config.modes:
             for clients in config.clients:
-                record = _measure(config, mode, clients, server, pool, gpu)
-                if mode == "direct" and "error" not in record:
-                    direct[clients] = record["events_per_s"]
-                elif direct.get(clients) and "error" not in record:
-                    record["ratio"] = record["events_per_s"] / direct[clients]
-                records.append(record)
-                logger.info("%s", record)
+                records.append(_measure(config, mode, clients, server, pool, gpu))
+                logger.info("%s", records[-1])
+        if "direct" in config.modes and len(config.modes) > 1:
+            # the direct rate moves between runs of one machine: once more after the served
+            # runs, and the served ones compared with the mean of both
+            for clients in config.clients:
+                records.append({**_measure(config, "direct", clients, server, pool, gpu),
+                                "again": True})
+                logger.info("%s", records[-1])
+        add_ratios(records)
     finally:
         gpu.__exit__(None, None, None)
         pool.close()

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ...cliargs import add_output_option
+from ...errors import SonicError
 
 __all__ = ["DEFAULT_OUTPUT_ROOT", "add_numbers", "add_output", "print_written",
            "progress_printer", "register_all", "run_scenario", "scenario_names", "scenario_parser"]
@@ -111,4 +112,8 @@ def run_scenario(name: str, argv: list[str], *, prog: str | None = None,
     module.register(parser.add_subparsers(dest="scenario"))
     args = parser.parse_args([name, *argv])
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s")
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except SonicError as error:  # as the CLI does: the message says what to do, no traceback
+        print(f"{parser.prog}: error: {error}", file=sys.stderr)
+        return 2

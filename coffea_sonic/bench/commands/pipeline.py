@@ -6,6 +6,8 @@
 >>> args = parser.parse_args(["pipeline", "--device", "cpu", "--clients", "1,8", "--out", "pb"])
 >>> args.device, args.clients, args.modes, args.output
 ('cpu', [1, 8], ['direct', 'fused', 'ensemble'], 'pb')
+>>> parser.parse_args(["pipeline", "--server-arg=--log-verbose=1", "--transport", "grpc"]).server_args
+['--log-verbose=1']
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ events/s of the trackgnn pipeline (hits -> track labels) in each client process 
 as one fused model (fused) and served as a Triton ensemble of its stages (ensemble), with every
 --clients count of client processes starting together. Served labels are checked against the
 direct ones first; the direct call's time per stage, the server's queue/compute split and the
-GPU's busy share are recorded. Writes pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR.
+GPU's busy share are recorded. Direct runs again after the served ones, and each served rate is
+compared with the mean of both direct runs (the direct rate moves between runs). Writes pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR.
 Exit code 1 if a run failed.
 
 examples:
@@ -52,6 +55,15 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="how the ensemble's stages pass tensors to each other: as numpy "
                              "through the host, or as DLPack tensors where they lie (default: "
                              "device on a GPU, host on a CPU)")
+    parser.add_argument("--transport", choices=("auto", "grpc", "shm", "cuda", "http"),
+                        default="auto",
+                        help="how the served modes' clients reach the server (default: "
+                             "%(default)s, as TritonModel; grpc is what a worker on another "
+                             "host gets)")
+    parser.add_argument("--server-arg", dest="server_args", action="append", default=[],
+                        metavar="FLAG",
+                        help="a tritonserver flag for the server the bench starts; repeat for "
+                             "more, e.g. --server-arg=--cuda-memory-pool-byte-size=0:1073741824")
     parser.add_argument("--server", default=None, metavar="HOST:PORT",
                         help="use this running server's gRPC address (serving trackgnn and "
                              "trackgnn_ensemble) instead of starting one")
@@ -61,12 +73,18 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run every mode x client count; print the table; exit 1 if a run failed."""
+    from ...errors import ConfigurationError
     from ..pipeline import PipelineConfig, run_pipeline
 
+    if args.server and args.server_args:
+        raise ConfigurationError(
+            f"--server-arg {' '.join(args.server_args)} is for the server the bench starts; with "
+            f"--server {args.server} it starts none: pass the flags to that server instead")
     config = PipelineConfig(device=args.device, clients=args.clients, modes=args.modes,
                             events=args.events, duration=args.duration, gpu=args.gpu,
                             instances=args.instances, server=args.server,
-                            handoff=args.handoff)
+                            handoff=args.handoff, transport=args.transport,
+                            server_args=args.server_args)
     report, text = run_pipeline(config, args.output)
     print(text, flush=True)
     return 1 if any("error" in record for record in report["records"]) else 0

@@ -11,9 +11,10 @@
 
 Scripts under ``benchmarks/`` use these instead of their own copies.
 
->>> import numpy as np
->>> with PeakRss() as rss:  # 64 MB: above glibc's largest mmap threshold, so fresh pages
-...     block = np.ones(8_000_000)
+>>> import mmap
+>>> with PeakRss() as rss:
+...     pages = mmap.mmap(-1, 64 << 20)  # fresh pages, whatever the heap holds free
+...     _ = pages.write(bytes(64 << 20))  # written: resident
 >>> rss.growth_bytes > 32_000_000
 True
 """

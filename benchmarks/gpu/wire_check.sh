@@ -81,7 +81,7 @@ if [ "$MODE" = accept ]; then
   mv "$OUT/reference" "$OUT/reference-grpc" 2>/dev/null; mv "$OUT/reference-log.txt" "$OUT/reference-grpc-log.txt"
   reference 35 cuda 2 1
   echo "== trackgnn from one client ($SECONDS s so far)"
-  TRACKGNN_STAGE_TIMES=$(cd "$OUT" && pwd)/stage-times.jsonl timeout 60 python3 benchmarks/pipeline_bench.py \
+  TRACKGNN_STAGE_TIMES=$(cd "$OUT" && pwd)/stage-times.jsonl timeout 80 python3 benchmarks/pipeline_bench.py \
     --device gpu --clients 1 --duration 2.5 --out "$OUT" 2>&1 | grep -v "$quiet" \
     | tee "$OUT/pipeline-log.txt" | tail -16
   echo "done in $SECONDS s"; ls -la "$OUT"

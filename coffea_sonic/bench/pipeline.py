@@ -357,8 +357,8 @@ def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
                 records.append({**_measure(config, "direct", clients, server, pool, gpu),
                                 "again": True})
                 logger.info("%s", records[-1])
-        add_ratios(records)
     finally:
+        add_ratios(records)
         gpu.__exit__(None, None, None)
         pool.close()
         if server is not None:

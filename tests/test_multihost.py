@@ -29,7 +29,7 @@ from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 from coffea_sonic.netlab import Link, missing_requirements, port_open
 from coffea_sonic.netlab.facility import Facility
 from coffea_sonic.server import LocalTritonServer
-from coffea_sonic.stats import InferenceStats
+from coffea_sonic.stats import InferenceStats, settled
 from helpers import CheckedThread, assert_same_histograms, wait_for
 
 pytestmark = [pytest.mark.netlab, pytest.mark.slow,
@@ -137,7 +137,9 @@ class _Fault:
     def __init__(self, facility: Facility, strike: Callable[[], None], undo: Callable[[], None],
                  undo_when: Callable[[int], bool] = lambda rows: rows > 0) -> None:
         self.facility, self.strike, self.undo, self.undo_when = facility, strike, undo, undo_when
-        self.baseline = _served_rows(facility)
+        # counted once the servers have counted the previous run's last answers (Triton counts
+        # a request just after answering it): a low baseline would strike before the run
+        self.baseline = settled(lambda: _served_rows(facility), gap_s=0.2)
         self.struck = threading.Event()
         self.run_over = threading.Event()
         self.thread = CheckedThread(self._watch, name="fault")

@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import threading
-import time
 import urllib.request
 from typing import Any, Iterator
 
@@ -28,16 +27,16 @@ from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.stats import InferenceStats
-from helpers import assert_same_histograms
+from helpers import CheckedThread, assert_same_histograms, wait_for
 
 MODELS = ("jet_tagger", "particlenet_lite")
 QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
 #: events per dataset and chunk size: many small chunks, so the run outlasts the kill by far
 EVENTS_PER_DATASET = 1500
 CHUNKSIZE = 100
-#: how often the watcher polls the victim's statistics (a wait on a condition, not a delay)
+#: how often the watcher and the held chunks look at the gate (a wait on a condition, not a delay)
 POLL_S = 0.01
-#: the watcher gives up (and the test fails) if the run never infers on the victim by then
+#: the watcher gives up (and the test fails) if the run's first chunks are not done by then
 WATCH_TIMEOUT_S = 90.0
 
 
@@ -140,12 +139,8 @@ class GatedJetTagging(JetTaggingProcessor):
     def process(self, events: Any) -> dict[str, Any]:
         index = self._ticket()
         if index >= FREE_CHUNKS:
-            opened = os.path.join(self.gate, "killed")
-            deadline = time.monotonic() + GATE_TIMEOUT_S
-            while not os.path.exists(opened):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"chunk {index} waited {GATE_TIMEOUT_S:g} s for the kill")
-                time.sleep(POLL_S)
+            wait_for(lambda: os.path.exists(os.path.join(self.gate, "killed")), GATE_TIMEOUT_S,
+                     f"chunk {index} to be let through after the kill", interval=POLL_S)
         output = super().process(events)
         with open(os.path.join(self.gate, f"done-{index}"), "w"):
             pass
@@ -154,7 +149,7 @@ class GatedJetTagging(JetTaggingProcessor):
 
 class KillMidRun:
     """Thread that SIGKILLs ``victim`` once the free chunks of a :class:`GatedJetTagging` run are
-    done, records the victim's served rows then, and opens the gate for the rest of the run.
+    done, and opens the gate for the rest of the run.
 
     ``stop()`` ends the watch; ``join()`` re-raises any error the thread met. ``killed`` is set
     once the signal was sent.
@@ -164,10 +159,8 @@ class KillMidRun:
         self.victim = victim
         self.gate = gate
         self.killed = threading.Event()
-        self.rows_at_kill = 0
         self._stop = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._watch, name="kill-mid-run", daemon=True)
+        self._thread = CheckedThread(self._watch, name="kill-mid-run")
 
     def start(self) -> "KillMidRun":
         self._thread.start()
@@ -179,17 +172,12 @@ class KillMidRun:
 
     def _watch(self) -> None:
         try:
-            deadline = time.monotonic() + WATCH_TIMEOUT_S
-            while not self._stop.is_set() and time.monotonic() < deadline:
-                if self._free_chunks_done():
-                    self.rows_at_kill = _served_rows(self.victim)
-                    assert self.victim.pid is not None
-                    os.kill(self.victim.pid, signal.SIGKILL)
-                    self.killed.set()
-                    return
-                self._stop.wait(POLL_S)
-        except BaseException as error:  # noqa: BLE001 - re-raised in join()
-            self._error = error
+            wait_for(lambda: self._stop.is_set() or self._free_chunks_done(), WATCH_TIMEOUT_S,
+                     f"the run's first {FREE_CHUNKS} chunks", interval=POLL_S)
+            if not self._stop.is_set():
+                assert self.victim.pid is not None
+                os.kill(self.victim.pid, signal.SIGKILL)
+                self.killed.set()
         finally:
             # held chunks go on whatever happened here: a failure shows in the test, not a hang
             with open(os.path.join(self.gate, "killed"), "w"):
@@ -199,10 +187,7 @@ class KillMidRun:
         self._stop.set()
 
     def join(self) -> None:
-        self._thread.join(timeout=30)
-        assert not self._thread.is_alive(), "the kill watcher did not end"
-        if self._error is not None:
-            raise self._error
+        self._thread.finish(timeout=30)
 
 
 def _total(stats: dict[str, InferenceStats]) -> InferenceStats:

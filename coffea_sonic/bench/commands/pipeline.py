@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 from ...cliargs import add_list_option
+from ...errors import ConfigurationError
 from . import add_numbers, scenario_parser
 
 _MODES = ("direct", "fused", "ensemble")
@@ -24,8 +25,8 @@ as one fused model (fused) and served as a Triton ensemble of its stages (ensemb
 --clients count of client processes starting together. Served labels are checked against the
 direct ones first; the direct call's time per stage, the server's queue/compute split and the
 GPU's busy share are recorded. Direct runs again after the served ones, and each served rate is
-compared with the mean of both direct runs (the direct rate moves between runs). Writes pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR.
-Exit code 1 if a run failed.
+compared with the mean of both direct runs (the direct rate moves between runs). Writes
+pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR. Exit code 1 if a run failed.
 
 examples:
   coffea-sonic bench pipeline --device gpu --clients 1 8          # GPU machine (~1 min)
@@ -73,7 +74,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run every mode x client count; print the table; exit 1 if a run failed."""
-    from ...errors import ConfigurationError
     from ..pipeline import PipelineConfig, run_pipeline
 
     if args.server and args.server_args:

@@ -235,6 +235,27 @@ def test_pipeline_benchmark_smoke_run_writes_json_and_table(server, tmp_path):
     assert sorted(report["direct_stage_ms"]) == ["cc", "embed", "filter", "gnn", "graph"]
 
 
+def test_pipeline_benchmark_in_rounds_alternates_the_modes_and_compares_the_same_rounds(
+        server, tmp_path):
+    command = [sys.executable, str(ROOT / "benchmarks" / "pipeline_bench.py"), "--device", "cpu",
+               "--clients", "1", "--events", "8", "--duration", "0.8", "--rounds", "2",
+               "--modes", "direct", "fused", "--server", server.grpc_address, "--out",
+               str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "pipeline-cpu.json").read_text())
+    order = [(w["mode"], w["round"]) for w in report["windows"]]
+    assert order == [("direct", 0), ("fused", 0), ("direct", 1), ("fused", 1)]
+    assert [(r["mode"], r["rounds"]) for r in report["records"]] == [("direct", 2), ("fused", 2)]
+    direct, fused = report["records"]
+    rates = {(w["mode"], w["round"]): w["events_per_s"] for w in report["windows"]}
+    assert direct["events_per_s"] == pytest.approx((rates["direct", 0] + rates["direct", 1]) / 2)
+    assert fused["ratio"] == pytest.approx(fused["events_per_s"] / direct["events_per_s"])
+    assert fused["round_ratios"] == pytest.approx(
+        [rates["fused", r] / rates["direct", r] for r in (0, 1)], abs=1e-3)
+    assert "(rounds " in (tmp_path / "pipeline-cpu.md").read_text()
+
+
 def test_stages_handing_tensors_over_as_dlpack_and_warmed_at_start_equal_direct():
     """What a GPU server runs (each instance warmed on the sample at its start, stages passing
     DLPack tensors where they lie), on CPU: same labels as direct over gRPC, shm and HTTP."""

@@ -194,9 +194,13 @@ def table(records: list[dict], device: str, events: int) -> str:
             continue
         ratio = record.get("ratio")
         mode = record["mode"] + (" (again)" if record.get("again") else "")
+        shown = "" if ratio is None else f"{ratio:.2f}x"
+        if record.get("round_ratios"):
+            shown += (f" (rounds {min(record['round_ratios']):.2f}-"
+                      f"{max(record['round_ratios']):.2f})")
         lines.append(
             f"| {mode} | {record['clients']} | {record['events_per_s']:.1f} | "
-            f"{record['hits_per_s']:.0f} | {'' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{record['hits_per_s']:.0f} | {shown} | "
             f"{record['chunk_ms_p50']:.1f} | "
             f"{'' if record.get('gpu_percent') is None else record['gpu_percent']} |")
     profiles = [(r["mode"], r["clients"], r["server_profile"]) for r in records
@@ -235,6 +239,9 @@ class PipelineConfig:
     transport: str = "auto"
     #: further tritonserver arguments for the server the benchmark starts
     server_args: list[str] = field(default_factory=list)
+    #: the modes run in this many alternating rounds of ``duration / rounds`` seconds each
+    #: (:mod:`.rounds`); 1: each mode once, direct once more at the end
+    rounds: int = 1
 
 
 def _start_server(config: PipelineConfig, report: dict) -> Any:
@@ -289,6 +296,25 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
     return record
 
 
+def _measure_rounds(config: PipelineConfig, server: Any, pool: ClientPool, gpu: Any,
+                    report: dict) -> list[dict]:
+    """Every mode in ``config.rounds`` alternating windows per client count, merged
+    (:func:`.rounds.merge_rounds`); the windows go into ``report["windows"]``."""
+    from dataclasses import replace
+
+    from .rounds import merge_rounds
+
+    window_config = replace(config, duration=config.duration / config.rounds)
+    windows = report.setdefault("windows", [])
+    for clients in config.clients:
+        for round_index in range(config.rounds):
+            for mode in config.modes:
+                windows.append({**_measure(window_config, mode, clients, server, pool, gpu),
+                                "round": round_index})
+                logger.info("%s", windows[-1])
+    return merge_rounds(windows)
+
+
 def add_ratios(records: list[dict]) -> None:
     """Each served record's ``ratio``: its events/s over the mean direct events/s of the same
     client count (the direct run before the served ones and, where there is one, after).
@@ -338,7 +364,7 @@ def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
               "events_per_call": config.events, "duration_s": config.duration,
               "handoff": handoff_for(config.device, config.handoff),
               "transport": config.transport, "server_args": config.server_args,
-              "records": records}
+              "rounds": config.rounds, "records": records}
     server = None
     pool = ClientPool(max(config.clients), _run_task)
     gpu = GpuUtilisation().__enter__()
@@ -346,11 +372,14 @@ def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
         server = _start_server(config, report)
         report["direct_stage_ms"] = _stage_ms(config.device, config.events, config.gpu)
         logger.info("direct, ms per stage of one call: %s", report["direct_stage_ms"])
-        for mode in config.modes:
-            for clients in config.clients:
-                records.append(_measure(config, mode, clients, server, pool, gpu))
-                logger.info("%s", records[-1])
-        if "direct" in config.modes and len(config.modes) > 1:
+        if config.rounds > 1:
+            records.extend(_measure_rounds(config, server, pool, gpu, report))
+        else:
+            for mode in config.modes:
+                for clients in config.clients:
+                    records.append(_measure(config, mode, clients, server, pool, gpu))
+                    logger.info("%s", records[-1])
+        if "direct" in config.modes and len(config.modes) > 1 and config.rounds == 1:
             # the direct rate moves between runs of one machine: once more after the served
             # runs, and the served ones compared with the mean of both
             for clients in config.clients:

@@ -25,11 +25,13 @@ as one fused model (fused) and served as a Triton ensemble of its stages (ensemb
 --clients count of client processes starting together. Served labels are checked against the
 direct ones first; the direct call's time per stage, the server's queue/compute split and the
 GPU's busy share are recorded. Direct runs again after the served ones, and each served rate is
-compared with the mean of both direct runs (the direct rate moves between runs). Writes
+compared with the mean of both direct runs (the direct rate moves between runs); with --rounds N
+the modes alternate in N shorter windows instead and are compared over the same rounds. Writes
 pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR. Exit code 1 if a run failed.
 
 examples:
   coffea-sonic bench pipeline --device gpu --clients 1 8          # GPU machine (~1 min)
+  coffea-sonic bench pipeline --device gpu --clients 1 --rounds 6  # modes alternating
   coffea-sonic bench pipeline --device cpu --clients 1 --events 20 --duration 1 -o /tmp/pb
   coffea-sonic bench pipeline --server host:8001 --modes fused ensemble   # a running server
 """
@@ -49,7 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     help="default: all of " + ", ".join(_MODES))
     add_numbers(parser, [
         ("--events", int, 200, "events per call (chunk)"),
-        ("--duration", float, 6.0, "seconds per run"),
+        ("--duration", float, 6.0, "seconds per mode and client count (over all rounds)"),
+        ("--rounds", int, 1, "run the modes in this many alternating rounds, each "
+                             "duration/rounds s; ratios compare the same rounds (1: each mode "
+                             "once, direct again at the end)"),
         ("--gpu", int, 0, "--device gpu: the one GPU the server and the direct runs use"),
         ("--instances", int, None, "model instances per GPU (None: LocalTritonServer's)")])
     parser.add_argument("--handoff", choices=("host", "device"), default=None,
@@ -80,11 +85,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             f"--server-arg {' '.join(args.server_args)} is for the server the bench starts; with "
             f"--server {args.server} it starts none: pass the flags to that server instead")
+    if args.rounds < 1:
+        raise ConfigurationError(f"--rounds must be 1 or more, not {args.rounds}")
     config = PipelineConfig(device=args.device, clients=args.clients, modes=args.modes,
                             events=args.events, duration=args.duration, gpu=args.gpu,
                             instances=args.instances, server=args.server,
                             handoff=args.handoff, transport=args.transport,
-                            server_args=args.server_args)
+                            server_args=args.server_args, rounds=args.rounds)
     report, text = run_pipeline(config, args.output)
     print(text, flush=True)
     return 1 if any("error" in record for record in report["records"]) else 0

@@ -7,9 +7,14 @@ For ``emtrk_cnn`` chunks of 2048 rows (18.9 MB) on one GPU, median milliseconds 
   optimised), and the output's copy back;
 * served by a default ``LocalTritonServer(device="gpu")``: the CUDA-memory transport with the
   inputs already on the GPU (no client copy: server, gRPC and the python backend alone), with host
-  inputs (``copy_host_to_device``), and the default ``TritonModel``; then the same against a server
-  started with ``--cuda-memory-pool-byte-size=0:1073741824`` (Triton's pool that hands GPU
-  tensors to python-backend processes; default 64 MiB).
+  inputs (``copy_host_to_device``), and the default ``TritonModel``; the bare gRPC call of one
+  prepared request on the same region (grpc-python and the server alone) and tritonclient's
+  client making it; beside each served row, the server's own milliseconds per request (queue,
+  compute input, infer and output); then the same against a server started with
+  ``--cuda-memory-pool-byte-size=0:1073741824`` (Triton's pool that hands GPU tensors to
+  python-backend processes; default 64 MiB);
+* CUDA IPC: opening and closing an 18.9 MB region's handle in another process, what the python
+  backend's model process does for every request whose input lies in a client's CUDA memory.
 
 Run on a GPU machine after ``source benchmarks/gpu/triton-gpu-env.sh .device``::
 
@@ -101,6 +106,7 @@ def served(results: dict[str, float], label: str, extra_args: list[str]) -> None
     import torch
 
     from coffea_sonic import TritonModel, zoo
+    from coffea_sonic.bench.probes import server_statistics, statistics_transport
     from coffea_sonic.routing import clear_routers
     from coffea_sonic.server import LocalTritonServer
     from coffea_sonic.transport.base import InferRequest
@@ -110,15 +116,102 @@ def served(results: dict[str, float], label: str, extra_args: list[str]) -> None
     outputs = zoo.declared_info(MODEL).outputs
     on_gpu = {key: torch.from_numpy(value).cuda() for key, value in inputs.items()}
     with LocalTritonServer(models=[MODEL], device="gpu", extra_args=extra_args) as server:
+        statistics = statistics_transport(server.grpc_address)
+
+        def served_row(name: str, function: Callable[[], Any]) -> None:
+            before = server_statistics(statistics, MODEL)
+            results[f"{label}: {name}"] = timed(function)
+            delta = server_statistics(statistics, MODEL) - before
+            requests = max(delta.success_count, 1)
+            results[f"{label}: {name}, server ms per request"] = round(1e3 * sum(
+                (delta.queue_s, delta.compute_input_s, delta.compute_infer_s,
+                 delta.compute_output_s)) / requests, 3)
+
         with CudaShmTransport(server.grpc_address) as cuda:
-            results[f"{label}: CUDA transport, inputs already on the GPU"] = timed(
-                lambda: cuda.infer_tensors(MODEL, "", on_gpu, outputs))
-            results[f"{label}: CUDA transport, host inputs"] = timed(
-                lambda: cuda.infer(InferRequest(MODEL, "", inputs, outputs, rows=ROWS)))
+            served_row("CUDA transport, inputs already on the GPU",
+                       lambda: cuda.infer_tensors(MODEL, "", on_gpu, outputs))
+            served_row("CUDA transport, host inputs",
+                       lambda: cuda.infer(InferRequest(MODEL, "", inputs, outputs, rows=ROWS)))
+            for name, function in _bare_calls(cuda, server.grpc_address, on_gpu, outputs):
+                served_row(name, function)
         clear_routers()
         model = TritonModel(server.url(MODEL))
-        results[f"{label}: TritonModel() [{model.transport_kind}]"] = timed(lambda: model(inputs))
+        served_row(f"TritonModel() [{model.transport_kind}]", lambda: model(inputs))
         model.close()
+
+
+def _bare_calls(cuda: Any, address: str, on_gpu: dict, outputs: Any):
+    """``(name, call)`` of one request prepared once in a slot of ``cuda``: the bare gRPC call
+    and tritonclient's client on the same region."""
+    import tritonclient.grpc as tritonclient
+
+    from coffea_sonic.transport.base import InferRequest
+    from coffea_sonic.transport.shm.common import plan
+
+    request = InferRequest(MODEL, "", on_gpu, tuple(outputs), rows=ROWS)
+    layout = plan(request, every_output=True)
+    slot = cuda.pool.acquire(layout.total, 30)
+    message = cuda._message(request, slot, layout)
+    stub = cuda.grpc.connection.stub
+    client = tritonclient.InferenceServerClient(address)
+    tensors = []
+    for name, value in on_gpu.items():
+        tensor = tritonclient.InferInput(name, list(value.shape), "FP32")
+        offset, nbytes = layout.inputs[name]
+        tensor.set_shared_memory(slot.name, nbytes, offset=offset)
+        tensors.append(tensor)
+    wanted = []
+    for output in outputs:
+        requested = tritonclient.InferRequestedOutput(output.name)
+        offset, nbytes = layout.outputs[output.name]
+        requested.set_shared_memory(slot.name, nbytes, offset=offset)
+        wanted.append(requested)
+    return [("bare gRPC call of one prepared request", lambda: stub.ModelInfer(message)),
+            ("tritonclient InferenceServerClient.infer, same region",
+             lambda: client.infer(MODEL, tensors, outputs=wanted))]
+
+
+def _ipc_importer(connection: Any) -> None:
+    import ctypes
+
+    driver = ctypes.CDLL("libcuda.so.1")
+    context = ctypes.c_void_p()
+    driver.cuInit(0)
+    driver.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0)
+    driver.cuCtxSetCurrent(context)
+
+    class Handle(ctypes.Structure):
+        _fields_ = [("reserved", ctypes.c_char * 64)]
+
+    handle = Handle()
+    ctypes.memmove(ctypes.addressof(handle), connection.recv(), 64)
+    opens, closes = [], []
+    for _ in range(60):
+        pointer = ctypes.c_uint64()
+        began = time.perf_counter()
+        driver.cuIpcOpenMemHandle_v2(ctypes.byref(pointer), handle, 1)
+        opened = time.perf_counter()
+        driver.cuIpcCloseMemHandle(pointer)
+        opens.append(1e3 * (opened - began))
+        closes.append(1e3 * (time.perf_counter() - opened))
+    connection.send((statistics.median(opens), statistics.median(closes)))
+
+
+def ipc_handles(results: dict[str, float]) -> None:
+    import multiprocessing
+
+    from coffea_sonic.transport.shm.cuda import CudaRegion
+
+    region = CudaRegion(18_874_368, 0)
+    ours, theirs = multiprocessing.Pipe()
+    child = multiprocessing.get_context("spawn").Process(target=_ipc_importer, args=(theirs,))
+    child.start()
+    ours.send(region.handle)
+    opened, closed = ours.recv()
+    child.join()
+    region.close()
+    results["CUDA IPC: open an 18.9 MB region's handle in another process"] = round(opened, 4)
+    results["CUDA IPC: close it"] = round(closed, 4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: dict[str, float] = {}
     args.out.mkdir(parents=True, exist_ok=True)
-    steps = [lambda: in_process(results), lambda: served(results, "default server", []),
+    steps = [lambda: in_process(results), lambda: ipc_handles(results),
+             lambda: served(results, "default server", []),
              lambda: served(results, "pool 1 GiB", ["--cuda-memory-pool-byte-size=0:1073741824"])]
     for step in steps:
         shown = len(results)

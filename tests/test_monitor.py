@@ -163,9 +163,20 @@ def test_statistics_api_gives_the_figures_the_metrics_give(triton_server):
         return None
 
     api_before, metrics_before = wait_for(agreeing_pair, timeout=30, what="both sources to agree")
+    answered_before = api_before.models[(MODEL, "1")].successes
     for rows in (3, 100, 2000):
         _infer(client, rows)
-    api_after, metrics_after = wait_for(agreeing_pair, timeout=30, what="both sources to agree")
+
+    def agreeing_after_all_three():
+        # Triton counts a request just after answering it: both sources may agree on a count
+        # that does not hold the last request yet
+        pair = agreeing_pair()
+        if pair and pair[0].models[(MODEL, "1")].successes >= answered_before + 3:
+            return pair
+        return None
+
+    api_after, metrics_after = wait_for(agreeing_after_all_three, timeout=30,
+                                        what="both sources to agree on the three requests")
     assert not api_after.error and api_after.url == f"triton+grpc://{triton_server.grpc_address}/{MODEL}"
     (api,) = figures(api_before, api_after)
     (metric,) = [f for f in figures(metrics_before, metrics_after) if f.model == MODEL]

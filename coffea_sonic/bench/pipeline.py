@@ -11,7 +11,10 @@ analysis worker does:
 * ``ensemble``: the same call to ``trackgnn_ensemble`` (a Triton ensemble of the stage models).
 
 Each mode runs with every ``clients`` count; all clients of a run start together, a client's
-rate is its events over the time to its last answer, a run's rate the sum. The served models run
+rate is its events over the time to its last answer, a run's rate the sum. With
+``PipelineConfig.rounds`` > 1 the modes alternate in that many shorter windows per client count
+and are merged per mode (:mod:`.rounds`), so that a machine whose speed drifts is compared with
+itself at the same moments. The served models run
 on ``LocalTritonServer(models=["trackgnn", "trackgnn_ensemble"], device=...)`` (torch on CUDA with
 ``--device gpu``, as the direct runs; both on the one GPU ``gpu``, default 0). Before timing,
 served labels are compared with the direct labels of the same chunk (identical on CPU). GPU busy

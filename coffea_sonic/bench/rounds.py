@@ -47,9 +47,8 @@ def merge_rounds(windows: list[dict]) -> list[dict]:
             continue
         record["events_per_s"] = statistics.fmean(w["events_per_s"] for w in group)
         record["round_rates"] = [round(w["events_per_s"], 1) for w in group]
-        for name in ("hits_per_s",):
-            if all(name in w for w in group):
-                record[name] = statistics.fmean(w[name] for w in group)
+        if all("hits_per_s" in w for w in group):
+            record["hits_per_s"] = statistics.fmean(w["hits_per_s"] for w in group)
         if all("chunk_ms_p50" in w for w in group):
             record["chunk_ms_p50"] = statistics.median(w["chunk_ms_p50"] for w in group)
         busy = [w["gpu_percent"] for w in group if w.get("gpu_percent") is not None]

@@ -106,7 +106,8 @@ def served(results: dict[str, float], label: str, extra_args: list[str]) -> None
     import torch
 
     from coffea_sonic import TritonModel, zoo
-    from coffea_sonic.bench.probes import server_statistics, statistics_transport
+    from coffea_sonic.bench.probes import (server_statistics, server_statistics_summary,
+                                           statistics_transport)
     from coffea_sonic.routing import clear_routers
     from coffea_sonic.server import LocalTritonServer
     from coffea_sonic.transport.base import InferRequest
@@ -121,11 +122,10 @@ def served(results: dict[str, float], label: str, extra_args: list[str]) -> None
         def served_row(name: str, function: Callable[[], Any]) -> None:
             before = server_statistics(statistics, MODEL)
             results[f"{label}: {name}"] = timed(function)
-            delta = server_statistics(statistics, MODEL) - before
-            requests = max(delta.success_count, 1)
-            results[f"{label}: {name}, server ms per request"] = round(1e3 * sum(
-                (delta.queue_s, delta.compute_input_s, delta.compute_infer_s,
-                 delta.compute_output_s)) / requests, 3)
+            summary = server_statistics_summary(server_statistics(statistics, MODEL) - before, 0.0)
+            results[f"{label}: {name}, server ms per request"] = round(sum(
+                summary[f"{part}_ms_per_request"]
+                for part in ("queue", "compute_input", "compute_infer", "compute_output")), 3)
 
         with CudaShmTransport(server.grpc_address) as cuda:
             served_row("CUDA transport, inputs already on the GPU",

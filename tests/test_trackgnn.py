@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from coffea.nanoevents import NanoAODSchema, NanoEventsFactory
 
+from helpers import wait_for
+
 from coffea_sonic import SonicMixin, TritonModel
 from coffea_sonic.data import generate_events, write_sample
 from coffea_sonic.data.hits import generate_hits, hit_rows, hit_xyz
@@ -307,3 +309,62 @@ def test_pipeline_benchmark_refuses_server_flags_for_a_server_it_does_not_start(
     assert done.returncode == 2, done.stderr[-2000:]
     assert "--server-arg --cuda-memory-pool-byte-size=0:1073741824 is for the server the bench " \
            "starts" in done.stderr
+
+
+def _requests_of_whole_events(rows: np.ndarray, counts: np.ndarray,
+                              cuts: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    events = [0, *cuts, len(counts)]
+    return [(rows[bounds[a]:bounds[b]].astype(np.float32), counts[a:b])
+            for a, b in zip(events[:-1], events[1:])]
+
+
+def test_stage_requests_run_together_answer_what_each_alone_answers():
+    """A stage model's batched requests in one pass (trackgnn_batch): every stage's outputs per
+    request equal a run of that request alone, requests of 0 rows and without counts included."""
+    import torch
+
+    from coffea_sonic.zoo.trackgnn_batch import run_stage_batch
+
+    rows, counts = _with_small_events(30)
+    requests = _requests_of_whole_events(rows, counts, (2, 3, 17))  # the 2nd: one event of 0 rows
+    pipeline = trackgnn.pipeline("cpu")
+    alone: list[dict] = []
+    for hits, events in requests:
+        tensors = {"hits": torch.from_numpy(hits), "hits__counts": torch.from_numpy(events)}
+        alone.append(tensors)
+    for stage in pipeline_code.STAGES:
+        inputs_names = [name for name, _, _ in pipeline_code.STAGE_TENSORS[stage][0]]
+        batch = [{name: tensors[name] for name in inputs_names if name in tensors}
+                 for tensors in alone]
+        batch[-1].pop("hits__counts", None)  # a request without counts is one event
+        each = [pipeline.run_stage_tensors(stage, inputs) for inputs in batch]
+        together = run_stage_batch(pipeline, stage, batch)
+        assert len(together) == len(each)
+        for index, (one, joined) in enumerate(zip(each, together)):
+            assert one.keys() == joined.keys(), stage
+            for name in one:
+                np.testing.assert_array_equal(np.asarray(joined[name]), np.asarray(one[name]),
+                                              err_msg=f"{stage} request {index} {name}")
+        for tensors, outputs in zip(alone, each):
+            tensors.update(outputs)
+
+
+def test_ensemble_stages_batch_concurrent_requests_and_still_equal_direct(server):
+    """Requests in flight together reach the stage models together: Triton batches them (fewer
+    executions than requests) and the labels stay those of a direct run, over gRPC and shm."""
+    rows, counts = _with_small_events(60)
+    direct = trackgnn.run_direct(rows, counts)
+    for transport in ("grpc", "shm"):
+        model = TritonModel(server.url("trackgnn_ensemble"), transport=transport,
+                            max_request_bytes=4000, max_in_flight=8)
+        stage = TritonModel(server.url("trackgnn_graph"))
+        before = stage.server_statistics()
+        labels = model({"hits": rows}, counts=counts)["labels"]
+        np.testing.assert_array_equal(labels, direct, err_msg=transport)
+        assert model.stats.requests >= 10
+        # Triton counts a request just after answering it
+        batched = wait_for(lambda: (lambda delta: delta.success_count >= model.stats.requests
+                                    and delta)(stage.server_statistics() - before),
+                           10, "the graph stage to count every ensemble request")
+        assert batched.execution_count < batched.success_count, (transport, batched)

@@ -9,7 +9,8 @@
 Both take the ragged convention of :mod:`coffea_sonic.ragged` (``hits [-1, 3]`` FP32 with
 ``hits__counts``, per-hit ``labels [-1]`` INT64). Every model folder holds ``model.py``
 (``trackgnn_model.py.tmpl``), the pipeline's numeric code ``trackgnn_pipeline.py`` and
-``trackgnn_labels.py`` (the modules an in-process run imports), the weights ``trackgnn.npz``
+``trackgnn_labels.py`` (the modules an in-process run imports), ``trackgnn_batch.py`` (a stage
+model's batched requests in one pass), the weights ``trackgnn.npz``
 and a sample of events ``trackgnn_warmup.npz``: a repository runs without coffea-sonic
 installed on the server (torch and numpy < 2 are needed; scipy is used when present).
 
@@ -106,12 +107,16 @@ def _start_and_handoff(device: Device, warm_up: bool | None,
 def stage_config(stage: str, device: Device = "cpu", instances: int = 1,
                  intra_op_threads: int = 0, warm_up: bool | None = None,
                  handoff: str | None = None) -> model_config_pb2.ModelConfig:
-    """The ``ModelConfig`` of stage model ``trackgnn_<stage>`` (python backend, one request at a
-    time; every tensor ``[1, rows, ...]``). ``warm_up`` (None: on a GPU) and ``handoff``
-    (:data:`HANDOFFS`; None: ``device`` on a GPU, else ``host``) as in the module's text.
+    """The ``ModelConfig`` of stage model ``trackgnn_<stage>`` (python backend; every tensor
+    ``[1, rows, ...]``, ragged: Triton batches requests of any rows, which the model runs in one
+    pass). ``warm_up`` (None: on a GPU) and ``handoff`` (:data:`HANDOFFS`; None: ``device`` on a
+    GPU, else ``host``) as in the module's text.
 
     >>> [o.name for o in stage_config("graph").output]
     ['graph_edges']
+    >>> config = stage_config("cc")
+    >>> config.HasField("dynamic_batching"), all(i.allow_ragged_batch for i in config.input)
+    (True, True)
     >>> gpu = stage_config("gnn", "gpu")
     >>> gpu.parameters["handoff"].string_value, gpu.parameters["FORCE_CPU_ONLY_INPUT_TENSORS"].string_value
     ('device', 'no')
@@ -131,6 +136,11 @@ def stage_config(stage: str, device: Device = "cpu", instances: int = 1,
         declared.data_type = model_config_pb2.DataType.Value(f"TYPE_{datatype}")
         if name.endswith("__counts"):  # a request without counts is one event
             declared.optional = True
+    for declared in config.input:
+        declared.allow_ragged_batch = True
+    # under load, requests queued together run as one pass (trackgnn_batch): fewer, larger
+    # launches; alone, a request runs at once (no queue delay)
+    config.dynamic_batching.SetInParent()
     group = config.instance_group.add(count=instances)
     group.kind = group.KIND_GPU if device == "gpu" else group.KIND_CPU
     return config
@@ -159,6 +169,7 @@ def ensemble_config(device: Device = "cpu") -> model_config_pb2.ModelConfig:
 def _files(link: bool) -> dict[str, Path]:
     return {"trackgnn_pipeline.py": Path(stages.__file__),
             "trackgnn_labels.py": Path(stages.__file__).with_name("trackgnn_labels.py"),
+            "trackgnn_batch.py": Path(stages.__file__).with_name("trackgnn_batch.py"),
             "trackgnn.npz": trackgnn.weights_path()}
 
 

@@ -61,7 +61,8 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--metrics-port", type=int, default=8002,
                        help="Prometheus metrics port, 0 = pick a free one")
     serve.add_argument("--instances", type=int, default=None,
-                       help="model instances per device (default: 6 per GPU, 1 on CPU)")
+                       help="model instances per device (default: 6 per GPU, 1 on CPU; "
+                            "the pipelines' models: 1 per GPU)")
     add_list_option(serve, "--gpus", type=_gpu_index, metavar="GPU",
                        help="GPUs to serve on (default: every visible GPU, each with --instances "
                             "model instances)")

@@ -38,7 +38,7 @@ from typing import Iterable, Literal, Sequence
 from ..errors import ConfigurationError, ServerStartError
 from . import environment as server_env
 from .environment import ServerEnvironment
-from .pipelines import write_models
+from .pipelines import PIPELINE_GPU_INSTANCES, write_models
 from .process import (build_backend_dir, finalize, parent_death_prefix, remove_shm_regions,
                       remove_stale_shm_regions, server_binary, server_environment,
                       stop_process_group)
@@ -51,7 +51,7 @@ DeviceChoice = Literal["auto", "cpu", "gpu"]
 #: Model instances per GPU when not given. Each python-backend instance spends milliseconds of
 #: host work (copies, Python) per request; with 6 that hides behind the others' GPU work, and
 #: more gave nothing (benchmarks/RESULTS.md, "What sets each default"; data in
-#: benchmarks/gpu/results-defaults).
+#: benchmarks/gpu/results-defaults). Pipelines: their own (pipelines.PIPELINE_GPU_INSTANCES).
 GPU_INSTANCES = 6
 #: How many lines of the server log a failed start reports.
 LOG_TAIL_LINES = 40
@@ -326,7 +326,9 @@ class LocalTritonServer:
             server_env.export_generated_models(self.environment, self.models)
             repository = write_models(
                 workdir / "models", self.models, backend="python", device=self.device,
-                instances=instances, link=True, **self.repository_options)
+                instances=instances, link=True,
+                pipeline_instances=self.instances or PIPELINE_GPU_INSTANCES,
+                **self.repository_options)
         self.served_repository = repository
         backend_dir = build_backend_dir(workdir / "backends", self.environment)
         if prepared is not None and prepared.needs_adapters:

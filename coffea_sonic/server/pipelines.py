@@ -56,6 +56,12 @@ MAX_BATCH_SIZE = 64
 #: the first half and quarter of them).
 WARM_UP_EVENTS = 400
 HANDOFFS = ("host", "device")
+#: Instances per GPU of the pipeline models when a server is not told (LocalTritonServer):
+#: one. Each model runs the requests waiting for it as one pass (the fused model its execute's
+#: requests, a stage model through trackgnn_batch), so one instance keeps a GPU busy with many
+#: clients; more instances split those passes and share the GPU between their CUDA contexts
+#: (benchmarks/RESULTS.md, "trackgnn: one instance per GPU, stages batched").
+PIPELINE_GPU_INSTANCES = 1
 
 _HITS = TensorInfo("hits", "FP32", (3,))
 _LABELS = TensorInfo("labels", "INT64", ())
@@ -248,16 +254,22 @@ def write_pipeline(dest: str | os.PathLike, name: str, *, device: Device = "cpu"
 
 def write_models(dest: str | os.PathLike, models: Iterable[str] | None = None, *,
                  backend: Backend = "python", device: Device = "cpu", instances: int = 1,
-                 link: bool = False, **config_options) -> Path:
+                 link: bool = False, pipeline_instances: int | None = None,
+                 **config_options) -> Path:
     """Write zoo models and pipelines into repository ``dest``: the zoo's single models through
     :func:`~coffea_sonic.server.repository.write_repository` (with ``config_options``), the
     pipelines (:data:`PIPELINE_MODELS`) through :func:`write_pipeline`. ``models=None``: every
-    single zoo model (pipelines are served when named).
+    single zoo model (pipelines are served when named). ``instances`` per device of every model;
+    ``pipeline_instances`` (None: ``instances``) of the pipelines' models.
 
     >>> import tempfile
-    >>> repo = write_models(tempfile.mkdtemp(), ["jet_tagger", "trackgnn"])
+    >>> repo = write_models(tempfile.mkdtemp(), ["jet_tagger", "trackgnn"], device="gpu",
+    ...                     instances=6, pipeline_instances=1)
     >>> sorted(p.name for p in repo.iterdir())
     ['jet_tagger', 'trackgnn']
+    >>> [("count: 6" in (repo / name / "config.pbtxt").read_text(),
+    ...   "count: 1" in (repo / name / "config.pbtxt").read_text()) for name in ("jet_tagger", "trackgnn")]
+    [(True, False), (False, True)]
     """
     names = list(models) if models is not None else None
     pipelines = [name for name in names or () if name in PIPELINE_MODELS]
@@ -274,6 +286,7 @@ def write_models(dest: str | os.PathLike, models: Iterable[str] | None = None, *
                          link=link, **config_options)
     threads = int(config_options.get("intra_op_threads", 0) or 0)
     for name in pipelines:
-        write_pipeline(dest, name, device=device, instances=instances, link=link,
+        write_pipeline(dest, name, device=device, instances=pipeline_instances or instances,
+                       link=link,
                        intra_op_threads=threads, **pipeline_options)
     return dest

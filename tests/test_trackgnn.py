@@ -368,3 +368,27 @@ def test_ensemble_stages_batch_concurrent_requests_and_still_equal_direct(server
                                     and delta)(stage.server_statistics() - before),
                            10, "the graph stage to count every ensemble request")
         assert batched.execution_count < batched.success_count, (transport, batched)
+
+
+def test_a_gpu_server_of_the_ensemble_sizes_the_cuda_pool_its_stages_hand_tensors_in(monkeypatch):
+    """The stages' GPU tensors live in Triton's CUDA pool: a GPU server of the ensemble gets
+    1 GiB per GPU it sees, unless the user's flags size the pool (or nothing needs it)."""
+    from pathlib import Path
+
+    from coffea_sonic.server import LocalTritonServer
+
+    def pool_flags(**options) -> list[str]:
+        server = LocalTritonServer(device="gpu", **options)
+        server.device = "gpu"  # what start() settles before building the command
+        return [arg for arg in server._command(Path("/repo"), Path("/backends"))
+                if arg.startswith("--cuda-memory-pool-byte-size")]
+
+    assert pool_flags(models=["trackgnn_ensemble"], gpus=[2, 3]) == [
+        "--cuda-memory-pool-byte-size=0:1073741824", "--cuda-memory-pool-byte-size=1:1073741824"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert pool_flags(models=["trackgnn_ensemble"]) == ["--cuda-memory-pool-byte-size=0:1073741824"]
+    assert pool_flags(models=["trackgnn_ensemble"],
+                      extra_args=["--cuda-memory-pool-byte-size=0:268435456"]) == [
+        "--cuda-memory-pool-byte-size=0:268435456"]
+    assert pool_flags(models=["trackgnn"]) == []
+    assert pool_flags(models=["trackgnn_ensemble"], repository_options={"handoff": "host"}) == []

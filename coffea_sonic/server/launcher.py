@@ -38,7 +38,7 @@ from typing import Iterable, Literal, Sequence
 from ..errors import ConfigurationError, ServerStartError
 from . import environment as server_env
 from .environment import ServerEnvironment
-from .pipelines import PIPELINE_GPU_INSTANCES, write_models
+from .pipelines import PIPELINE_GPU_INSTANCES, cuda_pool_flags, write_models
 from .process import (build_backend_dir, finalize, parent_death_prefix, remove_shm_regions,
                       remove_stale_shm_regions, server_binary, server_environment,
                       stop_process_group)
@@ -293,8 +293,20 @@ class LocalTritonServer:
             "--backend-config=python,stub-timeout-seconds=120",
             *(server_flags(self.response_cache, server_binary()) if self.response_cache is not None
               else ()),
+            *cuda_pool_flags(self.models, self.device, self.repository_options.get("handoff"),
+                             self._server_gpus() if self.device == "gpu" else 0,
+                             self.extra_args),
             *self.extra_args,
         ]
+
+    def _server_gpus(self) -> int:
+        """How many GPUs the server sees (its CUDA_VISIBLE_DEVICES: ``gpus``, or this process's)."""
+        if self.gpus is not None:
+            return len(self.gpus)
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return len([part for part in visible.split(",") if part.strip()])
+        return gpu_count()
 
     def start(self) -> "LocalTritonServer":
         """Start the server and wait until every model is ready; raise ``ServerStartError`` if not."""

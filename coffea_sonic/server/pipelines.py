@@ -62,6 +62,13 @@ HANDOFFS = ("host", "device")
 #: clients; more instances split those passes and share the GPU between their CUDA contexts
 #: (benchmarks/RESULTS.md, "trackgnn: one instance per GPU, stages batched").
 PIPELINE_GPU_INSTANCES = 1
+#: Triton's CUDA memory pool per GPU a server of the ensemble gets unless a flag sizes it: the
+#: GPU tensors its stages hand each other live there. Triton's default (64 MiB) ran out under 16
+#: clients, and the python backend's way around a full pool (CUDA IPC) handed a stage wrong
+#: edges; with 1 GiB they were right (benchmarks/RESULTS.md, "trackgnn: one instance per GPU,
+#: stages batched").
+PIPELINE_CUDA_POOL_BYTES = 1 << 30
+_POOL_FLAG = "--cuda-memory-pool-byte-size"
 
 _HITS = TensorInfo("hits", "FP32", (3,))
 _LABELS = TensorInfo("labels", "INT64", ())
@@ -98,6 +105,26 @@ def handoff_for(device: Device, handoff: str | None = None) -> str:
     if handoff not in HANDOFFS:
         raise ConfigurationError(f"handoff must be one of {HANDOFFS}, not {handoff!r}")
     return handoff
+
+
+def cuda_pool_flags(models: Iterable[str] | None, device: str, handoff: str | None, gpus: int,
+                    extra_args: Iterable[str] = ()) -> list[str]:
+    """The tritonserver flags that give each of ``gpus`` GPUs a CUDA pool of
+    :data:`PIPELINE_CUDA_POOL_BYTES` when ``models`` hold the ensemble and its stages hand their
+    tensors over on the GPU; none when ``extra_args`` size the pool already.
+
+    >>> cuda_pool_flags(["trackgnn_ensemble"], "gpu", None, 2)
+    ['--cuda-memory-pool-byte-size=0:1073741824', '--cuda-memory-pool-byte-size=1:1073741824']
+    >>> cuda_pool_flags(["trackgnn_ensemble"], "gpu", "host", 1), cuda_pool_flags(["trackgnn"], "gpu", None, 1)
+    ([], [])
+    >>> cuda_pool_flags(["trackgnn_ensemble"], "gpu", None, 1, ["--cuda-memory-pool-byte-size=0:0"])
+    []
+    """
+    if (device != "gpu" or trackgnn.ENSEMBLE_NAME not in (models or ())
+            or handoff_for(device, handoff) != "device"
+            or any(arg.startswith(_POOL_FLAG) for arg in extra_args)):
+        return []
+    return [f"{_POOL_FLAG}={gpu}:{PIPELINE_CUDA_POOL_BYTES}" for gpu in range(gpus)]
 
 
 def _start_and_handoff(device: Device, warm_up: bool | None,

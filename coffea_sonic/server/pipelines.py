@@ -63,10 +63,10 @@ HANDOFFS = ("host", "device")
 #: (benchmarks/RESULTS.md, "trackgnn: one instance per GPU, stages batched").
 PIPELINE_GPU_INSTANCES = 1
 #: Triton's CUDA memory pool per GPU a server of the ensemble gets unless a flag sizes it: the
-#: GPU tensors its stages hand each other live there. Triton's default (64 MiB) ran out under 16
-#: clients, and the python backend's way around a full pool (CUDA IPC) handed a stage wrong
-#: edges; with 1 GiB they were right (benchmarks/RESULTS.md, "trackgnn: one instance per GPU,
-#: stages batched").
+#: GPU tensors its stages hand each other live there. With Triton's default (64 MiB), 16 clients
+#: made the gnn stage index past its hits (a device-side assert: wrong edges arrived; past a full
+#: pool the python backend hands GPU outputs over by CUDA IPC instead); with 1 GiB they ran right
+#: (benchmarks/RESULTS.md, "trackgnn: one instance per GPU, stages batched").
 PIPELINE_CUDA_POOL_BYTES = 1 << 30
 _POOL_FLAG = "--cuda-memory-pool-byte-size"
 

@@ -235,6 +235,19 @@ def test_pipeline_benchmark_smoke_run_writes_json_and_table(server, tmp_path):
     table = (tmp_path / "pipeline-cpu.md").read_text()
     assert "| fused | 1 |" in table and "| direct (again) | 1 |" in table
     assert sorted(report["direct_stage_ms"]) == ["cc", "embed", "filter", "gnn", "graph"]
+    # every answer during the run repeated its chunk's answer alone
+    assert all(r["labels_as_alone"] == 1.0 for r in report["records"])
+    assert "differ from the same chunk's alone" not in table
+
+
+def test_pipeline_table_names_modes_whose_answers_under_load_changed():
+    from coffea_sonic.bench.pipeline import table
+
+    record = {"mode": "ensemble", "clients": 16, "events_per_s": 10.0, "hits_per_s": 100.0,
+              "chunk_ms_p50": 5.0, "labels_as_alone": 0.9991}
+    text = table([record], "gpu", 200)
+    assert "labels under load differ from the same chunk's alone" in text
+    assert "ensemble x 16: 0.999100" in text
 
 
 def test_pipeline_benchmark_in_rounds_alternates_the_modes_and_compares_the_same_rounds(
@@ -256,6 +269,7 @@ def test_pipeline_benchmark_in_rounds_alternates_the_modes_and_compares_the_same
     assert fused["round_ratios"] == pytest.approx(
         [rates["fused", r] / rates["direct", r] for r in (0, 1)], abs=1e-3)
     assert "(rounds " in (tmp_path / "pipeline-cpu.md").read_text()
+    assert fused["labels_as_alone"] == 1.0
 
 
 def test_stages_handing_tensors_over_as_dlpack_and_warmed_at_start_equal_direct():

@@ -87,27 +87,30 @@ def _run_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     parts = cache.setdefault(("chunks", task["events"], task["index"]),
                              chunks(task["events"], task["index"]))
     run = _runner(task, cache)
-    for rows, counts in parts[:2]:  # warm-up: connections, kernels
-        run(rows, counts)
+    # warm-up (connections, kernels) and each chunk's labels alone, which every answer under
+    # load must repeat: wrong tensors handed between requests would show there, not in the rate
+    alone = [np.asarray(run(rows, counts)) for rows, counts in parts]
     control.put(("ready", os.getpid()))
     start_at = tasks.get()
     while time.time() < start_at:
         time.sleep(0.0005)
     end = start_at + task["duration"]
-    events = hits = done = 0
+    events = hits = same = done = 0
     last = start_at
     latencies = []
     while time.time() < end:
         rows, counts = parts[done % len(parts)]
         began = time.perf_counter()
-        run(rows, counts)
+        labels = run(rows, counts)
         latencies.append(time.perf_counter() - began)
+        same += int(np.count_nonzero(np.asarray(labels) == alone[done % len(parts)]))
         events += len(counts)
         hits += len(rows)
         done += 1
         last = time.time()
     elapsed = max(last - start_at, 1e-9)
     return {"events": events, "hits": hits, "elapsed_s": elapsed,
+            "labels_as_alone": same / hits if hits else 1.0,
             "events_per_s": events / elapsed if events else 0.0,
             "chunk_ms_p50": 1e3 * float(np.median(latencies)) if latencies else None}
 
@@ -206,6 +209,11 @@ def table(records: list[dict], device: str, events: int) -> str:
             f"{record['hits_per_s']:.0f} | {shown} | "
             f"{record['chunk_ms_p50']:.1f} | "
             f"{'' if record.get('gpu_percent') is None else record['gpu_percent']} |")
+    changed = [f"{r['mode']} x {r['clients']}: {r['labels_as_alone']:.6f}" for r in records
+               if r.get("labels_as_alone", 1.0) < 1.0]
+    if changed:
+        lines += ["", "labels under load differ from the same chunk's alone (share of hits "
+                  "alike, worst client): " + "; ".join(changed)]
     profiles = [(r["mode"], r["clients"], r["server_profile"]) for r in records
                 if r.get("server_profile")]
     if profiles:
@@ -294,6 +302,8 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
     record["hits_per_s"] = sum(r["hits"] / r["elapsed_s"] for r in results)
     record["chunk_ms_p50"] = float(np.median([r["chunk_ms_p50"] for r in results
                                               if r["chunk_ms_p50"]] or [0.0]))
+    # the worst client: the share of its hits labelled as when its chunk ran alone
+    record["labels_as_alone"] = min(r["labels_as_alone"] for r in results)
     busy = gpu.mean_between(start_at + 0.2, start_at + config.duration)
     record["gpu_percent"] = None if busy is None else round(busy, 1)
     return record

@@ -29,7 +29,8 @@ _COUNTS = ("requests", "executions")
 
 def merge_rounds(windows: list[dict]) -> list[dict]:
     """One record per (mode, clients), in first-seen order: mean rates over the windows (each
-    window equally long), median call p50, mean GPU busy and server profile, ``round_rates`` and,
+    window equally long), median call p50, mean GPU busy and server profile, the worst
+    ``labels_as_alone``, ``round_rates`` and,
     for a served mode, ``round_ratios`` against the direct window of the same round. A group with
     a failed window keeps that window's ``error``."""
     groups: dict[tuple[str, int], list[dict]] = {}
@@ -51,6 +52,9 @@ def merge_rounds(windows: list[dict]) -> list[dict]:
             record["hits_per_s"] = statistics.fmean(w["hits_per_s"] for w in group)
         if all("chunk_ms_p50" in w for w in group):
             record["chunk_ms_p50"] = statistics.median(w["chunk_ms_p50"] for w in group)
+        alike = [w["labels_as_alone"] for w in group if "labels_as_alone" in w]
+        if alike:
+            record["labels_as_alone"] = min(alike)
         busy = [w["gpu_percent"] for w in group if w.get("gpu_percent") is not None]
         record["gpu_percent"] = round(statistics.fmean(busy), 1) if busy else None
         profiles = [w["server_profile"] for w in group if w.get("server_profile")]

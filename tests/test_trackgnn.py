@@ -366,12 +366,14 @@ def test_stage_requests_run_together_answer_what_each_alone_answers():
 
 def test_ensemble_stages_batch_concurrent_requests_and_still_equal_direct(server):
     """Requests in flight together reach the stage models together: Triton batches them (fewer
-    executions than requests) and the labels stay those of a direct run, over gRPC and shm."""
+    executions than requests) and the labels stay those of a direct run, over gRPC, shm and
+    HTTP."""
     rows, counts = _with_small_events(60)
     direct = trackgnn.run_direct(rows, counts)
-    for transport in ("grpc", "shm"):
-        model = TritonModel(server.url("trackgnn_ensemble"), transport=transport,
-                            max_request_bytes=4000, max_in_flight=8)
+    for transport in ("grpc", "shm", "http"):
+        url = (f"triton+http://{server.http_address}/trackgnn_ensemble" if transport == "http"
+               else server.url("trackgnn_ensemble"))
+        model = TritonModel(url, transport=transport, max_request_bytes=4000, max_in_flight=8)
         stage = TritonModel(server.url("trackgnn_graph"))
         before = stage.server_statistics()
         labels = model({"hits": rows}, counts=counts)["labels"]

@@ -27,9 +27,9 @@
 # and 8 processes (defaults_sweep --plan share), then perf_analyzer over gRPC (c 1 and 8) beside
 # a default TritonModel. Writes defaults-share.json/.md, reference/ and logs.
 #
-# `bash benchmarks/gpu/wire_check.sh pipeline` (about 6 minutes with setup): trackgnn direct,
-# fused and ensemble from 1 and 8 clients, the modes alternating in 6 rounds (bench pipeline
-# --rounds), at the server's defaults (instances warmed at start,
+# `bash benchmarks/gpu/wire_check.sh pipeline` (about 7 minutes with setup): trackgnn direct,
+# fused and ensemble from 1, 8 and 16 clients, the modes alternating in 6 rounds (bench pipeline
+# --rounds), at the server's defaults (one instance per GPU, warmed at start,
 # the models taking GPU inputs where they lie, the ensemble's stages handing tensors over on the
 # GPU), then all again with tensors through the host (--handoff host). Writes pipeline-device/
 # and pipeline-host/ (pipeline-gpu.json/.md, log).
@@ -67,7 +67,7 @@ if [ "$MODE" = pipeline ]; then
   for handoff in device host; do
     echo "== trackgnn, handoff $handoff ($SECONDS s so far)"
     mkdir -p "$OUT/pipeline-$handoff"
-    timeout 240 python3 benchmarks/pipeline_bench.py --device gpu --clients 1 8 --duration 12 --rounds 6 \
+    timeout 280 python3 benchmarks/pipeline_bench.py --device gpu --clients 1 8 16 --duration 12 --rounds 6 \
       --handoff $handoff --out "$OUT/pipeline-$handoff" 2>&1 | grep -v "$quiet" \
       | tee "$OUT/pipeline-$handoff/log.txt" | tail -16
   done

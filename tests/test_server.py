@@ -272,3 +272,26 @@ def test_default_gpu_server_uses_every_visible_gpu_and_gpus_selects():
                                gpus=[count - 1]) as server:
             log = server.log_path.read_text(errors="replace")
             assert "(GPU device 0)" in log and "(GPU device 1)" not in log, log[-2000:]
+
+
+def test_stopping_a_reaped_server_spares_the_group_that_now_has_its_pid(monkeypatch):
+    """Once a dead server is reaped its pid can be handed to a new process (pid_max may be
+    32768): a late stop must not SIGKILL that process's group (another test's server)."""
+    import signal as signals
+    import subprocess as sp
+    import sys as system
+
+    from coffea_sonic.server import process as server_process
+
+    finished = sp.Popen([system.executable, "-c", "pass"], start_new_session=True)
+    finished.wait()
+    killed = []
+    monkeypatch.setattr(server_process.os, "killpg", lambda pgid, sig: killed.append((pgid, sig)))
+    real_exists = server_process.os.path.exists
+    monkeypatch.setattr(server_process.os.path, "exists",
+                        lambda path: path == f"/proc/{finished.pid}" or real_exists(path))
+    server_process.stop_process_group(finished, grace_s=1)
+    assert killed == []
+    monkeypatch.setattr(server_process.os.path, "exists", real_exists)
+    server_process.stop_process_group(finished, grace_s=1)  # pid free: the group is ours
+    assert killed == [(finished.pid, signals.SIGKILL)]

@@ -153,7 +153,11 @@ def stop_process_group(process: subprocess.Popen, grace_s: float) -> None:
     then SIGKILL for its group (python-backend stubs included); returns when none is alive."""
     if process.poll() is not None:
         # the server died (SIGKILL, crash) but its python-backend stubs, in its process
-        # group, live on: they must not outlive it
+        # group, live on: they must not outlive it. A live process under the server's pid is
+        # someone else's: the pid was reused after the server was reaped (pid_max can be
+        # 32768), which the kernel does only once our group has no member left
+        if os.path.exists(f"/proc/{process.pid}"):
+            return
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

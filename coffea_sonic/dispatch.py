@@ -297,9 +297,8 @@ class CallRunner:
             self._no_server(piece)
             return
         try:
+            transport = endpoint.transports.data_transport(call.info.on_gpu_zero)
             request = self._request(piece)
-            transport = endpoint.transports.data_transport(call.info.on_gpu_zero,
-                                                           piece.bytes_sent)
             if piece.last_address and piece.last_address != endpoint.address:
                 self.count(failovers=1)
             piece.attempts += 1

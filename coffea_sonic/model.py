@@ -341,9 +341,7 @@ class TritonModel:
     @property
     def transport_kind(self) -> str:
         """The transport this process' requests to the first healthy server use now
-        (``"shm"``, ``"cuda"``, ``"grpc"``, ``"http"``, ...; after a region error, the plain one).
-        ``"cuda"`` holds for requests of at least 4 MiB of inputs: smaller ones to the same GPU
-        model go through system shared memory (:mod:`coffea_sonic.transport.kinds`)."""
+        (``"shm"``, ``"cuda"``, ``"grpc"``, ``"http"``, ...; after a region error, the plain one)."""
         runtime = self._get_runtime()
         kind = runtime.sized_window()[1]  # raises where the transport asked for cannot be had
         try:

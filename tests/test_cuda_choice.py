@@ -72,26 +72,6 @@ def test_without_cuda_auto_keeps_a_gpu_model_on_system_shared_memory(triton_serv
     assert model(inputs)[output.name].shape == (300, *output.dims)
 
 
-def test_auto_sends_a_gpu_models_small_requests_through_system_memory_and_large_ones_through_cuda():
-    from types import SimpleNamespace
-
-    from coffea_sonic.core.endpoint import ServerSettings
-    from coffea_sonic.transport.choice import ServerTransports
-    from coffea_sonic.transport.kinds import transport_kind
-
-    threshold = transport_kind("cuda").min_request_bytes
-    system, cuda = SimpleNamespace(name="shm"), SimpleNamespace(name="cuda")
-    choice = ServerTransports(ServerSettings("127.0.0.1:1"), "auto")
-    choice.data, choice.cuda = system, cuda  # as decided with a server on this host
-    assert choice.data_transport(True, threshold - 1) is system
-    assert choice.data_transport(True, threshold) is cuda
-    assert choice.data_transport(True) is cuda and choice.kind(True) == "cuda"
-    assert choice.data_transport(False, 10 * threshold) is system  # a CPU model: never CUDA
-    asked = ServerTransports(ServerSettings("127.0.0.1:1"), "shm")
-    asked.data, asked.cuda = system, cuda
-    assert asked.data_transport(True, 10 * threshold) is system  # "shm" means system memory
-
-
 def test_transport_cuda_is_a_name_a_user_may_give():
     assert "transport='cuda'" in repr(TritonModel("triton+grpc://127.0.0.1:1/m", transport="cuda"))
 
@@ -127,38 +107,6 @@ def test_default_tritonmodel_sends_gpu_models_through_cuda_memory():
             for key, want in expected.items():
                 np.testing.assert_allclose(got[key], want, rtol=0, atol=1e-5, err_msg=name)
             assert TritonModel(server.url(name), transport="shm").transport_kind == "shm"
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not CudaShmTransport.available(), reason="needs torch with a CUDA GPU")
-def test_default_tritonmodel_keeps_small_requests_of_a_gpu_model_in_system_memory():
-    """Below the CUDA kind's min_request_bytes a GPU model's request goes through system shared
-    memory, from it through CUDA memory; both answer as gRPC does."""
-    from coffea_sonic.transport.kinds import transport_kind
-
-    clear_routers()
-    with LocalTritonServer(models=["emtrk_cnn"], device="gpu", gpus=[0]) as server:
-        auto = TritonModel(server.url("emtrk_cnn"))
-        assert auto.transport_kind == "cuda"
-        (endpoint,) = auto._get_runtime().router.endpoints
-        sent = []
-        watched = (endpoint.transports.data, endpoint.transports.cuda)  # pooled: shared
-        for transport in watched:
-            transport.submit = (lambda submit, name: lambda request: (
-                sent.append(name), submit(request))[1])(transport.submit, transport.name)
-        try:
-            grpc = TritonModel(server.url("emtrk_cnn"), transport="grpc")
-            row_bytes = sum(a.nbytes for a in zoo.example_inputs("emtrk_cnn", 1).values())
-            small_rows = transport_kind("cuda").min_request_bytes // row_bytes - 1
-            for rows in (small_rows, 2048):
-                inputs = zoo.example_inputs("emtrk_cnn", rows, seed=6)
-                got, expected = auto(inputs), grpc(inputs)
-                for key, want in expected.items():
-                    np.testing.assert_allclose(got[key], want, rtol=0, atol=1e-5)
-        finally:
-            for transport in watched:
-                del transport.submit
-        assert sent == ["shm", "cuda"]
 
 
 @pytest.mark.gpu

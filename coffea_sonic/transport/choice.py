@@ -26,7 +26,6 @@ from typing import Any, Callable
 from ..core.endpoint import ServerSettings
 from ..errors import ConfigurationError
 from .base import Transport
-from .kinds import transport_kind
 from .registry import open_transport
 
 __all__ = ["MAX_REPROBES", "ServerTransports"]
@@ -71,29 +70,25 @@ class ServerTransports:
             return self.requested(self.settings)
         return self.plain
 
-    def data_transport(self, gpu_model: bool = False,
-                       request_bytes: int | None = None) -> Transport:
+    def data_transport(self, gpu_model: bool = False) -> Transport:
         """The transport requests use (chosen once, see the module docstring).
 
         ``gpu_model``: the request's model runs on the server's GPU 0 only (see
         :attr:`~coffea_sonic.core.tensors.ModelInfo.on_gpu_zero`). With ``"auto"``, where system
         shared memory works with the server, such requests go through CUDA shared memory if this
         process can allocate GPU memory the server maps: the server then reads the inputs on its
-        GPU, without its host copies (benchmarks/RESULTS.md, "CUDA shared memory"). A request
-        whose inputs take fewer than the CUDA kind's ``min_request_bytes`` (``request_bytes``;
-        None: a large one) stays in system memory, where a small request is answered sooner.
+        GPU, without its host copies (benchmarks/RESULTS.md, "CUDA shared memory").
         """
         data = self.data
         if data is None or (data.name in ("shm", "cuda") and self.shm_off):
             data = self.data = self._choose()
-        if gpu_model and data.name == "shm" and self.requested == "auto" and (
-                request_bytes is None or request_bytes >= transport_kind("cuda").min_request_bytes):
+        if gpu_model and data.name == "shm" and self.requested == "auto":
             return self._cuda_transport() or data
         return data
 
     def kind(self, gpu_model: bool = False) -> str:
-        """The kind of :meth:`data_transport` for a large request (``"grpc"`` where the choice
-        raises: the request that makes it will report the error)."""
+        """The kind of :meth:`data_transport` (``"grpc"`` where the choice raises: the request
+        that makes it will report the error)."""
         from .errors import TransportError
 
         try:

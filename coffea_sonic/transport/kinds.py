@@ -12,8 +12,6 @@ request through CUDA shared memory).
 'grpc'
 >>> transport_kind("grpc").connections
 1
->>> transport_kind("cuda").min_request_bytes == 4 * 2**20
-True
 >>> REQUESTABLE
 ('auto', 'grpc', 'shm', 'cuda', 'http')
 """
@@ -39,9 +37,6 @@ class TransportKind:
     #: connections per server and process (gRPC: requests spread round robin over them;
     #: ``$COFFEA_SONIC_GRPC_CONNECTIONS`` replaces it)
     connections: int = 1
-    #: ``transport="auto"`` sends a request this way only when its inputs take at least this
-    #: many bytes (smaller ones go the way it would take without this kind)
-    min_request_bytes: int = 0
 
 
 KINDS: dict[str, TransportKind] = {kind.name: kind for kind in (
@@ -54,11 +49,8 @@ KINDS: dict[str, TransportKind] = {kind.name: kind for kind in (
                   "Triton's gRPC API"),
     TransportKind("shm", 9 * 2**20, 2, "coffea_sonic.transport.shm:SystemShmTransport",
                   "system shared memory (/dev/shm) to a server on this host"),
-    # CUDA memory costs each request a fixed ~2 ms more than system memory and saves the
-    # server's host-to-device copy: from one process it was slower at 1.2 MB of inputs and
-    # faster from 4.7 MB (RESULTS.md, "CUDA or system shared memory by request size")
     TransportKind("cuda", 32 * 2**20, 2, "coffea_sonic.transport.shm:CudaShmTransport",
-                  "CUDA shared memory to a server on this host", min_request_bytes=4 * 2**20),
+                  "CUDA shared memory to a server on this host"),
     TransportKind("http", 4 * 2**20, 4, "coffea_sonic.transport.http:HttpTransport",
                   "Triton's HTTP API with binary tensors"),
     TransportKind("memory", 4 * 2**20, 4, "", "in-process models (unit tests)"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,9 +37,11 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _raw_infer(client, name: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """One request per max_batch_size slice with the stock client (independent of TritonModel)."""
-    model_spec = zoo.spec(name)
+def _raw_infer(client, name: str, inputs: dict[str, np.ndarray],
+               zoo_name: str | None = None) -> dict[str, np.ndarray]:
+    """One request per max_batch_size slice with the stock client (independent of TritonModel);
+    ``zoo_name``: the zoo model that ``name`` serves (default: ``name``)."""
+    model_spec = zoo.spec(zoo_name or name)
     rows = next(iter(inputs.values())).shape[0]
     pieces: dict[str, list[np.ndarray]] = {n: [] for n in model_spec.output_names}
     for start in range(0, rows, model_spec.max_batch_size):
@@ -127,13 +130,57 @@ def _stub_rss_mb(server: LocalTritonServer, model: str) -> float:
 
 def test_a_cpu_model_gives_back_a_large_batchs_memory(triton_server):
     """A CPU stub that kept the largest batch's activations (GBs for the CNN at its
-    max_batch_size) would hold them for the server's life."""
+    max_batch_size) would hold them for the server's life: between runs it holds at most
+    ``arena_keep_mib`` (1 GiB by default)."""
     client = grpcclient.InferenceServerClient(triton_server.grpc_address)
-    rows = zoo.spec("emtrk_cnn").preferred_batch_sizes[-1]
-    _raw_infer(client, "emtrk_cnn", zoo.example_inputs("emtrk_cnn", rows, seed=1))
+    spec = zoo.spec("emtrk_cnn")
+    for rows in (spec.preferred_batch_sizes[-1], spec.max_batch_size):
+        _raw_infer(client, "emtrk_cnn", zoo.example_inputs("emtrk_cnn", rows, seed=1))
+        held = _stub_rss_mb(triton_server, "emtrk_cnn")
+        assert held <= 1024, f"the emtrk_cnn stub holds {held:.0f} MB after a batch of {rows} rows"
     client.close()
-    held = _stub_rss_mb(triton_server, "emtrk_cnn")
-    assert held < 600, f"the emtrk_cnn stub holds {held:.0f} MB after one batch of {rows} rows"
+
+
+def _stub_minor_faults(server: LocalTritonServer, model: str) -> int:
+    for pid in _children(server.pid):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if b"triton_python_backend_stub" in command[0] and f"/{model}/1/model.py".encode() in command[1]:
+            return int(stat[7])  # minflt
+    raise AssertionError(f"no python-backend stub of {model} in {server}")
+
+
+def test_a_cpu_model_under_its_memory_bound_reuses_its_pages_run_after_run(tmp_path):
+    """Runs of the usual size keep the arena's memory while the stub stays under
+    ``arena_keep_mib``: a run then writes into pages it already has, where a stub that gives its
+    memory back after every run (``arena_keep_mib: 0``) faults them in again each time."""
+    write_repository(tmp_path, ["jet_tagger"], device="cpu")
+    trimmed = tmp_path / "jet_tagger_trimmed"
+    shutil.copytree(tmp_path / "jet_tagger", trimmed)
+    config = (trimmed / "config.pbtxt").read_text().replace('name: "jet_tagger"',
+                                                             'name: "jet_tagger_trimmed"')
+    (trimmed / "config.pbtxt").write_text(
+        config + 'parameters {\n  key: "arena_keep_mib"\n  value {\n    string_value: "0"\n  }\n}\n')
+    inputs = zoo.example_inputs("jet_tagger", 20000, seed=2)
+    expected = CpuEngine("jet_tagger")(inputs)
+    faults = {}
+    with LocalTritonServer(repository=tmp_path, device="cpu") as server:
+        client = grpcclient.InferenceServerClient(server.grpc_address)
+        for model in ("jet_tagger", "jet_tagger_trimmed"):
+            for _ in range(2):
+                _raw_infer(client, model, inputs, "jet_tagger")
+            before = _stub_minor_faults(server, model)
+            for _ in range(4):
+                served = _raw_infer(client, model, inputs, "jet_tagger")
+                for name, want in expected.items():
+                    assert np.max(np.abs(served[name] - want)) <= 1e-5, (model, name)
+            faults[model] = (_stub_minor_faults(server, model) - before) / 4
+        client.close()
+    assert faults["jet_tagger_trimmed"] > 1000, faults  # the pages it gives back and takes again
+    assert faults["jet_tagger"] < faults["jet_tagger_trimmed"] / 4, faults
 
 
 def test_two_servers_on_free_ports_leave_no_process_or_shm_region_after_stop():

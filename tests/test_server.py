@@ -116,16 +116,21 @@ def test_served_outputs_equal_cpu_engine_on_1_7_and_more_than_max_batch_rows(tri
     client.close()
 
 
-def _stub_rss_mb(server: LocalTritonServer, model: str) -> float:
+def _stub_proc(server: LocalTritonServer, model: str) -> Path:
+    """/proc of the python-backend stub that serves ``model``."""
     for pid in _children(server.pid):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            resident_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
         except OSError:
             continue
-        if b"triton_python_backend_stub" in command[0] and f"{model}/1/model.py".encode() in command[1]:
-            return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+        if b"triton_python_backend_stub" in command[0] and f"/{model}/1/model.py".encode() in command[1]:
+            return Path(f"/proc/{pid}")
     raise AssertionError(f"no python-backend stub of {model} in {server}")
+
+
+def _stub_rss_mb(server: LocalTritonServer, model: str) -> float:
+    resident_pages = int((_stub_proc(server, model) / "statm").read_text().split()[1])
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def test_a_cpu_model_gives_back_a_large_batchs_memory(triton_server):
@@ -142,15 +147,8 @@ def test_a_cpu_model_gives_back_a_large_batchs_memory(triton_server):
 
 
 def _stub_minor_faults(server: LocalTritonServer, model: str) -> int:
-    for pid in _children(server.pid):
-        try:
-            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if b"triton_python_backend_stub" in command[0] and f"/{model}/1/model.py".encode() in command[1]:
-            return int(stat[7])  # minflt
-    raise AssertionError(f"no python-backend stub of {model} in {server}")
+    stat = (_stub_proc(server, model) / "stat").read_text().rsplit(")", 1)[1].split()
+    return int(stat[7])  # minflt
 
 
 def test_a_cpu_model_under_its_memory_bound_reuses_its_pages_run_after_run(tmp_path):
@@ -324,13 +322,9 @@ def test_default_gpu_server_uses_every_visible_gpu_and_gpus_selects():
 def test_stopping_a_reaped_server_spares_the_group_that_now_has_its_pid(monkeypatch):
     """Once a dead server is reaped its pid can be handed to a new process (pid_max may be
     32768): a late stop must not SIGKILL that process's group (another test's server)."""
-    import signal as signals
-    import subprocess as sp
-    import sys as system
-
     from coffea_sonic.server import process as server_process
 
-    finished = sp.Popen([system.executable, "-c", "pass"], start_new_session=True)
+    finished = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
     finished.wait()
     killed = []
     monkeypatch.setattr(server_process.os, "killpg", lambda pgid, sig: killed.append((pgid, sig)))
@@ -341,4 +335,4 @@ def test_stopping_a_reaped_server_spares_the_group_that_now_has_its_pid(monkeypa
     assert killed == []
     monkeypatch.setattr(server_process.os.path, "exists", real_exists)
     server_process.stop_process_group(finished, grace_s=1)  # pid free: the group is ours
-    assert killed == [(finished.pid, signals.SIGKILL)]
+    assert killed == [(finished.pid, signal.SIGKILL)]

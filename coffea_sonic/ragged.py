@@ -172,6 +172,26 @@ def signature(info: ModelInfo) -> RaggedSignature:
         event_outputs=tuple(event_outputs))
 
 
+#: the last few models' ragged declarations, by identity: a model's info is one object for the
+#: life of its TritonModel, and reading the declaration costs more than a small call's checks
+_PREPARED: dict[int, tuple[ModelInfo, RaggedSignature, ModelInfo]] = {}
+
+
+def _prepared(info: ModelInfo) -> tuple[RaggedSignature, ModelInfo]:
+    """``info``'s ragged signature and the info its rows are validated against (rows of the
+    ragged inputs, no outputs), computed once per info object."""
+    entry = _PREPARED.get(id(info))
+    if entry is not None and entry[0] is info:
+        return entry[1], entry[2]
+    sig = signature(info)
+    flat = ModelInfo(info.name, info.versions, info.platform, max(info.max_batch_size, 1),
+                     sig.inputs, ())
+    if len(_PREPARED) >= 64:
+        _PREPARED.clear()
+    _PREPARED[id(info)] = (info, sig, flat)  # holding info keeps its id from being reused
+    return sig, flat
+
+
 def _check_ragged_inputs(info: ModelInfo, data: list[TensorInfo], count: TensorInfo) -> None:
     """Raise unless the model's inputs are its ragged ``data`` (numeric, dims [-1, ...]) and
     their ``count``."""
@@ -266,13 +286,11 @@ class RaggedCall:
     def build(cls, info: ModelInfo, inputs: Mapping[str, Any], counts: Any,
               nonfinite: NonFinitePolicy = "pass") -> "RaggedCall":
         """Check ``inputs`` (rows of the ragged inputs) and ``counts`` against ``info``."""
-        sig = signature(info)
+        sig, flat = _prepared(info)
         if isinstance(inputs, Mapping) and sig.counts is not None and sig.counts in inputs:
             raise InputValidationError(
                 f"model {sig.model!r}: input {sig.counts!r} is filled by the client from "
                 "counts=; leave it out of the inputs")
-        flat = ModelInfo(info.name, info.versions, info.platform, max(info.max_batch_size, 1),
-                         sig.inputs, ())
         arrays, rows = validate_inputs(flat, inputs, nonfinite)
         array = _counts_array(sig, counts, rows)
         offsets = np.zeros(len(array) + 1, dtype=np.int64)
@@ -298,7 +316,10 @@ class RaggedCall:
             return []
         if self.signature.per_event:  # Triton concatenates them: one request per event
             return [(event, event + 1, 0) for event in range(self.events)]
-        event_bytes = self.counts * self._row_bytes() + 8
+        row_bytes = self._row_bytes()
+        if self.rows * row_bytes + 8 * self.events <= max_request_bytes:
+            return [(0, self.events, 0)]  # the whole call fits one request
+        event_bytes = self.counts * row_bytes + 8
         ends = np.cumsum(event_bytes)
         greedy = self._groups(event_bytes, ends, max_request_bytes, None)
         over = np.flatnonzero(event_bytes > max_request_bytes)

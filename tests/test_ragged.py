@@ -407,3 +407,26 @@ def test_the_mixin_round_trip_on_a_served_model(ragged_server, transport):
             "hit_frac": ak.to_numpy(ak.flatten(out["hit_frac"])),
             "event_sum": out["event_sum"], "n_hits": out["n_hits"]}
     _assert_equal_per_event(flat, hits, counts)
+
+
+def _hits_model(row_dims: int) -> ModelInfo:
+    return ModelInfo("hits_model", ("1",), "python", 8,
+                     (TensorInfo("hits", "FP32", (-1, row_dims)),
+                      TensorInfo("hits__counts", "INT64", (-1,))),
+                     (TensorInfo("hit_sum", "FP32", (-1,)),),
+                     ragged_inputs=("hits", "hits__counts"), ragged_outputs=("hit_sum",))
+
+
+def test_a_changed_declaration_of_the_same_model_is_checked_against_the_new_one():
+    """The ragged declaration is read once per model description: a new description of the
+    same model (reloaded with other dims) is checked against its own dims, not the old ones."""
+    rows = np.ones((5, 3), np.float32)
+    three, four = _hits_model(3), _hits_model(4)
+    for _ in range(2):
+        call = ragged.RaggedCall.build(three, {"hits": rows}, [2, 3])
+        assert call.plan(1 << 20) == [(0, 2, 0)]
+    with pytest.raises(InputValidationError, match=r"expected shape \[N, 4\], got \[5, 3\]"):
+        ragged.RaggedCall.build(four, {"hits": rows}, [2, 3])
+    wider = ragged.RaggedCall.build(four, {"hits": np.ones((5, 4), np.float32)}, [2, 3])
+    assert wider.tensors(0, 2)["hits"].shape == (1, 5, 4)
+    assert ragged.RaggedCall.build(three, {"hits": rows}, [5, 0]).counts.tolist() == [5, 0]

@@ -72,6 +72,8 @@ class Piece:
     #: the last send's refusal by a quota (a gateway's RESOURCE_EXHAUSTED with a reason):
     #: retried until the deadline, then the call fails naming it (never the fallback)
     quota_refusal: str = ""
+    #: whether its wait for a server to come back was logged (once per piece)
+    waiting_logged: bool = False
 
     @property
     def rows(self) -> int:

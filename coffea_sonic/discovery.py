@@ -18,6 +18,7 @@ devices), checked again when a quarantined server is re-admitted.
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
@@ -53,9 +54,12 @@ class Discovery:
         """Ask servers not yet discovered what they serve (all at once, in parallel).
 
         A server that cannot be reached within the connect timeout is quarantined; one that
-        restricts its repository index is asked model by model later (:meth:`learn`).
+        restricts its repository index is asked model by model later (:meth:`learn`). A
+        quarantined server is left to the health thread's probes (``force`` asks it anyway), so a
+        dead server costs a call no connect timeout while its quarantine lasts.
         """
-        pending = [e for e in (self._endpoints if endpoints is None else endpoints) if force or e.served is None]
+        pending = [e for e in (self._endpoints if endpoints is None else endpoints)
+                   if force or (e.served is None and e.healthy)]
         if not pending:
             return
         with ThreadPoolExecutor(len(pending), thread_name_prefix="csonic-discover") as pool:
@@ -118,17 +122,25 @@ class Discovery:
         of the run uses the same model. Raises ``ModelNotFoundError`` if no reachable server
         serves it, ``InferenceError`` if two servers (or a server and ``expected_checksum``)
         disagree about its signature.
+
+        While every server is quarantined, a signature this process already read from one of
+        them (and checked) is answered from memory: the call goes on to the router, which falls
+        back or waits for a server as its policy says, instead of failing to describe the model.
         """
+        started = time.monotonic()
         self.discover()
         for endpoint in self._endpoints:
             if endpoint.healthy:
                 self.learn(endpoint, model, timeout_s)
         reachable = [e for e in self._endpoints if e.served is not None and e.healthy]
         if not reachable:
+            remembered = self._remembered(model, version)
+            if remembered is not None:
+                return remembered
             raise ServerUnavailableError(
-                f"model {model!r}: no server reachable within {self._connect_timeout_s:g} s "
-                "(is the server running, and are the address and TLS setting right?); "
-                + self._describe(model, version))
+                f"model {model!r}: no server reachable ({time.monotonic() - started:.1f} s; "
+                f"connect_timeout_s {self._connect_timeout_s:g}); is the server running, and are "
+                "the address and TLS setting right? " + self._describe(model, version))
         if not version:
             version = _latest_version(model, reachable)
         holders = [e for e in reachable if e.serves(model, version)]
@@ -138,6 +150,20 @@ class Discovery:
         reference = self._agreed_info(holders, model, version, timeout_s, expected_checksum)
         self._signatures[(model, version)] = reference.checksum
         return reference, version
+
+    def _remembered(self, model: str, version: str) -> tuple[ModelInfo, str] | None:
+        """The signature of ``model`` (``version``, or the latest known) that a now quarantined
+        server gave this process before, once agreed on; None if there is none."""
+        known = [e for e in self._endpoints if e.served is not None]
+        version = version or _latest_version(model, known)
+        checksum = self._signatures.get((model, version))
+        if checksum is None:
+            return None
+        for endpoint in known:
+            info = self._infos.get((endpoint.address, model, version))
+            if info is not None and info.checksum == checksum:
+                return info, version
+        return None
 
     def _agreed_info(self, holders: Sequence[Endpoint], model: str, version: str,
                      timeout_s: float, expected_checksum: str | None) -> ModelInfo:

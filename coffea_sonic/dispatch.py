@@ -446,6 +446,13 @@ class CallRunner:
             return
         # wait for the health thread to re-admit a server (or for the deadline)
         wait = min(left, max(router.seconds_until_probe(), self.owner.retry.backoff_s(1)) + 0.05)
+        if not piece.waiting_logged:  # once per piece: what it waits for, and how long it may
+            piece.waiting_logged = True
+            logger.warning("coffea-sonic: %s rows %d-%d wait for a server to come back (up to "
+                           "%.0f s more of the retry policy's total_s %g; no fallback is set): %s",
+                           self._what(), piece.start, piece.stop, left,
+                           self.owner.retry.total_s, router.describe(self.model_name,
+                                                                     self.version))
         call_later(wait, lambda: self.window.submit_front(piece))
 
     def _give_up(self, piece: Piece, why: str) -> None:

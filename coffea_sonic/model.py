@@ -26,8 +26,9 @@ With a server running (``LocalTritonServer``)::
 Policies:
 
 * dtypes: only numpy-'safe' casts are done silently; anything lossy raises ``InputValidationError``.
-* NaN/inf: passed through by default (the model sees what the in-process model would);
-  ``nonfinite="raise"`` rejects them.
+* NaN/inf: sent as given (the model sees what the in-process model would), with a WARNING the
+  first time a model's tensor holds any; ``nonfinite="raise"`` rejects them, ``"pass"`` does not
+  look.
 * Empty inputs: no request; correctly shaped, typed empty outputs.
 * Integrity: every answer's row count, outputs and dtypes are checked against its request; a call
   gets all its outputs, in order, or raises — never a partial or misaligned result.
@@ -51,6 +52,7 @@ Policies:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
 import threading
@@ -64,8 +66,8 @@ from .cache import CacheChoice, resolve_cache
 from .cache.lookup import cacheable, infer_cached
 from .calls import InferenceHandle
 from .classification import ClassificationChoice, check_classification, classified
-from .core.endpoint import (ModelRef, ServerSettings, configured_headers, configured_protocol_key,
-                            configured_tls, parse_model_url)
+from . import model_options as options
+from .core.endpoint import ModelRef, ServerSettings, configured_headers, configured_protocol_key
 from .core.secrets import Secret, normalize_headers
 from .core.tensors import ModelInfo
 from .core.tls import TlsOptions
@@ -77,8 +79,8 @@ from .shadow import ShadowAction, ShadowHook, resolve_shadow
 from .stats import InferenceStats, ServerStatistics, counted_since
 from .tracing import TraceHook
 from .transport.errors import TransportError, to_sonic_error
-from .transport.kinds import KINDS, REQUESTABLE
-from .validation import GRPC_MESSAGE_LIMIT, NonFinitePolicy
+from .transport.kinds import KINDS
+from .validation import NonFinitePolicy
 
 __all__ = ["TRANSPORT_DEFAULTS", "InferenceHandle", "ServerDelta", "TritonModel"]
 
@@ -103,7 +105,10 @@ class TritonModel:
         several servers. No version means the latest served.
     timeout_s:
         Deadline of each request (a slower server is given up on and the request retried
-        elsewhere). ``connect_timeout_s``: how long to wait for a server to answer at all.
+        elsewhere). ``connect_timeout_s``: how long to wait for a server to answer at all (None:
+        the ``connect_timeout_s`` setting, default 10 s); a server that does not is quarantined
+        and probed again in the background, so with a fallback a dead server costs a call at most
+        this long.
     transport:
         ``"auto"`` (shared memory to a server proven to be on this host, the URL's protocol
         otherwise; for a model the server runs on a GPU, CUDA shared memory where this process
@@ -132,7 +137,9 @@ class TritonModel:
         Not needed for inference (it stays open); it unlocks the repository index, shared memory
         and statistics. None: the settings ``protocol_key_name`` + ``protocol_key_env``.
     nonfinite:
-        ``"pass"`` (default) sends NaN/inf as given; ``"raise"`` rejects them.
+        ``"warn"`` sends NaN/inf as given and warns once per model and tensor; ``"pass"`` sends
+        them without looking; ``"raise"`` rejects them. None: the ``nonfinite`` setting (default
+        ``"warn"``).
     expected_checksum:
         If set, every server's checksum of the model (``model.info.checksum``: its signature
         and the served config's parts that change answers) must equal it.
@@ -172,23 +179,23 @@ class TritonModel:
         self, url: str | Sequence[str], *, timeout_s: float = 60.0,
         max_in_flight: int | None = None, ssl: TlsOptions | Mapping[str, Any] | bool | None = None,
         headers: Mapping[str, str | Secret] | None = None, max_request_bytes: int | None = None,
-        connect_timeout_s: float = 10.0, nonfinite: NonFinitePolicy = "pass",
+        connect_timeout_s: float | None = None, nonfinite: NonFinitePolicy | None = None,
         expected_checksum: str | None = None, retry: RetryPolicy | Mapping[str, Any] | None = None,
         fallback: fallback_module.FallbackChoice = None,
         transport: str | Callable[[ServerSettings], Any] | None = None,
         protocol_key: Any = None, priority: int | None = None, cache: CacheChoice = None,
         cache_offline: bool = False, shadow: float | None = None,
         shadow_tolerance: float | None = None, shadow_action: ShadowAction = "raise",
-        classification: ClassificationChoice = None,
+        classification: ClassificationChoice = None, **unknown: Any,
     ) -> None:
-        self.transport = _checked_transport(transport)
+        options.unknown_keywords("TritonModel", unknown, _KEYWORDS)
+        self.transport = options.checked_transport(transport)
         self.urls = [url] if isinstance(url, str) else list(url)
-        self._refs: list[ModelRef] = _parse_urls(self.urls)
+        self._refs: list[ModelRef] = options.parse_urls(self.urls)
         self._ref = self._refs[0]
         self.url = self.urls[0]
-        _check_limits(timeout_s, connect_timeout_s, max_in_flight, max_request_bytes, nonfinite,
-                      priority)
-        self.tls, server_tls = _resolve_tls(ssl, self._refs, self.urls)
+        options.check_limits(timeout_s, max_in_flight, max_request_bytes, priority)
+        self.tls, server_tls = options.resolve_tls(ssl, self._refs, self.urls)
         self.headers = normalize_headers(configured_headers() if headers is None else headers)
         if protocol_key is None:
             protocol_key = configured_protocol_key()
@@ -198,10 +205,10 @@ class TritonModel:
                                  headers=self.headers, protocol_key=protocol_key)
             for ref, tls in zip(self._refs, server_tls)]
         self.timeout_s = float(timeout_s)
-        self.connect_timeout_s = float(connect_timeout_s)
+        self.connect_timeout_s = options.resolve_connect_timeout(connect_timeout_s)
         self.max_in_flight = max_in_flight
         self.max_request_bytes = max_request_bytes
-        self.nonfinite = nonfinite
+        self.nonfinite = options.resolve_nonfinite(nonfinite)
         self.expected_checksum = expected_checksum
         self.retry = RetryPolicy.coerce(retry)
         self.fallback = fallback_module.resolve_fallback(fallback)
@@ -319,7 +326,8 @@ class TritonModel:
                     try:
                         info, version = runtime.router.model_info(
                             self.model_name, self.version, timeout_s=self.timeout_s,
-                            expected_checksum=self.expected_checksum)
+                            expected_checksum=self.expected_checksum,
+                            wait=self.fallback is None and not self.cache_offline)
                     except ServerUnavailableError as error:
                         info = fallback_module.declared_info(self.fallback, self.model_name)
                         if info is None and self.cache_offline:
@@ -437,64 +445,6 @@ class ServerDelta:
     delta: ServerStatistics = field(default_factory=ServerStatistics)
 
 
-def _checked_transport(transport: str | Callable[[ServerSettings], Any] | None
-                       ) -> str | Callable[[ServerSettings], Any]:
-    """The transport asked for (None: the ``transport`` setting, default ``"auto"``)."""
-    if transport is None:
-        from . import config
-
-        transport = str(config.setting("transport", "auto")).strip().lower()
-    if not callable(transport) and transport not in REQUESTABLE:
-        raise ConfigurationError(
-            f"transport must be one of {', '.join(map(repr, REQUESTABLE))} or a factory "
-            f"f(ServerSettings) -> Transport, not {transport!r}")
-    return transport
-
-
-def _parse_urls(urls: Sequence[str]) -> list[ModelRef]:
-    """The model references of ``urls``: one model and version, each server once."""
-    if not urls:
-        raise ConfigurationError("TritonModel needs at least one URL")
-    refs = [parse_model_url(u) for u in urls]
-    first = refs[0]
-    for ref, text in zip(refs, urls):
-        if (ref.model, ref.version) != (first.model, first.version):
-            raise ConfigurationError(
-                f"all URLs of one TritonModel must name the same model and version: "
-                f"{urls[0]!r} vs {text!r}")
-    if len({(ref.protocol, ref.address) for ref in refs}) != len(refs):
-        raise ConfigurationError(f"a server is listed twice in {list(urls)}")
-    return refs
-
-
-def _check_limits(timeout_s: Any, connect_timeout_s: Any, max_in_flight: Any,
-                  max_request_bytes: Any, nonfinite: Any, priority: Any) -> None:
-    """Raise ``ConfigurationError`` for a number (or policy) out of its range."""
-    if timeout_s is None or not timeout_s > 0:
-        raise ConfigurationError(f"timeout_s must be > 0 seconds, not {timeout_s!r}")
-    if connect_timeout_s is None or not connect_timeout_s > 0:
-        raise ConfigurationError(f"connect_timeout_s must be > 0, not {connect_timeout_s!r}")
-    if max_in_flight is not None and (not isinstance(max_in_flight, int) or max_in_flight < 1):
-        raise ConfigurationError(f"max_in_flight must be an int >= 1, not {max_in_flight!r}")
-    if max_request_bytes is not None and (not isinstance(max_request_bytes, int) or not (
-            1 <= max_request_bytes <= GRPC_MESSAGE_LIMIT - (1 << 20))):
-        raise ConfigurationError(
-            "max_request_bytes must be an int between 1 and gRPC's 2 GiB message limit "
-            f"(less 1 MiB framing), not {max_request_bytes!r}")
-    if nonfinite not in ("pass", "raise"):
-        raise ConfigurationError(f"nonfinite must be 'pass' or 'raise', not {nonfinite!r}")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)
-                                 or priority < 1):
-        raise ConfigurationError(f"priority must be an int >= 1 (1 is served first) or None, "
-                                 f"not {priority!r}")
-
-
-def _resolve_tls(ssl: Any, refs: Sequence[ModelRef], urls: Sequence[str]
-                 ) -> tuple[TlsOptions | None, list[TlsOptions | None]]:
-    """The model's TLS options (its first server's) and each server's."""
-    tls = TlsOptions.coerce(ssl)
-    if ssl is False and any(ref.tls for ref in refs):
-        raise ConfigurationError(f"{list(urls)} ask for TLS (triton+grpcs) but ssl=False")
-    url_tls = configured_tls() if tls is None and any(r.tls for r in refs) else None
-    per_server = [tls if tls is not None else (url_tls if ref.tls else None) for ref in refs]
-    return per_server[0], per_server
+#: the keywords TritonModel takes (an unknown one is named with the closest of these)
+_KEYWORDS = tuple(name for name in inspect.signature(TritonModel.__init__).parameters
+                  if name not in ("self", "url", "unknown"))

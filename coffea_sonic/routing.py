@@ -106,26 +106,38 @@ class Router:
         self.discovery.discover(endpoints, force=force)
 
     def model_info(self, model: str, version: str, *, timeout_s: float,
-                   expected_checksum: str | None = None) -> tuple[ModelInfo, str]:
+                   expected_checksum: str | None = None,
+                   wait: bool = True) -> tuple[ModelInfo, str]:
         """The model's signature and the version requests carry (:meth:`Discovery.model_info`).
 
         Servers that answered this process before and are out of reach now (a restarting
         gateway, a cut link) are waited for, as a request would be, within the retry policy's
-        ``total_s``; where none ever answered (a wrong address) the error comes at once.
+        ``total_s``, each wait logged with what it waits for; ``wait=False`` (a caller with a
+        fallback) raises at once instead. Where none ever answered (a wrong address) the error
+        comes at once. The error says how long was waited.
         """
-        deadline = time.monotonic() + self.policy.total_s
+        started = time.monotonic()
+        deadline = started + self.policy.total_s
         for attempt in itertools.count(1):
             try:
                 return self.discovery.model_info(model, version, timeout_s=timeout_s,
                                                  expected_checksum=expected_checksum)
             except ServerUnavailableError as error:
                 left = deadline - time.monotonic()
-                if left <= 0 or not any(e.served is not None for e in self.endpoints):
-                    raise
-                wait = min(left, max(self.seconds_until_probe(),
-                                     self.policy.backoff_s(attempt)) + 0.05)
-                logger.info("coffea-sonic: describing %s again in %.2f s (%s)", model, wait, error)
-                time.sleep(wait)
+                if not wait or left <= 0 or not any(e.served is not None for e in self.endpoints):
+                    if attempt == 1:
+                        raise
+                    raise ServerUnavailableError(
+                        f"{error} (waited {time.monotonic() - started:.1f} s for a server to "
+                        f"come back: the retry policy's total_s is {self.policy.total_s:g} s)"
+                    ) from None
+                pause = min(left, max(self.seconds_until_probe(),
+                                      self.policy.backoff_s(attempt)) + 0.05)
+                log = logger.warning if attempt == 1 else logger.info
+                log("coffea-sonic: model %s: waiting for a server to come back (%.0f s of the "
+                    "retry policy's total_s %g left; next look in %.2f s; no fallback is set): %s",
+                    model, left, self.policy.total_s, pause, self.describe(model, version))
+                time.sleep(pause)
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- choosing and releasing ---------------------------------------------------------------------
@@ -237,7 +249,7 @@ class Router:
             previous = endpoint.served
             endpoint.served = None
             try:
-                self.discovery.discover([endpoint])
+                self.discovery.discover([endpoint], force=True)
             except Exception as error:  # noqa: BLE001 - keep probing; the error is logged
                 logger.warning("coffea-sonic: server %s answers but refuses discovery: %s",
                                endpoint.address, error)

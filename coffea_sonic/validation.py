@@ -7,8 +7,10 @@ the model, the tensor, what was expected and what was given, instead of a server
 * rank and fixed dims must match (``-1`` dims are free);
 * dtype: numpy's ``'safe'`` casts happen silently (``int16 -> float32``); anything else
   (``float64 -> float32``) is an error, because silently losing precision is a physics bug;
-* NaN/inf policy (``nonfinite``): ``"pass"`` (default) sends them as they are — the model decides,
-  like it would in-process; ``"raise"`` rejects inputs holding any.
+* NaN/inf policy (``nonfinite``): ``"warn"`` (the default of :class:`~coffea_sonic.model.TritonModel`)
+  sends them as they are and logs a WARNING the first time a model's tensor holds any in this
+  process (then that tensor is not looked at again); ``"pass"`` sends them without looking (the
+  model decides, as it would in-process); ``"raise"`` rejects inputs holding any.
 
 >>> import numpy as np
 >>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
@@ -23,6 +25,7 @@ the model, the tensor, what was expected and what was given, instead of a server
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal, Mapping
 
 import numpy as np
@@ -30,14 +33,19 @@ import numpy as np
 from .errors import ConfigurationError, InputValidationError
 from .core.tensors import ModelInfo, TensorInfo
 
-__all__ = ["GRPC_MESSAGE_LIMIT", "NonFinitePolicy", "empty_outputs", "plan_pieces",
-           "validate_inputs"]
+__all__ = ["GRPC_MESSAGE_LIMIT", "NONFINITE_POLICIES", "NonFinitePolicy", "empty_outputs",
+           "plan_pieces", "validate_inputs"]
+
+logger = logging.getLogger(__name__)
 
 #: gRPC's message size limit; requests are kept this far below it for protobuf framing.
 GRPC_MESSAGE_LIMIT = 2**31 - 1
 _FRAMING_HEADROOM = 1 << 20
 
-NonFinitePolicy = Literal["pass", "raise"]
+NonFinitePolicy = Literal["pass", "warn", "raise"]
+NONFINITE_POLICIES: tuple[str, ...] = ("pass", "warn", "raise")
+#: (model, tensor) pairs already warned about in this process (each is warned about once)
+_warned_nonfinite: set[tuple[str, str]] = set()
 
 
 def _shape_text(info: ModelInfo, tensor: TensorInfo) -> str:
@@ -68,8 +76,9 @@ def validate_inputs(info: ModelInfo, inputs: Mapping[str, Any],
         raise InputValidationError(
             f"model {info.name!r} takes a dict {{input name: array}} with inputs "
             f"{list(info.input_names)}, got {type(inputs).__name__}")
-    if nonfinite not in ("pass", "raise"):
-        raise ConfigurationError(f"nonfinite must be 'pass' or 'raise', not {nonfinite!r}")
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ConfigurationError(
+            f"nonfinite must be 'pass', 'warn' or 'raise', not {nonfinite!r}")
     _check_names(info, inputs)
     arrays: dict[str, np.ndarray] = {}
     rows: int | None = None
@@ -124,16 +133,33 @@ def _checked_array(info: ModelInfo, tensor: TensorInfo, value: Any,
                 f"{_shape_text(info, tensor)}, got {list(array.shape)} (dim "
                 f"{axis + (1 if info.batching else 0)} is {have}, must be {want})")
     array = _check_dtype(info, tensor, array)
-    if nonfinite == "raise" and array.dtype.kind == "f":
-        bad = int(np.count_nonzero(~np.isfinite(array)))
-        if bad:
-            raise InputValidationError(
-                f"model {info.name!r} input {tensor.name!r}: {bad} NaN/inf values and "
-                "nonfinite='raise'; clean them or use nonfinite='pass'")
+    if nonfinite != "pass" and array.dtype.kind == "f":
+        _check_finite(info.name, tensor.name, array, nonfinite)
     if array.ndim == 0:
         raise InputValidationError(
             f"model {info.name!r} input {tensor.name!r} is a scalar; rows are needed")
     return array
+
+
+def _check_finite(model: str, tensor: str, array: np.ndarray, nonfinite: str) -> None:
+    """Raise (``"raise"``) or warn once (``"warn"``) where ``array`` holds NaN/inf."""
+    if nonfinite == "warn" and (model, tensor) in _warned_nonfinite:
+        return
+    with np.errstate(all="ignore"):  # a sum is one fast pass; only a non-finite one is counted
+        if np.isfinite(array.sum()):
+            return
+    bad = int(np.count_nonzero(~np.isfinite(array)))
+    if not bad:
+        return
+    if nonfinite == "raise":
+        raise InputValidationError(
+            f"model {model!r} input {tensor!r}: {bad} NaN/inf values of {array.size} and "
+            "nonfinite='raise'; clean them (e.g. np.nan_to_num) or use nonfinite='warn'")
+    _warned_nonfinite.add((model, tensor))
+    logger.warning("coffea-sonic: model %r input %r holds %d NaN/inf values of %d; they are sent "
+                   "as they are (the model decides, as it would in-process). Said once per model "
+                   "and tensor; nonfinite='raise' rejects them, 'pass' stops looking",
+                   model, tensor, bad, array.size)
 
 
 def _row_bytes(arrays: Mapping[str, np.ndarray], rows: int) -> int:

@@ -92,6 +92,12 @@ def require(module: str, feature: str) -> ModuleType:
             f"({error}): {where}") from error
 
 
+class PreflightError(SonicError, RuntimeError):
+    """A processor's model failed the check made before its run started (not served, inputs that
+    do not fit, a refused token, no server and no fallback): no chunk would have succeeded, so
+    none was started. The message says what is wrong and what to do."""
+
+
 class ClusterStartError(SonicError, RuntimeError):
     """A Dask cluster (local, batch jobs or a scheduler address) did not get its workers in time."""
 

@@ -24,8 +24,9 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from .core.tensors import ModelInfo
+from .validation import piece_arrays
 
-__all__ = ["Call", "CallControl", "InferenceHandle", "Piece", "Window"]
+__all__ = ["Call", "CallControl", "InferenceHandle", "Piece", "Window", "piece_tensors"]
 
 
 class CallControl(Protocol):
@@ -106,6 +107,8 @@ class Call:
     caller: int | None = None
     #: some rows were computed by the in-process fallback engine
     fallback: bool = False
+    #: the chunk being processed when the call was made (its incidents name it)
+    chunk: str = ""
     #: per-call metadata for the call hooks (:class:`~coffea_sonic.dispatch.CallHooks`)
     context: dict[str, Any] = field(default_factory=dict)
 
@@ -223,3 +226,12 @@ class Window:
     @property
     def limit(self) -> int:
         return int(self._limit)
+
+
+def piece_tensors(piece: Piece) -> dict[str, np.ndarray]:
+    """The input tensors of ``piece``: its rows (plus padding), or its group of ragged events."""
+    call = piece.call
+    if call.ragged is not None:
+        return call.ragged.tensors(piece.start, piece.stop)
+    return piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
+

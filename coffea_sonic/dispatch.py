@@ -71,13 +71,13 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from . import fallback as fallback_module
+from . import incidents
 from . import ragged as ragged_module
+from . import unserved
 from .answers import assemble, check_outputs, check_version, preallocate
-from .calls import Call, InferenceHandle, Piece, Window
+from .calls import Call, InferenceHandle, Piece, Window, piece_tensors
 from .core.tensors import ModelInfo
-from .errors import (InferenceError, ModelNotFoundError, QuotaExceededError,
-                     ServerUnavailableError)
+from .errors import InferenceError
 from .hooks import CallHooks, PieceAnswer
 from .retry import RetryPolicy, call_later
 from .routing import Router
@@ -86,7 +86,7 @@ from .stats import InferenceStats
 from .transport.base import InferAnswer, InferRequest
 from .transport.errors import TransportError, to_sonic_error
 from .transport.kinds import transport_kind
-from .validation import NonFinitePolicy, empty_outputs, piece_arrays, plan_pieces, validate_inputs
+from .validation import NonFinitePolicy, empty_outputs, plan_pieces, validate_inputs
 
 #: CallHooks and PieceAnswer live in :mod:`coffea_sonic.hooks` (importable from here too)
 __all__ = ["CallHooks", "CallOwner", "CallRunner", "PieceAnswer"]
@@ -171,7 +171,8 @@ class CallRunner:
         ``caller_waits``: the calling thread only waits for the answer, so a one-request call
         may be sent and answered in it (no hand-off to other threads)."""
         call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=self, info=info,
-                    ragged=ragged, caller=threading.get_ident() if caller_waits else None)
+                    ragged=ragged, caller=threading.get_ident() if caller_waits else None,
+                    chunk=incidents.current_chunk())
         if rows == 0:
             call.outputs = empty_outputs(info) if ragged is None else ragged.empty_outputs()
             call.done.set()
@@ -266,7 +267,7 @@ class CallRunner:
         """The request of ``piece`` (its tensors cut from the call's once, kept for retries)."""
         call = piece.call
         if piece.tensors is None:
-            piece.tensors = _piece_tensors(piece)
+            piece.tensors = piece_tensors(piece)
             piece.bytes_sent = sum(array.nbytes for array in piece.tensors.values())
         ragged = call.ragged  # one batch item per group; outputs shaped by its events
         request = InferRequest(
@@ -301,6 +302,8 @@ class CallRunner:
             request = self._request(piece)
             if piece.last_address and piece.last_address != endpoint.address:
                 self.count(failovers=1)
+                incidents.record("failover", server=endpoint.address, model=self.model_name,
+                                 chunk=call.chunk, detail=f"from {piece.last_address}")
             piece.attempts += 1
             piece.endpoint, piece.last_address, piece.transport = endpoint, endpoint.address, transport
             piece.sent_at = time.perf_counter()
@@ -418,6 +421,8 @@ class CallRunner:
             return
         piece.avoid = frozenset({piece.last_address})
         self.count(retries=1)
+        incidents.record("retried", server=piece.last_address, model=self.model_name,
+                         chunk=piece.call.chunk, detail=piece.errors.get(piece.last_address, ""))
         delay = policy.backoff_s(max(1, piece.attempts + piece.busy_attempts))
         if wait_s is not None:
             delay = min(max(delay, wait_s), piece.deadline - now)
@@ -430,78 +435,10 @@ class CallRunner:
         return f"model {self.model_name!r}" + (f" version {self.version}" if self.version else "")
 
     def _no_server(self, piece: Piece) -> None:
-        """No healthy server serves the model right now: fall back, wait for one, or give up."""
-        router = self.router
-        if not router.could_serve(self.model_name, self.version):
-            self.fail(piece.call, ModelNotFoundError(
-                f"no server serves {self._what()} any more; "
-                f"{router.describe(self.model_name, self.version)}"))
-            return
-        if self.owner.fallback is not None:
-            self._run_fallback(piece, router.describe(self.model_name, self.version))
-            return
-        left = piece.deadline - time.monotonic()
-        if left <= 0:
-            self._give_up(piece, "no healthy server left")
-            return
-        # wait for the health thread to re-admit a server (or for the deadline)
-        wait = min(left, max(router.seconds_until_probe(), self.owner.retry.backoff_s(1)) + 0.05)
-        if not piece.waiting_logged:  # once per piece: what it waits for, and how long it may
-            piece.waiting_logged = True
-            logger.warning("coffea-sonic: %s rows %d-%d wait for a server to come back (up to "
-                           "%.0f s more of the retry policy's total_s %g; no fallback is set): %s",
-                           self._what(), piece.start, piece.stop, left,
-                           self.owner.retry.total_s, router.describe(self.model_name,
-                                                                     self.version))
-        call_later(wait, lambda: self.window.submit_front(piece))
+        unserved.no_server(self, piece)
 
     def _give_up(self, piece: Piece, why: str) -> None:
-        call = piece.call
-        servers = self.router.describe(self.model_name, self.version)
-        if piece.quota_refusal:  # the servers are fine: the user is over a quota
-            elapsed = time.monotonic() - piece.first_try if piece.first_try else 0.0
-            self.fail(call, QuotaExceededError(
-                f"{self._what()}: {piece.last_address} refused rows {piece.start}-{piece.stop} "
-                f"over a quota until the deadline ({elapsed:.1f} s, retry total_s "
-                f"{self.owner.retry.total_s:g}): {piece.quota_refusal}. Send less at once "
-                "(fewer workers or max_in_flight), or ask the facility for a larger quota"))
-            return
-        if self.owner.fallback is not None:
-            self._run_fallback(piece, f"{why}; {servers}")
-            return
-        elapsed = time.monotonic() - piece.first_try if piece.first_try else 0.0
-        errors = "; ".join(f"{address}: {error}" for address, error in piece.errors.items())
-        self.fail(call, ServerUnavailableError(
-            f"{self._what()}: no server could serve rows {piece.start}-{piece.stop} of a "
-            f"{call.rows}-row call ({why}, {elapsed:.1f} s); {servers}"
-            + (f"; last errors: {errors}" if errors else "")
-            + ". Start or fix a server, or enable the in-process fallback with fallback='cpu' "
-              "(or COFFEA_SONIC_FALLBACK=cpu)"))
+        unserved.give_up(self, piece, why)
 
     def _run_fallback(self, piece: Piece, reason: str) -> None:
-        call = piece.call
-        if call.error is not None:
-            return
-        choice = self.owner.fallback
-        call.fallback = True  # e.g. the inference cache does not store its outputs
-        fallback_module.warn_fallback(self.model_name, piece.rows, reason)
-
-        def work() -> None:
-            try:
-                engine = fallback_module.fallback_engine(choice, self.model_name)
-                produced = engine(_piece_tensors(piece))
-                self._accept(piece, produced, "fallback engine", self.version,
-                             fallback_calls=1, fallback_rows=piece.rows)
-            except Exception as error:  # noqa: BLE001 - the call must learn about it
-                self.fail(call, error)
-
-        fallback_module.submit(work)
-
-
-def _piece_tensors(piece: Piece) -> dict[str, np.ndarray]:
-    """The input tensors of ``piece``: its rows (plus padding), or its group of ragged events."""
-    call = piece.call
-    if call.ragged is not None:
-        return call.ragged.tensors(piece.start, piece.stop)
-    return piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)
-
+        unserved.run_fallback(self, piece, reason)

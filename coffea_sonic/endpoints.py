@@ -47,6 +47,8 @@ class Endpoint:
     busy_until: float = 0.0
     consecutive_failures: int = 0
     last_error: str = ""
+    #: wall-clock time its current quarantine began (for the outage's record)
+    down_since: float = 0.0
     #: model -> why this server must not be used for it (signature mismatch)
     incompatible: dict[str, str] = field(default_factory=dict)
     requests: int = 0

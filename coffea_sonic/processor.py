@@ -29,12 +29,23 @@ processor to another facility's servers without code changes.
 For dask-awkward (``coffea.dataset_tools.apply_to_fileset``), wrap per-partition work in
 :meth:`SonicMixin.sonic_map`: it builds a ``map_partitions`` node and never runs an inference
 while the graph is built.
+
+Under ``processor.Runner`` the mixin also
+
+* checks every declared model against the servers once, before the run's tasks start
+  (:mod:`coffea_sonic.preflight`; ``sonic_inputs`` declares what ``process`` sends, so inputs
+  that do not fit end the run there too);
+* records what happened to inference per chunk (:mod:`coffea_sonic.incidents`: outages,
+  retries, rows by fallback, chunk attempts that failed) and, when ``postprocess`` is done,
+  writes the run's report and logs its summary (:mod:`coffea_sonic.run_report`); the output's
+  ``sonic_stats()`` totals carry the whole record in ``.incidents``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import secrets
 from typing import Any, Callable, ClassVar, Mapping, Sequence
@@ -42,9 +53,10 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import awkward as ak
 import numpy as np
 
-from . import columns, config, tracing
+from . import columns, config, incidents, preflight, run_report, tracing
 from .errors import ConfigurationError, InputValidationError
 from .provenance import Provenance, ProvenanceHook
+from .run_report import SonicStats
 from .shadow import shadow_hook
 from .stats import InferenceStats
 
@@ -108,13 +120,29 @@ class SonicMixin:
     ``sonic_options``
         keyword arguments for every :class:`~coffea_sonic.model.TritonModel` (``timeout_s``,
         ``max_in_flight``, ``ssl``, ``headers``, ...).
+    ``sonic_inputs``
+        optional ``{name: {tensor: (dtype, per-row dims)}}``: what ``process`` sends each model,
+        checked against the served model before the run (``-1``: any size).
+    ``sonic_preflight``
+        False skips the check before the run (:mod:`coffea_sonic.preflight`).
     """
 
     sonic_models: ClassVar[Mapping[str, str | Sequence[str]]] = {}
     sonic_options: ClassVar[Mapping[str, Any]] = {}
+    sonic_inputs: ClassVar[Mapping[str, Mapping[str, tuple[Any, tuple[int, ...]]]]] = {}
+    sonic_preflight: ClassVar[bool] = True
     #: answers from two versions of one model fail the run instead of warning (see
     #: :meth:`sonic_provenance`)
     sonic_require_consistent_versions: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # a processor's own process/postprocess, wrapped so each chunk's incidents name it and
+        # the run's report is written when postprocess is done
+        for name, wrap in (("process", _chunk_recorded), ("postprocess", _run_reported)):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "_sonic_wrapped", False):
+                setattr(cls, name, wrap(method))
 
     # -- configuration ---------------------------------------------------------------------
     def sonic_configure(self, models: Mapping[str, str | Sequence[str]] | None = None,
@@ -288,10 +316,12 @@ class SonicMixin:
                                   **kwargs)
 
     # -- statistics ------------------------------------------------------------------------
-    def sonic_stats(self) -> dict[str, InferenceStats]:
+    def sonic_stats(self) -> SonicStats:
         """Client statistics per model since the previous call (put them in ``process``'s output).
 
-        They add up under coffea's accumulator, so the final output holds the run's totals.
+        They add up under coffea's accumulator, so the final output holds the run's totals, and
+        ``.incidents`` the run's record (:mod:`coffea_sonic.run_report`): this process' incidents
+        since the previous call, including those of a chunk attempt coffea discarded.
         With shadow validation on, waits for this chunk's comparisons first and raises
         :class:`~coffea_sonic.shadow.ShadowDivergenceError` if a server diverged.
         """
@@ -305,7 +335,7 @@ class SonicMixin:
             now = client.stats.copy()
             collected[name] = _stats_difference(now, baselines.get(name, InferenceStats()))
             baselines[name] = now
-        return collected
+        return SonicStats(collected, incidents.take())
 
     def sonic_provenance(self) -> Provenance:
         """What answered this process' rows since the previous call: per model, server (or the
@@ -317,16 +347,78 @@ class SonicMixin:
             total += hook.take()
         return total
 
+    def sonic_check(self) -> None:
+        """Check every declared model against its servers now (what the preflight does before a
+        run; :mod:`coffea_sonic.preflight`); raises :class:`~coffea_sonic.errors.PreflightError`."""
+        clients = {name: self.sonic_model(name) for name in self.sonic_models}
+        preflight.check_processor(clients, self.sonic_inputs, list(self.sonic_models))
+
     # -- pickling --------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         # the run's id goes with the processor: a chunk has one trace id on every worker
-        self.__dict__.setdefault("_sonic_run", secrets.token_hex(8))
+        run = self.__dict__.setdefault("_sonic_run", secrets.token_hex(8))
+        if (not self.__dict__.get("_sonic_checked") and preflight.wanted(self)
+                and preflight.called_by_coffea()):
+            self.sonic_check()  # coffea's Runner ships the processor: its run starts next
+            self.__dict__["_sonic_checked"] = True
+        # where workers also write their incidents (read back by postprocess on this machine)
+        self.__dict__.setdefault("_sonic_journal", run_report.journal_folder(run))
         state = self.__dict__.copy()
         # Clients are cheap to remake and hold per-process state; workers build their own.
         state.pop("_sonic_clients", None)
         state.pop("_sonic_baseline", None)
         state.pop("_sonic_provenance", None)
         return state
+
+
+def _chunk_recorded(process: Callable[..., Any]) -> Callable[..., Any]:
+    """``process`` run with its chunk named for the incidents it causes; a chunk attempt that
+    fails is recorded (coffea throws its output away) before its error goes on."""
+
+    @functools.wraps(process)
+    def recorded(self: Any, events: Any, *args: Any, **kwargs: Any) -> Any:
+        if incidents.current_chunk():  # an outer (subclass') wrapper already named the chunk
+            return process(self, events, *args, **kwargs)
+        incidents.set_journal(self.__dict__.get("_sonic_journal"))
+        label = chunk_label(events) or "(chunk)"
+        with incidents.chunk_context(label):
+            try:
+                return process(self, events, *args, **kwargs)
+            except Exception as error:
+                first_line = (str(error).strip().splitlines() or [""])[0]
+                incidents.record("failed_attempt", chunk=label,
+                                 detail=f"{type(error).__name__}: {first_line}")
+                incidents.flush()
+                raise
+
+    recorded._sonic_wrapped = True  # type: ignore[attr-defined]
+    return recorded
+
+
+def _run_reported(postprocess: Callable[..., Any]) -> Callable[..., Any]:
+    """``postprocess`` followed by the run's report (once, by the outermost wrapper); the next
+    run of the same processor gets a new run id and is checked again."""
+
+    @functools.wraps(postprocess)
+    def reported(self: Any, accumulator: Any, *args: Any, **kwargs: Any) -> Any:
+        depth = self.__dict__.get("_sonic_postprocess_depth", 0)
+        self.__dict__["_sonic_postprocess_depth"] = depth + 1
+        try:
+            result = postprocess(self, accumulator, *args, **kwargs)
+        finally:
+            self.__dict__["_sonic_postprocess_depth"] = depth
+        if depth == 0:
+            run = self.__dict__.get("_sonic_run") or secrets.token_hex(8)
+            try:
+                run_report.finish_run(run, accumulator if result is None else result)
+            except Exception:  # noqa: BLE001 - the analysis' output matters more than its report
+                logger.exception("coffea-sonic: the run report of run %s failed", run)
+            for key in ("_sonic_run", "_sonic_journal", "_sonic_checked"):
+                self.__dict__.pop(key, None)
+        return result
+
+    reported._sonic_wrapped = True  # type: ignore[attr-defined]
+    return reported
 
 
 def chunk_label(array: Any) -> str | None:

@@ -46,6 +46,7 @@ from typing import Any, Sequence
 from .core.endpoint import ServerSettings
 from .core.process_local import ProcessLocal
 from .core.tensors import ModelInfo
+from . import incidents
 from .discovery import Discovery
 from .endpoints import Endpoint
 from .errors import ConfigurationError, ServerUnavailableError
@@ -186,8 +187,10 @@ class Router:
                 endpoint.last_error = detail or endpoint.last_error
                 return
             seconds = endpoint.quarantine(self.policy, detail)
+            endpoint.down_since = time.time()
         logger.warning("coffea-sonic: server %s quarantined for %.1f s after: %s",
                        endpoint.address, seconds, detail)
+        incidents.record("quarantined", server=endpoint.address, chunk="", detail=detail)
         self._ensure_health_thread()
 
     def available(self, model: str, version: str) -> bool:
@@ -260,8 +263,11 @@ class Router:
                 with self._lock:
                     endpoint.quarantined_until = 0.0
                     endpoint.busy_until = 0.0
-                logger.warning("coffea-sonic: server %s re-admitted (healthy again)",
-                               endpoint.address)
+                down_s = time.time() - endpoint.down_since if endpoint.down_since else 0.0
+                logger.warning("coffea-sonic: server %s re-admitted (healthy again after %.1f s)",
+                               endpoint.address, down_s)
+                incidents.record("readmitted", server=endpoint.address, chunk="",
+                                 detail=f"down {down_s:.1f} s")
             return
         with self._lock:
             seconds = endpoint.quarantine(self.policy, detail)

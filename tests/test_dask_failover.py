@@ -13,9 +13,6 @@ counters. Runs once per transport (plain gRPC and system shared memory).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
 import urllib.request
 from typing import Any, Iterator
 
@@ -27,17 +24,14 @@ from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.stats import InferenceStats
-from helpers import CheckedThread, assert_same_histograms, wait_for
+from helpers import assert_same_histograms
+from outage_run import GatedJetTagging, KillMidRun
 
 MODELS = ("jet_tagger", "particlenet_lite")
 QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
 #: events per dataset and chunk size: many small chunks, so the run outlasts the kill by far
 EVENTS_PER_DATASET = 1500
 CHUNKSIZE = 100
-#: how often the watcher and the held chunks look at the gate (a wait on a condition, not a delay)
-POLL_S = 0.01
-#: the watcher gives up (and the test fails) if the run's first chunks are not done by then
-WATCH_TIMEOUT_S = 90.0
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +77,8 @@ def _run(client: Any, fileset: dict[str, list[str]], servers: tuple[LocalTritonS
     runner = processor.Runner(executor=executor, schema=QuietSchema, chunksize=CHUNKSIZE)
     options: dict[str, Any] = {"transport": transport, "timeout_s": 30.0}
     analysis = (JetTaggingProcessor(_models(servers), **options) if gate is None
-                else GatedJetTagging(_models(servers), gate=gate, **options))
+                else GatedJetTagging(_models(servers), gate=gate, free_chunks=FREE_CHUNKS,
+                                     **options))
     runnable = {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()}
     return runner(runnable, treename="Events", processor_instance=analysis)
 
@@ -109,85 +104,6 @@ def _registered_shm_regions(server: LocalTritonServer) -> list[str]:
 #: chunks that run before the victim is killed; every later chunk waits for the kill, so the kill
 #: lands inside the run however Dask orders the chunks and however late the server counts
 FREE_CHUNKS = 4
-#: how long a held chunk waits for the kill before it fails the run
-GATE_TIMEOUT_S = 120.0
-
-
-class GatedJetTagging(JetTaggingProcessor):
-    """The example analysis, whose chunks after the first ``FREE_CHUNKS`` wait for a kill.
-
-    Chunks take tickets in the order they start (files created with O_EXCL in ``gate``, shared by
-    the worker processes of this machine), so the free chunks are always the first to start and
-    never wait behind a held one. A chunk marks itself done in ``gate``; :class:`KillMidRun`
-    kills the victim once every free chunk is done and then opens the gate.
-    """
-
-    def __init__(self, *args: Any, gate: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.gate = gate
-
-    def _ticket(self) -> int:
-        index = 0
-        while True:
-            try:
-                os.close(os.open(os.path.join(self.gate, f"started-{index}"),
-                                 os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                return index
-            except FileExistsError:
-                index += 1
-
-    def process(self, events: Any) -> dict[str, Any]:
-        index = self._ticket()
-        if index >= FREE_CHUNKS:
-            wait_for(lambda: os.path.exists(os.path.join(self.gate, "killed")), GATE_TIMEOUT_S,
-                     f"chunk {index} to be let through after the kill", interval=POLL_S)
-        output = super().process(events)
-        with open(os.path.join(self.gate, f"done-{index}"), "w"):
-            pass
-        return output
-
-
-class KillMidRun:
-    """Thread that SIGKILLs ``victim`` once the free chunks of a :class:`GatedJetTagging` run are
-    done, and opens the gate for the rest of the run.
-
-    ``stop()`` ends the watch; ``join()`` re-raises any error the thread met. ``killed`` is set
-    once the signal was sent.
-    """
-
-    def __init__(self, victim: LocalTritonServer, gate: str) -> None:
-        self.victim = victim
-        self.gate = gate
-        self.killed = threading.Event()
-        self._stop = threading.Event()
-        self._thread = CheckedThread(self._watch, name="kill-mid-run")
-
-    def start(self) -> "KillMidRun":
-        self._thread.start()
-        return self
-
-    def _free_chunks_done(self) -> bool:
-        return all(os.path.exists(os.path.join(self.gate, f"done-{index}"))
-                   for index in range(FREE_CHUNKS))
-
-    def _watch(self) -> None:
-        try:
-            wait_for(lambda: self._stop.is_set() or self._free_chunks_done(), WATCH_TIMEOUT_S,
-                     f"the run's first {FREE_CHUNKS} chunks", interval=POLL_S)
-            if not self._stop.is_set():
-                assert self.victim.pid is not None
-                os.kill(self.victim.pid, signal.SIGKILL)
-                self.killed.set()
-        finally:
-            # held chunks go on whatever happened here: a failure shows in the test, not a hang
-            with open(os.path.join(self.gate, "killed"), "w"):
-                pass
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def join(self) -> None:
-        self._thread.finish(timeout=30)
 
 
 def _total(stats: dict[str, InferenceStats]) -> InferenceStats:
@@ -211,7 +127,7 @@ def test_server_sigkilled_mid_dask_run_gives_the_clean_runs_outputs_and_counts_t
     regions = _registered_shm_regions(survivor)
     assert bool(regions) == (transport == "shm"), regions
 
-    watcher = KillMidRun(victim, gate=str(tmp_path)).start()
+    watcher = KillMidRun(victim, gate=str(tmp_path), free_chunks=FREE_CHUNKS).start()
     try:
         failed_over = _run(dask_client, sample, two_servers, transport, gate=str(tmp_path))
     finally:

@@ -39,7 +39,7 @@ from ..errors import ConfigurationError, ServerStartError
 from . import environment as server_env
 from .environment import ServerEnvironment
 from .pipelines import PIPELINE_GPU_INSTANCES, cuda_pool_flags, write_models
-from .process import (build_backend_dir, finalize, parent_death_prefix, remove_shm_regions,
+from .process import (build_backend_dir, finalize, parent_death_prefix, remove_shm_regions, spawn,
                       remove_stale_shm_regions, server_binary, server_environment,
                       stop_process_group)
 from .response_cache import server_flags
@@ -389,7 +389,7 @@ class LocalTritonServer:
                 part for part in (environment.get("LD_LIBRARY_PATH"), *self._library_paths) if part)
         with open(self.log_path, "wb") as log:
             prefix = parent_death_prefix() if self.die_with_parent else []
-            self.process = subprocess.Popen(
+            self.process = spawn(
                 prefix + command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=environment, start_new_session=True)
         self._finalizer = weakref.finalize(

@@ -21,13 +21,16 @@ import shutil
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+from ..core.process_local import ProcessLocal
 from ..errors import MissingDependencyError
 from . import environment as server_env
 from .environment import ServerEnvironment
 
-__all__ = ["build_backend_dir", "finalize", "parent_death_prefix", "remove_shm_regions",
+__all__ = ["build_backend_dir", "finalize", "parent_death_prefix", "remove_shm_regions", "spawn",
            "remove_stale_shm_regions", "server_binary", "server_environment",
            "stop_process_group"]
 
@@ -102,6 +105,26 @@ def parent_death_prefix() -> list[str]:
     """
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
+
+
+def spawn(argv: list[str], **options: Any) -> subprocess.Popen:
+    """``subprocess.Popen(argv, **options)``, made by this process' spawner thread.
+
+    The parent-death signal (:func:`parent_death_prefix`) is Linux's ``PR_SET_PDEATHSIG``, which
+    fires when the *thread* that forked the child ends, not the process: a server started from a
+    short-lived thread (a test's watcher, a tool's helper thread) would get SIGTERM as soon as
+    that thread returned. The spawner thread lives as long as the process.
+
+    >>> spawn(["true"]).wait()
+    0
+    """
+    return _spawners.get("spawner", lambda: ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="coffea-sonic-spawner")).submit(
+        subprocess.Popen, argv, **options).result()
+
+
+#: this process' spawner thread (a forked child starts its own)
+_spawners: ProcessLocal[str, ThreadPoolExecutor] = ProcessLocal("server spawner")
 
 
 def remove_stale_shm_regions() -> list[str]:

@@ -1,0 +1,177 @@
+"""The run report: what happened to inference in a ``processor.Runner`` run, kept by the user.
+
+:class:`SonicStats` is what :meth:`~coffea_sonic.processor.SonicMixin.sonic_stats` returns: the
+per-model :class:`~coffea_sonic.stats.InferenceStats` of a chunk, plus the chunk's
+:class:`~coffea_sonic.incidents.IncidentLog` (``.incidents``); coffea sums both over chunks.
+
+When the run ends (the mixin's ``postprocess``, on the driver), :func:`finish_run` gathers every
+incident: those in the output, those still pending in the driver's process, and those the worker
+processes wrote to the run's journal folder (which covers chunk attempts that coffea threw
+away). It puts them all into the output's ``SonicStats``, writes ``report.json`` into the run's
+folder (``<report_dir>/<run>/``; the ``report_dir`` setting, default ``<cache>/runs``) and logs a summary: at WARNING when
+anything happened, naming each outage's server and time, the chunks touched and the rows the
+fallback answered; at INFO with the report's path when nothing did.
+
+>>> from coffea_sonic.incidents import Incident, IncidentLog
+>>> from coffea_sonic.stats import InferenceStats
+>>> a = SonicStats({"jet_tagger": InferenceStats(rows=10)})
+>>> b = SonicStats({"jet_tagger": InferenceStats(rows=5, fallback_rows=5)},
+...                IncidentLog([Incident("fallback", model="jet_tagger", rows=5, id="f1")]))
+>>> total = a + b
+>>> total["jet_tagger"].rows, total.incidents.totals()
+(15, {'fallback': {'count': 1, 'rows': 5}})
+>>> print(summary_lines("run-1", total)[1])
+  jet_tagger: 5 rows by fallback (1 time(s)) in 0 chunk(s)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from . import config, incidents
+from .incidents import IncidentLog
+from .stats import InferenceStats
+
+__all__ = ["SonicStats", "finish_run", "journal_folder", "run_folder", "summary_lines"]
+
+logger = logging.getLogger(__name__)
+
+
+class SonicStats(dict):
+    """``{model: InferenceStats}`` of some chunks, and their incidents (``.incidents``).
+
+    Adds up like coffea's accumulators (``+``, ``+=``), the incidents with each other.
+    """
+
+    def __init__(self, stats: Mapping[str, InferenceStats] | None = None,
+                 incidents_log: IncidentLog | None = None) -> None:
+        super().__init__(stats or {})
+        self.incidents = incidents_log if incidents_log is not None else IncidentLog()
+
+    def __add__(self, other: Any) -> "SonicStats":
+        if not isinstance(other, SonicStats):
+            return NotImplemented
+        total = SonicStats({name: stats.copy() for name, stats in self.items()},
+                           IncidentLog() + self.incidents)
+        total += other
+        return total
+
+    def __iadd__(self, other: Any) -> "SonicStats":
+        if not isinstance(other, SonicStats):
+            return NotImplemented
+        for name, stats in other.items():
+            self[name] = self[name] + stats if name in self else stats.copy()
+        self.incidents += other.incidents
+        return self
+
+    def __reduce__(self) -> tuple:
+        return SonicStats, (dict(self), self.incidents)
+
+    def __deepcopy__(self, memo: dict) -> "SonicStats":
+        return SonicStats({name: stats.copy() for name, stats in self.items()},
+                          IncidentLog() + self.incidents)
+
+    def __repr__(self) -> str:
+        return f"SonicStats({dict.__repr__(self)}, incidents={self.incidents!r})"
+
+
+def run_folder(run: str) -> Path:
+    """Where run ``run``'s report and journal go: ``<report_dir>/<run>`` (the ``report_dir``
+    setting, default ``<cache>/runs``)."""
+    base = config.setting("report_dir", None)
+    if not base:
+        base = Path(str(config.setting("cache"))).expanduser() / "runs"
+    return Path(str(base)).expanduser() / run
+
+
+def journal_folder(run: str) -> str:
+    """The journal folder of run ``run`` (absolute, as workers must find it)."""
+    return str((run_folder(run) / "journal").resolve())
+
+
+def _stats_in(output: Any, depth: int = 0) -> Iterator[SonicStats]:
+    """Every :class:`SonicStats` in ``output`` (a value, or inside mappings two levels down)."""
+    if isinstance(output, SonicStats):
+        yield output
+    elif isinstance(output, Mapping) and depth < 3:
+        for value in output.values():
+            yield from _stats_in(value, depth + 1)
+
+
+def _totals(found: Iterable[SonicStats]) -> dict[str, InferenceStats]:
+    totals: dict[str, InferenceStats] = {}
+    for stats in found:
+        for name, value in stats.items():
+            totals[name] = totals[name] + value if name in totals else value.copy()
+    return totals
+
+
+def summary_lines(run: str, stats: SonicStats, path: str | None = None) -> list[str]:
+    """The run's inference incidents in a few lines (the first names the run and report)."""
+    log = stats.incidents
+    where = f" (report: {path})" if path else ""
+    if not log:
+        return [f"coffea-sonic run {run}: no inference incidents{where}"]
+    lines = [f"coffea-sonic run {run}: inference incidents{where}"]
+    for server in sorted({i.server for i in log if i.kind == "quarantined"}):
+        down = [i for i in log if i.server == server and i.kind == "quarantined"]
+        back = [i for i in log if i.server == server and i.kind == "readmitted"]
+        when = time.strftime("%H:%M:%S", time.localtime(min(i.first for i in down)))
+        state = (f"re-admitted {time.strftime('%H:%M:%S', time.localtime(max(i.last for i in back)))}"
+                 if back else "not seen again")
+        lines.append(f"  server {server}: down from {when} ({down[0].detail[:120]}); {state}")
+    for model in sorted({i.model for i in log if i.model}):
+        of_model = IncidentLog(i for i in log if i.model == model)
+        parts = []
+        for kind, total in of_model.totals().items():
+            if kind == "fallback":
+                parts.append(f"{total['rows']} rows by fallback ({total['count']} time(s))")
+            else:
+                parts.append(f"{total['count']} {kind}")
+        lines.append(f"  {model}: {', '.join(parts)} in {len(of_model.chunks())} chunk(s)")
+    failed = [i for i in log if i.kind == "failed_attempt"]
+    if failed:
+        chunks = sorted({i.chunk for i in failed})
+        lines.append(f"  {sum(i.count for i in failed)} chunk attempt(s) failed "
+                     f"({', '.join(chunks[:3])}{', ...' if len(chunks) > 3 else ''}): "
+                     f"{failed[-1].detail[:160]}")
+    return lines
+
+
+def finish_run(run: str, output: Any) -> Path | None:
+    """Gather the run's incidents into ``output``'s stats, write the report, log the summary.
+
+    Returns the report's path (None where it could not be written; the output and the log
+    still hold everything).
+    """
+    found = list(_stats_in(output))
+    merged = SonicStats(_totals(found))
+    for stats in found:
+        merged.incidents += stats.incidents
+    merged.incidents += incidents.take()  # what this (driver) process still holds
+    folder = run_folder(run)
+    journal = folder / "journal"
+    if journal.is_dir():
+        merged.incidents += incidents.read_journal(journal)
+    for stats in found:  # every stats object of the output shows the whole run's record
+        stats.incidents = IncidentLog() + merged.incidents
+    path: Path | None = folder / "report.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            "run": run, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "totals": {name: vars(value) for name, value in merged.items()},
+            "incident_totals": merged.incidents.totals(),
+            "incidents": merged.incidents.to_records()}, indent=1, default=str))
+        shutil.rmtree(journal, ignore_errors=True)
+    except OSError as error:
+        logger.warning("coffea-sonic: run report not written to %s: %s", folder, error)
+        path = None
+    lines = summary_lines(run, merged, str(path) if path else None)
+    (logger.warning if merged.incidents else logger.info)("\n".join(lines))
+    return path

@@ -63,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "InferenceError": "coffea_sonic.errors",
     "MissingDependencyError": "coffea_sonic.errors",
     "ClusterStartError": "coffea_sonic.errors",
+    "PreflightError": "coffea_sonic.errors",
     "UnservableModelError": "coffea_sonic.errors",
     "AuthenticationError": "coffea_sonic.errors",
     "QuotaExceededError": "coffea_sonic.errors",

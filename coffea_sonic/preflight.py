@@ -104,18 +104,19 @@ def check_model(name: str, model: Any, declared_inputs: Mapping[str, Any] | None
                     "for, or fix the processor's settings") from None
     except SonicError as error:  # anything else the client knows: said the same short way
         raise _fail(f"model {name!r}: {error}", "see the message above") from None
-    check_declared_inputs(name, declared_inputs, info, version=version)
+    check_declared_inputs(name, declared_inputs, info, version=version, servers=urls)
 
 
 def check_declared_inputs(name: str, declared: Mapping[str, Any] | None,
-                          info: ModelInfo | None, version: str = "") -> None:
+                          info: ModelInfo | None, version: str = "", servers: str = "") -> None:
     """Raise :class:`PreflightError` where ``declared`` (``{tensor: (dtype, per-row dims)}``,
     what ``process`` sends) does not fit ``info`` (what the server's model takes)."""
     if not declared or info is None:
         return
     served = {tensor.name: tensor for tensor in info.inputs}
     takes = ", ".join(f"{t.name} {t.datatype} {list(t.dims)}" for t in info.inputs)
-    where = f"model {name!r}" + (f" version {version}" if version else "")
+    where = (f"model {name!r}" + (f" version {version}" if version else "")
+             + (f" at {servers}" if servers else ""))
     unknown = sorted(set(declared) - set(served))
     missing = sorted(set(served) - set(declared))
     if unknown or missing:

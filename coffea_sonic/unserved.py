@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from . import fallback as fallback_module
 from . import incidents
@@ -20,15 +20,15 @@ from .calls import Piece, piece_tensors
 from .errors import ModelNotFoundError, QuotaExceededError, ServerUnavailableError
 from .retry import call_later
 
-if TYPE_CHECKING:
-    from .dispatch import CallRunner
+#: the runner (:class:`~coffea_sonic.dispatch.CallRunner`; not imported: it imports this module)
+CallRunner = Any
 
 __all__ = ["give_up", "no_server", "run_fallback"]
 
 logger = logging.getLogger("coffea_sonic.dispatch")
 
 
-def no_server(runner: "CallRunner", piece: Piece) -> None:
+def no_server(runner: CallRunner, piece: Piece) -> None:
     """No healthy server serves the model right now: fall back, wait for one, or give up."""
     router = runner.router
     if not router.could_serve(runner.model_name, runner.version):
@@ -56,7 +56,7 @@ def no_server(runner: "CallRunner", piece: Piece) -> None:
                                                                  runner.version))
     call_later(wait, lambda: runner.window.submit_front(piece))
 
-def give_up(runner: "CallRunner", piece: Piece, why: str) -> None:
+def give_up(runner: CallRunner, piece: Piece, why: str) -> None:
     call = piece.call
     servers = runner.router.describe(runner.model_name, runner.version)
     if piece.quota_refusal:  # the servers are fine: the user is over a quota
@@ -81,7 +81,7 @@ def give_up(runner: "CallRunner", piece: Piece, why: str) -> None:
         + ". Start or fix a server, or enable the in-process fallback with fallback='cpu' "
           "(or COFFEA_SONIC_FALLBACK=cpu)"))
 
-def run_fallback(runner: "CallRunner", piece: Piece, reason: str) -> None:
+def run_fallback(runner: CallRunner, piece: Piece, reason: str) -> None:
     call = piece.call
     if call.error is not None:
         return

@@ -246,3 +246,36 @@ def test_a_server_started_from_a_thread_keeps_running_after_that_thread_ends() -
             time.sleep(0.5)  # lets a parent-death signal land if one was coming
     finally:
         server.stop()
+
+
+class FailsOnce(JetTaggingProcessor):
+    """The example analysis whose first attempt at one chunk fails (after its inference)."""
+
+    def __init__(self, *args: Any, flag: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flag = flag
+
+    def process(self, events: Any) -> dict[str, Any]:
+        output = super().process(events)
+        if events.metadata["entrystart"] == 100 and not os.path.exists(self.flag):
+            Path(self.flag).touch()
+            raise RuntimeError("the worker ran out of luck")
+        return output
+
+
+def test_a_chunk_attempt_that_coffea_retried_stays_on_the_runs_record(
+        dask_client: Any, sample: dict[str, list[str]], tmp_path: Path) -> None:
+    server = _victim()
+    try:
+        executor = processor.DaskExecutor(client=dask_client, status=False, retries=1)
+        runner = processor.Runner(executor=executor, schema=QuietSchema, chunksize=CHUNKSIZE)
+        analysis = FailsOnce(_models(server.grpc_address), flag=str(tmp_path / "failed"))
+        output = runner(_runnable(sample), treename="Events", processor_instance=analysis)
+    finally:
+        server.stop()
+    assert (tmp_path / "failed").exists()
+    failed = [i for i in output["inference"].incidents if i.kind == "failed_attempt"]
+    assert len(failed) == 1 and failed[0].count == 1, list(output["inference"].incidents)
+    assert ":100-200" in failed[0].chunk and "out of luck" in failed[0].detail
+    assert "RuntimeError" in failed[0].detail
+    assert _report(output)["incident_totals"]["failed_attempt"]["count"] == 1

@@ -120,6 +120,7 @@ def test_inputs_that_do_not_fit_the_model_end_the_run_before_any_chunk(
                       transport=transport)
     message = _refused(_executor("dask", dask_client), fileset, analysis)
     assert "'features'" in message and "[7]" in message and "[6]" in message
+    assert "jet_tagger" in message and url in message
 
 
 def test_inputs_that_fit_pass_the_preflight_and_the_run_completes(
@@ -178,3 +179,18 @@ def test_a_token_the_gateway_refuses_ends_the_run_before_any_chunk(
     output = _run(processor.DaskExecutor(client=dask_client, status=False, retries=0), fileset,
                   analysis)
     assert output["jets"] > 0
+
+
+def test_the_demo_against_a_server_that_is_not_there_says_so_in_a_few_lines(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "coffea_sonic.cli", "demo", "--server",
+         f"triton+grpc://127.0.0.1:{free_port()}", "--events", "200", "-o", str(tmp_path)],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    error = result.stderr[result.stderr.index("coffea-sonic demo: error:"):]
+    assert len(error.strip().splitlines()) <= 5, error
+    assert "jet_tagger" in error and "what to do:" in error and "coffea-sonic serve" in error

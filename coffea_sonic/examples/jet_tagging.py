@@ -63,6 +63,9 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
     ``{model: url}``. ``use_constituents``: ``"auto"`` (when the PF branches exist), True, False.
     """
 
+    #: what process() sends jet_tagger (checked against the served model before a run)
+    sonic_inputs = {"jet_tagger": {"features": ("float32", (len(columns.DEFAULT_JET_FIELDS),))}}
+
     def __init__(self, server: str | Mapping[str, str] = "triton+grpc://127.0.0.1:8001", *,
                  jet_pt_min: float = 15.0, use_constituents: bool | str = "auto",
                  physics: bool = False, **model_options: Any) -> None:

@@ -134,6 +134,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shadow", 0.0, "fraction of served rows recomputed in-process and compared (0: off)"),
     Setting("shadow_dir", None, "folder where shadow validation's reports go (monitor --shadow)"),
     Setting("fallback_repository", None, "Triton repository that fallback='local' serves"),
+    Setting("preflight", "on", "on or off: check a processor's models against the servers "
+            "before processor.Runner starts its chunks"),
+    Setting("report_dir", None, "folder of run reports and their journals (default "
+            "<cache>/runs)"),
     Setting("ca_file", None, "PEM bundle of the CA(s) to trust for triton+grpcs:// servers"),
     Setting("cert_file", None, "client certificate for mutual TLS"),
     Setting("key_file", None, "client private key for mutual TLS"),

@@ -71,6 +71,8 @@ def _fail(problem: str, fix: str) -> PreflightError:
 def check_model(name: str, model: Any, declared_inputs: Mapping[str, Any] | None) -> None:
     """Check one declared model through its client ``model`` (a TritonModel); raise
     :class:`PreflightError` on a problem that no retry would fix."""
+    if not hasattr(model, "_get_runtime"):  # an in-process stand-in: no server to check
+        return
     runtime = model._get_runtime()
     urls = ", ".join(model.urls)
     try:

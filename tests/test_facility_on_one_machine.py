@@ -49,8 +49,8 @@ from coffea_sonic.facility.cluster import make_cluster
 from coffea_sonic.server import LocalTritonServer
 from helpers import assert_same_histograms, wait_for
 from interop_servers import HAProxy
-from test_dask_failover import (GatedJetTagging, KillMidRun, QuietSchema, _served_rows,
-                                _total)
+from outage_run import GatedJetTagging, KillMidRun
+from test_dask_failover import FREE_CHUNKS, QuietSchema, _served_rows, _total
 from test_monitor import _query, _start_prometheus, prometheus_binary  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def _run(facility: dict, gate: str | None = None) -> dict[str, Any]:
     server = facility["balancer"].url().rsplit("/", 1)[0]
     options: dict[str, Any] = {"transport": "grpc", "timeout_s": 30.0}
     analysis = (JetTaggingProcessor(server, **options) if gate is None
-                else GatedJetTagging(server, gate=gate, **options))
+                else GatedJetTagging(server, gate=gate, free_chunks=FREE_CHUNKS, **options))
     fileset = {name: {"files": {path: "Events" for path in files}}
                for name, files in facility["sample"].items()}
     return runner(fileset, treename="Events", processor_instance=analysis)
@@ -214,7 +214,7 @@ def test_facility_serves_the_demo_scales_on_queue_time_and_loses_nothing_when_a_
 
     # a server SIGKILLed mid-run: the same histograms
     victim = servers[0]
-    watcher = KillMidRun(victim, gate=str(tmp_path)).start()
+    watcher = KillMidRun(victim, gate=str(tmp_path), free_chunks=FREE_CHUNKS).start()
     try:
         failed_over = _run(facility, gate=str(tmp_path))
     finally:

@@ -24,6 +24,8 @@ class Scores(SonicMixin, processor.ProcessorABC):
     def __init__(self, server: str, friends: FriendColumns, *, read: bool) -> None:
         self.sonic_configure({"jet_tagger": f"{server}/jet_tagger"})
         self.friends, self.read = friends, read
+        # reading the friends back needs no server: nothing to check before the run
+        self.sonic_preflight = not read
 
     def process(self, events):
         jets = events.Jet[events.Jet.pt > 15]

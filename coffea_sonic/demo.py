@@ -232,6 +232,8 @@ def summarise(output: Mapping[str, Any], wall_s: float, workers: int,
         "cutflow": {name: {key: int(value) for key, value in entry.items()}
                     for name, entry in output["cutflow"].items()},
         "provenance": output["provenance"].to_dict() if "provenance" in output else [],
+        # what happened to inference on the way (outages, retries, rows by fallback)
+        "incidents": [incident.describe() for incident in getattr(inference, "incidents", ())],
     }
 
 
@@ -272,7 +274,8 @@ def histogram_digests(output: Mapping[str, Any]) -> dict[str, str]:
 def print_summary(summary: Mapping[str, Any]) -> None:
     print("\n=== coffea-sonic demo summary ===")
     print(f"events            {summary['events']:>12,d}   ({summary['events_per_s']:,.0f} events/s, "
-          f"{summary['wall_s']:.1f} s wall, {summary['workers']} workers)")
+          f"{summary['wall_s']:.1f} s wall, {summary['workers']} "
+          f"worker{'' if summary['workers'] == 1 else 's'})")
     print(f"jets              {summary['jets']:>12,d}")
     for name, stats in summary["client"].items():
         print(f"{name:18s}{int(stats['rows']):>12,d} objects inferred in {int(stats['requests'])} "
@@ -288,6 +291,14 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     for record in summary.get("provenance", []):
         print(f"answered by       {record['rows']:>12,d} rows of {record['model']} version "
               f"{record['version'] or '?'} at {record['source']} (config {record['config_digest']})")
+    incidents = summary.get("incidents", [])
+    print(f"incidents         {len(incidents):>12,d}   (outages, retries, rows by fallback; "
+          "the run report has them all)" if incidents else
+          "incidents                    0   (no outage, retry or fallback)")
+    for line in incidents[:8]:
+        print(f"  {line[:150]}")
+    if len(incidents) > 8:
+        print(f"  ... and {len(incidents) - 8} more")
     share = summary["inference_wait_share"]
     if share is not None:
         print(f"waiting on inference: {100 * share:.1f} % of worker wall time "

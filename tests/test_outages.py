@@ -155,7 +155,7 @@ def _report(output: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("transport", ["grpc", "shm"])
 def test_a_dask_run_with_the_cpu_fallback_completes_when_its_server_dies_and_reports_the_outage(
         transport: str, dask_client: Any, sample: dict[str, list[str]],
-        cpu_only: dict[str, Any], tmp_path: Path) -> None:
+        cpu_only: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     victim = _victim()
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -186,6 +186,14 @@ def test_a_dask_run_with_the_cpu_fallback_completes_when_its_server_dies_and_rep
 
     report = _report(output)
     assert report["incident_totals"]["fallback"]["rows"] == total.fallback_rows
+    # the demo's summary (the same output) shows the record too
+    from coffea_sonic.demo import print_summary, summarise
+
+    summary = summarise(output, wall_s=1.0, workers=2, server_delta={})
+    assert any("quarantined" in line and victim.grpc_address in line
+               for line in summary["incidents"]), summary["incidents"]
+    print_summary(summary)
+    assert "incidents" in capsys.readouterr().out
     assert any(i["server"] == victim.grpc_address and i["kind"] == "quarantined"
                for i in report["incidents"])
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -68,9 +68,11 @@ def _fail(problem: str, fix: str) -> PreflightError:
                           f"{TURN_OFF} skips this check)")
 
 
-def check_model(name: str, model: Any, declared_inputs: Mapping[str, Any] | None) -> None:
+def check_model(name: str, model: Any, declared_inputs: Mapping[str, Any] | None,
+                optional: bool = False) -> None:
     """Check one declared model through its client ``model`` (a TritonModel); raise
-    :class:`PreflightError` on a problem that no retry would fix."""
+    :class:`PreflightError` on a problem that no retry would fix. An ``optional`` model (one a
+    run may never call, ``sonic_optional``) that is not served or not reachable is only logged."""
     if not hasattr(model, "_get_runtime"):  # an in-process stand-in: no server to check
         return
     runtime = model._get_runtime()
@@ -85,9 +87,13 @@ def check_model(name: str, model: Any, declared_inputs: Mapping[str, Any] | None
                     "(token_env, token_file, ca_file); `coffea-sonic check URL` shows "
                     "what the server accepts") from None
     except ModelNotFoundError as error:
+        if optional:
+            return _optional_missing(name, error)
         raise _fail(f"model {name!r} at {urls}: {error}",
                     "fix the model name or version in sonic_models, or serve it there") from None
     except ServerUnavailableError as error:
+        if optional:
+            return _optional_missing(name, error)
         if model.fallback is not None:
             logger.warning("coffea-sonic: preflight: model %r: no server reachable now; the run "
                            "starts and its calls fall back to %r until one answers (%s)", name,
@@ -107,6 +113,11 @@ def check_model(name: str, model: Any, declared_inputs: Mapping[str, Any] | None
     except SonicError as error:  # anything else the client knows: said the same short way
         raise _fail(f"model {name!r}: {error}", "see the message above") from None
     check_declared_inputs(name, declared_inputs, info, version=version, servers=urls)
+
+
+def _optional_missing(name: str, error: Exception) -> None:
+    logger.warning("coffea-sonic: preflight: optional model %r cannot be served now; a chunk "
+                   "that calls it will fail: %s", name, str(error)[:300])
 
 
 def check_declared_inputs(name: str, declared: Mapping[str, Any] | None,
@@ -140,7 +151,8 @@ def check_declared_inputs(name: str, declared: Mapping[str, Any] | None,
 
 
 def check_processor(models: Mapping[str, Any], declared_inputs: Mapping[str, Any],
-                    names: Sequence[str]) -> None:
-    """Check every declared model ``names`` (clients in ``models``) in order."""
+                    names: Sequence[str], optional: Collection[str] = ()) -> None:
+    """Check every declared model ``names`` (clients in ``models``) in order; those in
+    ``optional`` may be missing."""
     for name in names:
-        check_model(name, models[name], declared_inputs.get(name))
+        check_model(name, models[name], declared_inputs.get(name), optional=name in optional)

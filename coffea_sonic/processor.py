@@ -125,12 +125,16 @@ class SonicMixin:
         checked against the served model before the run (``-1``: any size).
     ``sonic_preflight``
         False skips the check before the run (:mod:`coffea_sonic.preflight`).
+    ``sonic_optional``
+        names of declared models a run may never call (e.g. only where the files have the
+        branches they need): the check before the run only warns where they are not served.
     """
 
     sonic_models: ClassVar[Mapping[str, str | Sequence[str]]] = {}
     sonic_options: ClassVar[Mapping[str, Any]] = {}
     sonic_inputs: ClassVar[Mapping[str, Mapping[str, tuple[Any, tuple[int, ...]]]]] = {}
     sonic_preflight: ClassVar[bool] = True
+    sonic_optional: ClassVar[frozenset[str]] = frozenset()
     #: answers from two versions of one model fail the run instead of warning (see
     #: :meth:`sonic_provenance`)
     sonic_require_consistent_versions: ClassVar[bool] = False
@@ -351,7 +355,8 @@ class SonicMixin:
         """Check every declared model against its servers now (what the preflight does before a
         run; :mod:`coffea_sonic.preflight`); raises :class:`~coffea_sonic.errors.PreflightError`."""
         clients = {name: self.sonic_model(name) for name in self.sonic_models}
-        preflight.check_processor(clients, self.sonic_inputs, list(self.sonic_models))
+        preflight.check_processor(clients, self.sonic_inputs, list(self.sonic_models),
+                                  optional=self.sonic_optional)
 
     # -- pickling --------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

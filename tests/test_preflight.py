@@ -194,3 +194,19 @@ def test_the_demo_against_a_server_that_is_not_there_says_so_in_a_few_lines(tmp_
     error = result.stderr[result.stderr.index("coffea-sonic demo: error:"):]
     assert len(error.strip().splitlines()) <= 5, error
     assert "jet_tagger" in error and "what to do:" in error and "coffea-sonic serve" in error
+
+
+def test_an_optional_model_the_server_lacks_only_warns_and_the_run_completes(
+        dask_client: Any, fileset: dict[str, Any], jet_tagger_server: LocalTritonServer,
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    analysis = Tagger(jet_tagger_server.url("jet_tagger"), str(tmp_path))
+    analysis.sonic_configure({"jet_tagger": jet_tagger_server.url("jet_tagger"),
+                              "particlenet_lite": jet_tagger_server.url("particlenet_lite")})
+    required = _refused(_executor("dask", dask_client), fileset, analysis)
+    assert "particlenet_lite" in required
+    analysis.sonic_optional = frozenset({"particlenet_lite"})
+    with caplog.at_level("WARNING", logger="coffea_sonic.preflight"):
+        output = _run(processor.DaskExecutor(client=dask_client, status=False, retries=0),
+                      fileset, analysis)
+    assert output["jets"] > 0 and len(os.listdir(tmp_path)) == 16
+    assert any("optional model 'particlenet_lite'" in r.getMessage() for r in caplog.records)

@@ -77,6 +77,8 @@ class JetTaggingProcessor(SonicMixin, processor.ProcessorABC):
         else:
             models = dict(server)
         self.sonic_configure(models, **model_options)
+        if use_constituents is not True:  # called only where the files have PF candidates
+            self.sonic_optional = frozenset(models) - {"jet_tagger"}
         self.jet_pt_min = jet_pt_min
         self.use_constituents = use_constituents
         self.physics = physics

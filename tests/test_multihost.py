@@ -5,19 +5,28 @@ single-host run's histograms, also while a fault strikes mid-run: a server host'
 restored, the gateway killed and restarted, a worker host cut off, a link degraded to 10 %.
 
 A fault is struck by a watcher thread as soon as the servers' own statistics show that the run is
-inferring (a condition, not a delay), and undone on a condition too. Dask's task retries are off:
-a chunk the client failed would fail the run instead of being redone. Needs root."""
+inferring (a condition, not a delay), and undone on a condition too. Every fault test first proves
+that its fault struck where it claims: the killed process' exit status, a probe that the cut host
+no longer answers, the kernel's shaping read back inside the host, the gateway's own statistics
+(HAProxy marking a server down), and each server's own row counts before, at and after the fault.
+Dask's task retries are off: a chunk the client failed would fail the run instead of being
+redone. Needs root."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
+from urllib.parse import urlparse
 
 import pytest
 from coffea import processor
@@ -92,27 +101,88 @@ def _runner(executor: Any) -> processor.Runner:
     return processor.Runner(executor=executor, schema=NanoAODSchema, chunksize=CHUNKSIZE)
 
 
-def _run_across(facility: Facility, client: Any, sample: dict[str, list[str]]) -> dict[str, Any]:
-    """The example analysis on the worker hosts, served behind the gateway (no task retries)."""
+def _run_across(facility: Facility, client: Any, sample: dict[str, list[str]]
+                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The example analysis on the worker hosts, served behind the gateway (no task retries):
+    its output, and Dask's task stream of the run (which worker ran what, when)."""
+    from distributed import get_task_stream
+
     analysis = JetTaggingProcessor(f"triton+grpc://{facility.gateway.address}", physics=True)
     executor = processor.DaskExecutor(client=client, status=False, retries=0)
-    return _runner(executor)(_runnable(sample), treename="Events", processor_instance=analysis)
+    with get_task_stream(client) as stream:
+        output = _runner(executor)(_runnable(sample), treename="Events",
+                                   processor_instance=analysis)
+    return output, list(stream.data)
 
 
-def _served_rows(facility: Facility) -> int:
-    """Rows the servers have answered (their HTTP statistics, read from the submitting host); a
-    server out of reach (its link cut) counts 0."""
-    total = 0
+def _rows_by_server(facility: Facility) -> list[int | None]:
+    """Rows each server has answered, all models together (its own HTTP statistics, read from the
+    submitting host), in the order of ``facility.tritons``; None for a server out of reach (its
+    link cut)."""
+    rows: list[int | None] = []
     for triton in facility.tritons:
+        total: int | None = 0
         for name in DEMO_MODELS:
             url = f"http://{triton.http_address}/v2/models/{name}/stats"
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     statistics = json.load(response)
             except OSError:
+                total = None
                 break
             total += sum(int(entry.get("inference_count", 0)) for entry in statistics["model_stats"])
-    return total
+        rows.append(total)
+    return rows
+
+
+def _served_rows(facility: Facility) -> int:
+    """Rows the servers in reach have answered."""
+    return sum(rows or 0 for rows in _rows_by_server(facility))
+
+
+def _settled_rows(facility: Facility) -> list[int | None]:
+    """:func:`_rows_by_server` once the servers have counted their last answers (Triton counts a
+    request just after answering it)."""
+    return settled(lambda: _rows_by_server(facility), gap_s=0.2)
+
+
+def _gateway_servers(facility: Facility) -> dict[str, dict[str, str]]:
+    """The gateway's own view of its gRPC servers (HAProxy's statistics, CSV), by server name
+    (``triton1``, ``triton2``: ``facility.tritons`` in order): ``status`` (UP, DOWN, ...),
+    ``chkdown`` (times its health checks marked the server down), ``stot`` (calls sent to it)."""
+    url = f"http://{facility.gateway.stats_address}/stats;csv"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    return {row["svname"]: row for row in csv.DictReader(io.StringIO(text.removeprefix("# ")))
+            if row["pxname"] == "tritons" and row["svname"] != "BACKEND"}
+
+
+def _marked_down(facility: Facility, server: str) -> int:
+    return int(_gateway_servers(facility)[server]["chkdown"])
+
+
+def _worker_address(client: Any, host_ip: str) -> str:
+    """``ip:port`` of the Dask worker on the host at ``host_ip``."""
+    (address,) = [address for address, worker in client.scheduler_info()["workers"].items()
+                  if worker["host"] == host_ip]
+    return address.removeprefix("tcp://")
+
+
+def _chunk_tasks(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The task stream's records of tasks that processed chunks (coffea names them after the
+    processor; its preprocessing and reductions are named otherwise)."""
+    prefix = f"{JetTaggingProcessor.__name__}-"
+    return [task for task in tasks if str(task["key"]).startswith(prefix)]
+
+
+def _finished_after(tasks: list[dict[str, Any]], when: float) -> list[dict[str, Any]]:
+    """Chunk tasks (:func:`_chunk_tasks`) that finished after ``when`` (``time.time()``)."""
+    return [task for task in _chunk_tasks(tasks)
+            if max(span["stop"] for span in task["startstops"]) > when]
+
+
+def _hosts_of(tasks: list[dict[str, Any]]) -> set[str]:
+    return {urlparse(task["worker"]).hostname for task in tasks}
 
 
 def _total(stats: dict[str, InferenceStats]) -> InferenceStats:
@@ -131,18 +201,33 @@ def _assert_nothing_lost(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 
 class _Fault:
-    """Strikes ``strike()`` once the servers answer rows beyond ``baseline`` (the run is under
-    way), then ``undo()`` once ``undo_when(rows_since_strike)`` holds or the run has ended."""
+    """Strikes ``strike()`` once the servers answer rows beyond what they had answered before the
+    run (the run is under way), then ``undo()`` once ``undo_when(fault)`` holds or the run has
+    ended. Each server's rows are on record at every step (``baseline``, ``at_strike``,
+    ``at_undo``, ``after_undo``: per server, None where out of reach), ``struck_at`` is the time
+    of the strike (``time.time()``, the clock of Dask's task stream) and
+    ``undone_on_condition`` says whether ``undo_when`` held while the run was going."""
 
     def __init__(self, facility: Facility, strike: Callable[[], None], undo: Callable[[], None],
-                 undo_when: Callable[[int], bool] = lambda rows: rows > 0) -> None:
+                 undo_when: Callable[["_Fault"], bool] = lambda fault: True) -> None:
         self.facility, self.strike, self.undo, self.undo_when = facility, strike, undo, undo_when
-        # counted once the servers have counted the previous run's last answers (Triton counts
-        # a request just after answering it): a low baseline would strike before the run
-        self.baseline = settled(lambda: _served_rows(facility), gap_s=0.2)
+        # counted once the servers have counted the previous run's last answers: a low baseline
+        # would strike before the run
+        self.baseline = _settled_rows(facility)
+        self.at_strike: list[int | None] = []
+        self.at_undo: list[int | None] = []
+        self.after_undo: list[int | None] = []
+        self.struck_at = 0.0
+        self.undone_on_condition = False
         self.struck = threading.Event()
         self.run_over = threading.Event()
         self.thread = CheckedThread(self._watch, name="fault")
+
+    def answered_since_strike(self, server: int) -> int:
+        """Rows server ``server`` (index in ``facility.tritons``) answered since the strike
+        (0 while it is out of reach)."""
+        now, then = _rows_by_server(self.facility)[server], self.at_strike[server]
+        return 0 if now is None else now - (then or 0)
 
     def __enter__(self) -> "_Fault":
         self.thread.start()
@@ -153,19 +238,26 @@ class _Fault:
         self.thread.finish(timeout=120)
 
     def _watch(self) -> None:
+        before = sum(rows or 0 for rows in self.baseline)
         try:
-            wait_for(lambda: self.run_over.is_set() or _served_rows(self.facility) > self.baseline,
+            wait_for(lambda: self.run_over.is_set() or _served_rows(self.facility) > before,
                      RUN_TIMEOUT_S, "the run to infer on the servers", interval=0.02)
             if self.run_over.is_set():
                 return
+            self.struck_at = time.time()
             self.strike()
             self.struck.set()
-            at_strike = _served_rows(self.facility)
-            wait_for(lambda: self.run_over.is_set() or self.undo_when(
-                _served_rows(self.facility) - at_strike), RUN_TIMEOUT_S, "the moment to undo",
-                interval=0.05)
+            self.at_strike = _rows_by_server(self.facility)
+            self.undone_on_condition = wait_for(
+                lambda: "condition" if self.undo_when(self) else (
+                    "run over" if self.run_over.is_set() else None),
+                RUN_TIMEOUT_S, "the moment to undo", interval=0.05) == "condition"
         finally:
+            if self.struck.is_set():
+                self.at_undo = _rows_by_server(self.facility)
             self.undo()
+            if self.struck.is_set():
+                self.after_undo = _rows_by_server(self.facility)
 
 
 def test_the_demo_runs_across_hosts_behind_the_gateway(
@@ -210,23 +302,52 @@ def test_check_on_the_workers_says_they_send_over_grpc_because_the_server_is_els
 def test_the_analysis_across_hosts_gives_the_single_host_histograms(
         facility: Facility, dask_client: Any, sample: dict[str, list[str]],
         single_host: dict[str, Any]):
-    across = _run_across(facility, dask_client, sample)
+    before = _settled_rows(facility)
+    across, tasks = _run_across(facility, dask_client, sample)
+    answered = [after - earlier for after, earlier in zip(_settled_rows(facility), before)]
     _assert_nothing_lost(across, single_host)
     assert _total(across["inference"]).failed_requests == 0
-    # every worker host did some of the work, and both servers answered
-    workers = {worker["host"] for worker in dask_client.scheduler_info()["workers"].values()}
-    assert workers == {facility.host(name).ip for name in ("worker1", "worker2")}
+    # both servers answered (their own statistics), and between them every row the client got,
+    # each once
+    assert all(rows > 0 for rows in answered), answered
+    assert sum(answered) == sum(across["inference"][name].rows for name in DEMO_MODELS), answered
+    # every worker host processed chunks
+    assert _hosts_of(_chunk_tasks(tasks)) == {facility.host(name).ip
+                                              for name in ("worker1", "worker2")}
 
 
 def test_a_server_hosts_link_cut_mid_run_and_restored_loses_nothing(
         facility: Facility, dask_client: Any, sample: dict[str, list[str]],
         single_host: dict[str, Any]):
-    gpu1 = facility.host("gpu1")
-    with _Fault(facility, lambda: facility.lab.cut(gpu1), lambda: facility.lab.restore(gpu1),
-                undo_when=lambda rows: rows > 2 * CHUNKSIZE):
-        result = _run_across(facility, dask_client, sample)
+    gpu1, first = facility.host("gpu1"), facility.tritons[0]
+    down_before = _marked_down(facility, "triton1")
+
+    def cut() -> None:
+        facility.lab.cut(gpu1)
+        # the link is down: gpu1 answers nothing from here any more
+        assert not port_open(first.grpc_address) and not first.ready()
+
+    def failed_over(fault: _Fault) -> bool:
+        # the gateway's own health checks took gpu1 out of the rotation, and gpu2 answered the
+        # run's rows since the cut
+        return (_marked_down(facility, "triton1") > down_before
+                and fault.answered_since_strike(1) > 2 * CHUNKSIZE)
+
+    with _Fault(facility, cut, lambda: facility.lab.restore(gpu1), undo_when=failed_over) as fault:
+        result, _ = _run_across(facility, dask_client, sample)
+    assert fault.struck.is_set(), "the run ended before gpu1's link could be cut"
+    assert fault.at_strike[0] is None and fault.at_undo[0] is None, "gpu1 answered while cut"
+    assert fault.undone_on_condition, (
+        f"the run ended before the gateway marked gpu1 down ({_gateway_servers(facility)}) and "
+        f"gpu2 answered the run's rows (rows by server at the cut {fault.at_strike}, at the end "
+        f"{fault.at_undo})")
     _assert_nothing_lost(result, single_host)
-    wait_for(facility.tritons[0].ready, 60, "gpu1 to answer again after its link came back")
+    # the cut struck the run: a call caught on gpu1 was reset by the gateway and sent again
+    assert _total(result["inference"]).retries > 0, _total(result["inference"])
+    # back on the network, gpu1 answers and the gateway takes it back into the rotation
+    wait_for(first.ready, 60, "gpu1 to answer again after its link came back")
+    wait_for(lambda: _gateway_servers(facility)["triton1"]["status"] == "UP", 60,
+             lambda: f"the gateway to mark gpu1 up again: {_gateway_servers(facility)}")
 
 
 def test_the_gateway_killed_mid_run_and_restarted_loses_nothing(
@@ -236,13 +357,20 @@ def test_the_gateway_killed_mid_run_and_restarted_loses_nothing(
 
     def kill() -> None:
         gateway.kill()
-        assert not port_open(gateway.address)
+        # HAProxy died of the SIGKILL and its port is closed
+        assert gateway.process.process.returncode == -signal.SIGKILL
+        assert not gateway.process.alive and not port_open(gateway.address)
 
-    with _Fault(facility, kill, gateway.restart, undo_when=lambda rows: True) as fault:
-        result = _run_across(facility, dask_client, sample)
+    with _Fault(facility, kill, gateway.restart, undo_when=lambda fault: True) as fault:
+        result, _ = _run_across(facility, dask_client, sample)
     assert fault.struck.is_set(), "the run ended before the gateway could be killed"
+    assert gateway.process.alive and port_open(gateway.address)
     _assert_nothing_lost(result, single_host)
+    # the clients saw calls fail while the gateway was gone, and the run went on through the
+    # restarted one: the servers answered rows after the restart
     assert _total(result["inference"]).failed_requests > 0
+    after = _settled_rows(facility)
+    assert sum(after) > sum(fault.after_undo), (fault.after_undo, after)
 
 
 def test_a_link_degraded_to_a_tenth_mid_run_loses_nothing_without_a_timeout_storm(
@@ -250,28 +378,50 @@ def test_a_link_degraded_to_a_tenth_mid_run_loses_nothing_without_a_timeout_stor
         single_host: dict[str, Any]):
     worker1 = facility.host("worker1")
     rate = worker1.link.rate_mbit
-    with _Fault(facility, lambda: facility.lab.set_link(worker1, Link(rate / 10)),
-                lambda: facility.lab.set_link(worker1, Link(rate)),
-                undo_when=lambda rows: False) as fault:
-        result = _run_across(facility, dask_client, sample)
+
+    def shaped_mbit() -> float | None:
+        """The rate the kernel shapes worker1's side of its link at (its tbf, read back inside
+        the host); None where nothing shapes it."""
+        qdiscs = json.loads(worker1.run(["tc", "-j", "qdisc", "show", "dev", "eth0"]).stdout)
+        rates = [qdisc["options"]["rate"] for qdisc in qdiscs if qdisc["kind"] == "tbf"]
+        return rates[0] * 8 / 1e6 if rates else None
+
+    def degrade() -> None:
+        facility.lab.set_link(worker1, Link(rate / 10))
+        assert shaped_mbit() == pytest.approx(rate / 10)
+
+    with _Fault(facility, degrade, lambda: facility.lab.set_link(worker1, Link(rate)),
+                undo_when=lambda fault: False) as fault:
+        result, tasks = _run_across(facility, dask_client, sample)
     assert fault.struck.is_set()
+    assert shaped_mbit() == pytest.approx(rate)
     _assert_nothing_lost(result, single_host)
     assert _total(result["inference"]).failed_requests == 0
+    # worker1 finished chunks over the degraded link
+    assert worker1.ip in _hosts_of(_finished_after(tasks, fault.struck_at)), tasks
 
 
 def test_a_worker_host_cut_off_mid_run_is_replaced_by_dask_and_loses_nothing(
         facility: Facility, dask_client: Any, sample: dict[str, list[str]],
         single_host: dict[str, Any]):
     worker1 = facility.host("worker1")
+    address = _worker_address(dask_client, worker1.ip)
+
+    def cut() -> None:
+        facility.lab.cut(worker1)
+        # the link is down: worker1's Dask worker answers nothing from here any more
+        assert not port_open(address)
+
     try:
-        with _Fault(facility, lambda: facility.lab.cut(worker1), lambda: None,
-                    undo_when=lambda rows: False) as fault:
-            result = _run_across(facility, dask_client, sample)
+        with _Fault(facility, cut, lambda: None, undo_when=lambda fault: False) as fault:
+            result, tasks = _run_across(facility, dask_client, sample)
         assert fault.struck.is_set()
         _assert_nothing_lost(result, single_host)
         # the scheduler gave up on the silent worker and ran its chunks on the other one
         hosts = {worker["host"] for worker in dask_client.scheduler_info()["workers"].values()}
         assert worker1.ip not in hosts
+        assert _hosts_of(_finished_after(tasks, fault.struck_at)) == {
+            facility.host("worker2").ip}, tasks
     finally:
         facility.lab.restore(worker1)
         _restart_worker(facility, dask_client, worker1.name)

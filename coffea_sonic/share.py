@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from .errors import ConfigurationError
 
@@ -56,23 +56,28 @@ class YieldGate:
     ``inference_count`` (a :class:`~coffea_sonic.model.TritonModel` of the shared model; use one
     that sends no inference requests of its own). ``floor_rows_per_s``: the cap never goes below
     this, so the bulk user is never stopped. ``start=False``: no polling thread (:meth:`update`
-    is then called by hand).
+    is then called by hand). ``clock`` and ``sleep``: the monotonic clock the cap's arithmetic
+    runs on and how :meth:`acquire` waits on it (``time.monotonic`` and ``time.sleep``; a test
+    passes a clock of its own).
     """
 
     def __init__(self, statistics: Any, share: float, *, burst_rows: int, poll_s: float = 0.25,
-                 floor_rows_per_s: float = 0.0, start: bool = True) -> None:
+                 floor_rows_per_s: float = 0.0, start: bool = True,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         if share <= 0 or burst_rows < 1 or poll_s <= 0:
             raise ConfigurationError(
                 f"YieldGate needs share > 0, burst_rows >= 1 and poll_s > 0, not {share!r}, "
                 f"{burst_rows!r}, {poll_s!r}")
         self.statistics, self.share, self.poll_s = statistics, share, poll_s
         self.burst_rows, self.floor = burst_rows, floor_rows_per_s
+        self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._cap: float | None = None
         self._own_rows = 0
         self._last: tuple[int, int, float] | None = None  # (total, own, when) of the last poll
         self._tokens = float(burst_rows)
-        self._filled_at = time.monotonic()
+        self._filled_at = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if start:
@@ -91,7 +96,7 @@ class YieldGate:
 
     def update(self, total_rows: int | None, now: float | None = None) -> None:
         """Take a new snapshot of the server's rows (None: no statistics, so no cap)."""
-        now = time.monotonic() if now is None else now
+        now = self._clock() if now is None else now
         with self._lock:
             self._fill(now)
             if total_rows is None:
@@ -104,11 +109,11 @@ class YieldGate:
             self._last = (total_rows, self._own_rows, now)
 
     def acquire(self, rows: int, deadline: float | None = None) -> bool:
-        """Wait until ``rows`` may be sent under the cap; False if ``deadline`` (monotonic)
-        came first (nothing taken)."""
+        """Wait until ``rows`` may be sent under the cap; False if ``deadline`` (on the gate's
+        clock, ``time.monotonic`` by default) came first (nothing taken)."""
         while True:
             with self._lock:
-                now = time.monotonic()
+                now = self._clock()
                 self._fill(now)
                 if self._cap is None:
                     return True
@@ -117,9 +122,9 @@ class YieldGate:
                     return True
                 wait = (min(rows, self.burst_rows) - self._tokens) / max(self._cap, 1.0)
             if deadline is not None and now + min(wait, self.poll_s) >= deadline:
-                time.sleep(max(0.0, deadline - now))
+                self._sleep(max(0.0, deadline - now))
                 return False
-            time.sleep(min(wait, self.poll_s))
+            self._sleep(min(wait, self.poll_s))
 
     def _fill(self, now: float) -> None:
         if self._cap is None:

@@ -36,51 +36,25 @@ def grpc_reference(address: str, name: str, inputs: dict) -> dict:
     return decode_response(response)
 
 
-def _shm_status_client(grpc_address: str):
-    import tritonclient.grpc as grpcclient
-
-    return grpcclient.InferenceServerClient(grpc_address)
-
-
 def our_registered_regions(grpc_address: str) -> set[str]:
     """Names of the system shared-memory regions that live processes of this package have
     registered on the server at ``grpc_address``, as the server's own status lists them."""
-    from coffea_sonic.transport.shm.regions import PREFIX, pid_alive, pid_of
+    from server_side import registered_regions
 
-    client = _shm_status_client(grpc_address)
-    try:
-        status = client.get_system_shared_memory_status(as_json=True)
-    finally:
-        client.close()
-    return {name for name in status.get("regions", {}) if name.startswith(PREFIX)
-            and (pid := pid_of(name)) is not None and pid_alive(pid)}
+    return registered_regions(grpc_address)
 
 
-def assert_sent_over(transport: str, grpc_address: str, call: Callable[[], T]) -> T:
-    """Run ``call`` (which sends to the server at ``grpc_address``) and check, from the server's
-    shared-memory status while our transports are still open, that it went over ``transport``:
-    for "grpc" no region of ours is registered after it, for "shm" at least one is.
+def assert_sent_over(transport: str, server: Any, call: Callable[[], T], *,
+                     outputs_in_shm: bool = True) -> T:
+    """Run ``call`` (which sends to ``server``) and check from the server's side that its
+    requests went over ``transport`` ("grpc", "shm" or "http"): the infer requests the server's
+    log shows per front end, the outputs it wrote into shared memory, our regions its status
+    lists (see :func:`server_side.sent_over`). ``server``: the LocalTritonServer, or the gRPC
+    address of a tritonserver on this host. Returns what ``call`` returned."""
+    from server_side import sent_over
 
-    In a ``[grpc]`` run no transport of ours holds shared memory on the server, so a region of
-    ours registered before the call is a leftover (a path that went away before its transport
-    could unregister, e.g. a stopped gateway): it is unregistered first, so that the check sees
-    what this call did. Returns what ``call`` returned."""
-    if transport == "grpc":
-        client = _shm_status_client(grpc_address)
-        try:
-            for name in our_registered_regions(grpc_address):
-                client.unregister_system_shared_memory(name)
-        finally:
-            client.close()
-    elif transport != "shm":
-        raise ValueError(f"no wire check for transport {transport!r}")
-    result = call()
-    regions = our_registered_regions(grpc_address)
-    if transport == "grpc":
-        assert not regions, f"a [grpc] run registered shared memory on the server: {regions}"
-    else:
-        assert regions, "a [shm] run registered no shared-memory region on the server"
-    return result
+    with sent_over(transport, server, outputs_in_shm=outputs_in_shm):
+        return call()
 
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str | Callable[[], str], *,

@@ -19,6 +19,7 @@ from coffea_sonic.routing import clear_routers
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.server.repository import write_repository
 from helpers import wait_for
+from server_side import sent_over
 
 ROWS = 60_000
 CHUNK = 15_000
@@ -67,7 +68,8 @@ def test_a_second_identical_call_sends_nothing_and_answers_the_same(jet_tagger_s
                         transport="auto" if transport == "http" else transport)
     assert first.transport_kind == transport
     before = _served(first)
-    expected = first(inputs)["probs"]
+    with sent_over(transport, jet_tagger_server):
+        expected = first(inputs)["probs"]
     after_first = _served_once_counted(first, before, ROWS)
     assert after_first[1] - before[1] == ROWS and first.stats.cache_hits == 0
     # a new object (as in the next run's process) over the same directory

@@ -10,8 +10,10 @@
 
 On each, a ``TritonModel`` built from the URL alone (``transport="auto"``, the default, and
 ``transport="grpc"``) must return every row, equal to in-process onnxruntime within 1e-5, with no
-restricted-protocol key given: inference, metadata and health stay open on those servers. coffea's
-own ``triton_wrapper`` runs against (a) and (b) as the reference that the servers themselves are fine.
+restricted-protocol key given: inference, metadata and health stay open on those servers. On each
+``"auto"`` picks plain gRPC (no shared memory behind a restriction or a balancer), which the
+server's own log must show (tests/server_side.py). coffea's own ``triton_wrapper`` runs against
+(a) and (b) as the reference that the servers themselves are fine.
 The restriction itself is asserted with tritonclient, so a server that silently stopped restricting
 cannot make the client tests pass for the wrong reason.
 
@@ -38,6 +40,7 @@ from coffea_sonic.server import LocalTritonServer
 
 from interop_servers import (MODEL, PYTRITON_TOKEN_KEY, HAProxy, PyTritonJetTagger,
                              RestrictionKey, ServedRequests, wait_until)
+from server_side import ServerSide, sent_over
 
 TOLERANCE = 1e-5
 #: Rows of one call against (a) and (b): odd, and more than PyTriton's max_batch_size (4096), so
@@ -97,6 +100,16 @@ def _infer_with_default_client(url: str, transport: str,
         return outputs
     finally:
         model.close()
+
+
+def _pytriton_side(server: PyTritonJetTagger) -> ServerSide:
+    """PyTriton's tritonserver as the wire checks reach it: its output is kept by PyTriton's
+    ``TritonServer`` (``logs()``), its logging and shared-memory APIs open to the access token."""
+    token = RestrictionKey(PYTRITON_TOKEN_KEY, server.access_token)
+    logs = server.triton._triton_server.logs
+    return ServerSide(server.grpc_address, server.http_address,
+                      lambda offset: logs().encode()[offset:],
+                      grpc_headers=token.grpc_header, http_headers=token.http_header)
 
 
 def _coffea_wrapper(grpc_address: str):
@@ -239,7 +252,9 @@ def test_pytriton_at_its_defaults_restricts_repository_shm_and_statistics_but_se
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_default_triton_model_gets_every_row_from_pytriton_at_its_defaults(
         pytriton_server, transport, rows, engine):
-    outputs = _infer_with_default_client(pytriton_server.url(), transport, rows)
+    # "auto" picks plain gRPC: PyTriton's shared-memory API refuses a caller without the token
+    with sent_over("grpc", _pytriton_side(pytriton_server)):
+        outputs = _infer_with_default_client(pytriton_server.url(), transport, rows)
     _assert_every_row(outputs, rows, engine)
 
 
@@ -261,8 +276,14 @@ def test_restricted_tritonserver_refuses_repository_shm_and_statistics_but_serve
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_default_triton_model_gets_every_row_from_a_restricted_tritonserver(
-        restricted_tritonserver, transport, rows, engine):
-    outputs = _infer_with_default_client(restricted_tritonserver.url(MODEL), transport, rows)
+        restricted_tritonserver, restriction, transport, rows, engine):
+    server = restricted_tritonserver
+    side = ServerSide.of_file(server.grpc_address, server.http_address, server.log_path,
+                              grpc_headers=restriction.grpc_header,
+                              http_headers=restriction.http_header)
+    # "auto" picks plain gRPC: the server refuses our shared-memory registration without the key
+    with sent_over("grpc", side):
+        outputs = _infer_with_default_client(server.url(MODEL), transport, rows)
     _assert_every_row(outputs, rows, engine)
 
 
@@ -310,16 +331,19 @@ def test_haproxy_over_two_servers_loses_no_row_when_one_is_killed_mid_call(trans
 
         killer = threading.Thread(target=kill_victim_once_both_serve, name="killer", daemon=True)
         killer.start()
-        try:
-            outputs = model(inputs)
-        except BaseException as error:
-            for killer_error in killer_errors:
-                error.add_note(f"the killer thread also failed: {killer_error!r}")
-            raise
-        finally:
-            call_over.set()
-            killer.join(timeout=60)
-            assert not killer.is_alive(), "the killer thread did not finish"
+        # "auto" picks plain gRPC, as the survivor's log shows: the probe's status calls, spread
+        # over both backends, do not all find the region it registered
+        with sent_over("grpc", survivor):
+            try:
+                outputs = model(inputs)
+            except BaseException as error:
+                for killer_error in killer_errors:
+                    error.add_note(f"the killer thread also failed: {killer_error!r}")
+                raise
+            finally:
+                call_over.set()
+                killer.join(timeout=60)
+                assert not killer.is_alive(), "the killer thread did not finish"
         if killer_errors:
             raise killer_errors[0]
         assert killed, "the call ended before both backends had served; nothing was killed mid-call"

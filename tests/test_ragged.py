@@ -20,6 +20,7 @@ from coffea_sonic.routing import clear_routers
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.server.repository import ragged_model_config, write_model
 from coffea_sonic.transport.memory import MemoryTransport
+from server_side import sent_over
 
 #: The model, as numpy (shared by the in-memory engine and the served python model): per hit the
 #: sum of its coordinates and its coordinates over (1 + |its event's sum|) (so a hit's answer
@@ -372,16 +373,17 @@ def test_served_ragged_calls_equal_one_event_requests(ragged_server, transport):
     model = TritonModel(ragged_server.url("hitsum"), transport=transport, max_request_bytes=600)
     assert model.info.ragged_inputs == ("hits", "hits__counts")
     assert model.info.ragged_outputs == ("hit_sum", "hit_frac")
-    out = model({"hits": hits}, counts=counts)
-    assert model.transport_kind == transport
-    assert model.stats.requests > 5
+    with sent_over(transport, ragged_server) as wire:
+        out = model({"hits": hits}, counts=counts)
+    assert model.stats.requests > 5 and wire.grpc_infers == model.stats.requests
     direct = _one_event_requests(ragged_server.grpc_address, hits, counts)
     _assert_equal_per_event(out, hits, counts, direct)
     _assert_equal_per_event(out, hits, counts)  # and the numpy reference
     # an event over the cap goes alone; events without hits, alone or together, are answered
     model = TritonModel(ragged_server.url("hitsum"), transport=transport, max_request_bytes=100)
-    _assert_equal_per_event(model({"hits": hits[:41]}, counts=[0, 1, 40, 0]), hits[:41],
-                            np.array([0, 1, 40, 0]))
+    with sent_over(transport, ragged_server):
+        alone = model({"hits": hits[:41]}, counts=[0, 1, 40, 0])
+    _assert_equal_per_event(alone, hits[:41], np.array([0, 1, 40, 0]))
     empty = model({"hits": np.zeros((0, 3), np.float32)}, counts=[0, 0])
     assert empty["n_hits"].ravel().tolist() == [0, 0] and empty["hit_frac"].shape == (0, 3)
 
@@ -401,7 +403,8 @@ def test_the_mixin_round_trip_on_a_served_model(ragged_server, transport):
     processor = HitProcessor()
     processor.sonic_configure({"hitsum": ragged_server.url("hitsum")}, transport=transport,
                               max_request_bytes=500)
-    out = processor.process(_jagged(hits, counts))
+    with sent_over(transport, ragged_server):
+        out = processor.process(_jagged(hits, counts))
     assert ak.num(out["hit_sum"]).tolist() == counts.tolist()
     flat = {"hit_sum": ak.to_numpy(ak.flatten(out["hit_sum"])),
             "hit_frac": ak.to_numpy(ak.flatten(out["hit_frac"])),

@@ -19,6 +19,7 @@ from coffea_sonic.server.model_check import validate_repository  # noqa: E402
 from coffea_sonic.server.standard import plan_repository  # noqa: E402
 from experiment_repository import ragged_repository  # noqa: E402
 from helpers import wait_for  # noqa: E402
+from server_side import sent_over  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +72,12 @@ def test_tritonmodel_sends_one_request_per_event_to_a_triton_ragged_model(ragged
     values = np.random.default_rng(6).normal(size=int(counts.sum())).astype(np.float32)
     model = TritonModel(server.url("ragged_io"), fallback="off")
     try:
-        answer = model({"INPUT0": values}, counts=counts)
+        with sent_over(each_transport, server) as wire:
+            answer = model({"INPUT0": values}, counts=counts)
         requests = model.stats.requests
     finally:
         model.close()
     np.testing.assert_array_equal(answer["OUTPUT0"], 2 * values)  # per object, in event order
     np.testing.assert_array_equal(answer["COUNT"], counts[:, None].astype(np.float32))
     assert requests == len(counts)  # SonicTriton's way: one request per event
+    assert wire.grpc_infers == len(counts)  # and the server took exactly those

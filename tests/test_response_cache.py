@@ -19,6 +19,7 @@ from coffea_sonic.model import TritonModel
 from coffea_sonic.routing import clear_routers
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.stats import counted_since
+from server_side import sent_over
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,11 @@ def test_an_identical_request_is_answered_from_the_servers_cache(cached_server, 
     assert model.info.response_cache and model.transport_kind == transport
     inputs = zoo.example_inputs("jet_tagger", 2_000, seed=seed)
     before = model.server_statistics()
-    first = model(inputs)["probs"]
-    second = model(inputs)["probs"]
+    with sent_over(transport, cached_server) as wire:
+        first = model(inputs)["probs"]
+        second = model(inputs)["probs"]
+    if transport == "shm":  # the answer from the cache is written into the request's region too
+        assert wire.shm_outputs == 2, wire
     delta = counted_since(model.server_statistics, before, 2)  # counted just after answering
     np.testing.assert_array_equal(first, second)
     assert (delta.success_count, delta.execution_count) == (2, 1)  # the model ran once

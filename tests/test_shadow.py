@@ -27,6 +27,7 @@ from coffea_sonic.errors import MissingDependencyError  # noqa: E402
 from coffea_sonic.shadow import ShadowDivergenceError, shadow_hook  # noqa: E402
 from altered_models import altered_repository  # noqa: E402
 from helpers import wait_for  # noqa: E402
+from server_side import sent_over  # noqa: E402
 
 MODELS = ["jet_tagger", "particlenet", "deepmet"]
 
@@ -49,8 +50,9 @@ def test_honest_server_is_not_flagged(jet_tagger_server, each_transport):
     model = TritonModel(f"triton+grpc://{jet_tagger_server.grpc_address}/jet_tagger",
                         shadow=0.2, fallback="off")
     try:
-        for seed in range(5):
-            model(rows_for("jet_tagger", 3000, seed))
+        with sent_over(each_transport, jet_tagger_server):
+            for seed in range(5):
+                model(rows_for("jet_tagger", 3000, seed))
         shadow_hook(model).drain()
         report = shadow_hook(model).report()
     finally:
@@ -159,10 +161,14 @@ def test_demo_run_catches_an_altered_server(altered_server, demo_fileset, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.parametrize("transport", ["grpc", "shm"])
-def test_demo_run_on_an_honest_server_is_not_flagged(demo_fileset, tmp_path, transport):
-    completed, output = _demo(tmp_path, demo_fileset, transport,
-                              {"COFFEA_SONIC_TRANSPORT": transport})
-    assert completed.returncode == 0, completed.stderr[-3000:]
+def test_demo_run_on_an_honest_server_is_not_flagged(triton_server, demo_fileset, tmp_path,
+                                                     transport):
+    # the zoo's server, started here so that its side of the run can be checked
+    with sent_over(transport, triton_server):
+        completed, output = _demo(tmp_path, demo_fileset, transport,
+                                  {"COFFEA_SONIC_TRANSPORT": transport},
+                                  "--server", f"triton+grpc://{triton_server.grpc_address}")
+        assert completed.returncode == 0, completed.stderr[-3000:]
     summary = json.loads((output / "summary.json").read_text())
     for name in ("jet_tagger", "particlenet"):
         assert summary["client"][name]["shadow_rows"] > 0, name

@@ -21,6 +21,7 @@ from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 from coffea_sonic.server import LocalTritonServer
 from helpers import wait_for
+from server_side import sent_over
 from otlp_receiver import OtlpReceiver, tracing_arguments
 
 QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
@@ -52,8 +53,9 @@ def test_every_request_carries_the_calls_traceparent_into_the_servers_trace(
     model = TritonModel(url, transport=transport, max_request_bytes=2400, max_in_flight=1)
     inputs = {"features": np.random.default_rng(7).normal(size=(300, 6)).astype(np.float32)}
     caplog.set_level(logging.INFO, logger="coffea_sonic.tracing")
-    model(inputs)
-    assert model.stats.requests == 3
+    with sent_over(transport, server) as wire:
+        model(inputs)
+    assert model.stats.requests == 3 and wire.grpc_infers + wire.http_infers == 3
     (parent,) = PARENT.findall(caplog.text)  # one call, one span, logged once
     trace_id, span_id = parent
     # Triton's HTTP endpoint continues the trace for every request; its gRPC endpoint now and then

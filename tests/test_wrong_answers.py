@@ -6,13 +6,11 @@ left out, an output of the wrong dtype (FP16 is a safe cast to the declared FP32
 FP64 and INT32 are not and are refused), an output of the wrong per-row shape, and a row dropped in
 only one of several pieces of a call. A custom fallback factory whose engine answers wrongly is
 held to the same checks once the server is gone. Every case runs over plain gRPC and over system
-shared memory.
+shared memory, and the server's own log says which wire its requests came over.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -22,6 +20,7 @@ import pytest
 from coffea_sonic import TritonModel
 from coffea_sonic.errors import InferenceError
 from coffea_sonic.server import LocalTritonServer
+from server_side import sent_over
 
 TRANSPORTS = ("grpc", "shm")
 #: rows per test call; features are multiples of 1/4 below 16, exact in FP16 as well as FP32
@@ -133,13 +132,6 @@ def _assert_right(outputs: Mapping[str, np.ndarray], inputs: Mapping[str, np.nda
         np.testing.assert_array_equal(outputs[name], want, err_msg=name)
 
 
-def _registered_shm_regions(server: LocalTritonServer) -> list[str]:
-    """Names of the system shared-memory regions clients registered with ``server``."""
-    with urllib.request.urlopen(f"http://{server.http_address}/v2/systemsharedmemory/status",
-                                timeout=5) as response:
-        return [region["name"] for region in json.load(response)]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTritonServer]:
     """A real tritonserver serving ``answer_<mode>`` for every mode."""
@@ -157,10 +149,10 @@ def _model(server: LocalTritonServer, mode: str, transport: str, **options: Any)
 def test_a_correct_answer_is_returned_as_declared(server: LocalTritonServer, transport: str) -> None:
     model = _model(server, "good", transport)
     inputs = _inputs()
-    _assert_right(model(inputs), inputs)
+    with sent_over(transport, server) as wire:  # over shm: both outputs written into the region
+        _assert_right(model(inputs), inputs)
     assert model.stats.rows == ROWS and model.stats.failed_requests == 0
-    if transport == "shm":  # the answers really came through shared memory
-        assert _registered_shm_regions(server)
+    assert wire.shm_outputs == (2 if transport == "shm" else 0), wire
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -168,7 +160,8 @@ def test_an_output_in_a_safely_castable_dtype_is_accepted_as_the_declared_dtype(
         server: LocalTritonServer, transport: str) -> None:
     model = _model(server, "fp16", transport)
     inputs = _inputs()
-    _assert_right(model(inputs), inputs)
+    with sent_over(transport, server):
+        _assert_right(model(inputs), inputs)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -176,9 +169,12 @@ def test_an_output_in_a_safely_castable_dtype_is_accepted_as_the_declared_dtype(
 def test_a_wrong_answer_from_the_server_raises_inference_error(
         server: LocalTritonServer, transport: str, mode: str) -> None:
     model = _model(server, mode, transport)
-    why = SHM_OVERFLOW if transport == "shm" and mode in OVERFLOWS_SHM else REFUSED[mode]
-    with pytest.raises(InferenceError, match=why) as caught:
-        model(_inputs())
+    overflows = transport == "shm" and mode in OVERFLOWS_SHM
+    why = SHM_OVERFLOW if overflows else REFUSED[mode]
+    # an answer too large for the request's region is not written into it
+    with sent_over(transport, server, outputs_in_shm=not overflows):
+        with pytest.raises(InferenceError, match=why) as caught:
+            model(_inputs())
     assert f"answer_{mode}" in str(caught.value)
     assert model.stats.rows == 0, "no row of a wrong answer may be counted as answered"
 
@@ -189,10 +185,11 @@ def test_a_wrong_answer_in_one_piece_of_a_split_call_fails_the_whole_call(
     # 4 rows of 16 bytes per request: pieces of 4, 4 and 2 rows; only the 2-row piece is short
     model = _model(server, "short_last_piece", transport, max_request_bytes=4 * FEATURES * 4)
     whole_pieces = _model(server, "short_last_piece", transport, max_request_bytes=4 * FEATURES * 4)
-    _assert_right(whole_pieces(_inputs(8)), _inputs(8))  # two 4-row pieces: answered right
-    handle = model.infer_async(_inputs())
-    with pytest.raises(InferenceError, match="rows"):
-        handle.result(timeout=60)
+    with sent_over(transport, server):
+        _assert_right(whole_pieces(_inputs(8)), _inputs(8))  # two 4-row pieces: answered right
+        handle = model.infer_async(_inputs())
+        with pytest.raises(InferenceError, match="rows"):
+            handle.result(timeout=60)
     assert model.stats.rows < ROWS
 
 
@@ -256,7 +253,8 @@ def test_a_correct_fallback_engine_takes_over_when_the_server_is_gone(
         doomed_server: LocalTritonServer, transport: str) -> None:
     model, asked = _fallback_model(doomed_server, transport, _expected)
     inputs = _inputs()
-    _assert_right(model(inputs), inputs)  # served by the server
+    with sent_over(transport, doomed_server):
+        _assert_right(model(inputs), inputs)  # served by the server
     assert model.stats.fallback_rows == 0
     doomed_server.stop()
     _assert_right(model(inputs), inputs)  # served by the fallback
@@ -271,7 +269,8 @@ def test_a_wrong_answer_from_a_fallback_engine_raises_inference_error(
     engine, fragment = WRONG_ENGINES[wrong]
     model, asked = _fallback_model(doomed_server, transport, engine)
     inputs = _inputs()
-    _assert_right(model(inputs), inputs)  # served by the server
+    with sent_over(transport, doomed_server):
+        _assert_right(model(inputs), inputs)  # served by the server
     doomed_server.stop()
     with pytest.raises(InferenceError, match=fragment) as caught:
         model(inputs)

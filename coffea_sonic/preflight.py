@@ -18,7 +18,16 @@ A problem ends the run at once with a :class:`~coffea_sonic.errors.PreflightErro
 what is wrong, and what to do. It is on by default; ``sonic_preflight = False`` on the processor,
 or the setting ``preflight`` (``COFFEA_SONIC_PREFLIGHT=off``), turns it off.
 
->>> check_declared_inputs("jet_tagger", {"features": ("float32", (6,))}, None)  # nothing to check
+>>> from coffea_sonic import zoo
+>>> takes = zoo.declared_info("jet_tagger")  # what the server's model takes: features FP32 [6]
+>>> check_declared_inputs("jet_tagger", {"features": ("float32", (6,))}, takes)  # fits: no error
+>>> check_declared_inputs("jet_tagger", {"features": ("float32", (5,))}, takes)
+... # doctest: +NORMALIZE_WHITESPACE
+Traceback (most recent call last):
+    ...
+coffea_sonic.errors.PreflightError: model 'jet_tagger' input 'features': the processor sends
+float32 [5] per row, the model takes FP32 [6]
+  what to do: fix the features in process() (and sonic_inputs), or point sonic_models at ...
 """
 
 from __future__ import annotations

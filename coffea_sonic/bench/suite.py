@@ -6,9 +6,13 @@ included), ``equality`` (max |Δ| of every mode's outputs against in-process onn
 same inputs), ``targets`` (the target ratios, met or missed by how much), ``scaling`` (fitted
 SONIC model per model, with the network bound) and ``e2e`` (the demo analysis, when asked for).
 
->>> results = run_bench(BenchConfig.tiny(modes=("cpu",), clients=(1,)))   # doctest: +SKIP
->>> results["measurements"][0]["rows_per_s"]["median"] > 0                   # doctest: +SKIP
-True
+>>> results = run_bench(BenchConfig.tiny(modes=("cpu",), clients=(1,)))  # in-process: no server
+>>> results["schema"], results["modes_run"], results["skipped"]
+('coffea-sonic-bench/1', ['cpu'], [])
+>>> [(m["mode"], m["batch_size"], m["clients"]) for m in results["measurements"]]
+[('cpu', 0, 1), ('cpu', 128, 1), ('cpu', 512, 1)]
+>>> results["measurements"][0]["rows_per_s"]["median"] > 0, results["equality"]["all_equal"]
+(True, True)
 """
 
 from __future__ import annotations

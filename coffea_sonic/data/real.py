@@ -69,6 +69,16 @@ def fetch_coffea_test_samples(dest_dir: str | os.PathLike,
     >>> paths = fetch_coffea_test_samples(".cache/real-nanoaod")  # doctest: +SKIP
     >>> paths["nano_dy"].name                                     # doctest: +SKIP
     'nano_dy.root'
+
+    Files already there are reused as they are, with nothing downloaded:
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as cache:
+    ...     for name in REAL_SAMPLE_NAMES:
+    ...         _ = Path(cache, f"{name}.root").write_bytes(b"fetched before")
+    ...     paths = fetch_coffea_test_samples(cache, coffea_version="0.0.0-not-on-the-index")
+    ...     sorted(paths) == sorted(REAL_SAMPLE_NAMES), paths["nano_dy"] == Path(cache, "nano_dy.root")
+    (True, True)
     """
     destination = Path(dest_dir)
     paths = {name: destination / f"{name}.root" for name in REAL_SAMPLE_NAMES}

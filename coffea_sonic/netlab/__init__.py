@@ -16,6 +16,16 @@ Needs root (tests that use it are marked ``netlab`` and skip elsewhere). The pie
 ...     far = start_relay(gpu, target="127.0.0.1:8001", listen_port=9001)
 ...     far                                                  # 20 ms away, at 1 Gb/s
 '10.231.0.10:9001'
+
+Without root, :class:`LocalHost` stands for this machine (loopback, no namespaces):
+
+>>> import socket
+>>> with LocalHost() as here, socket.create_server(("127.0.0.1", 0)) as listening:
+...     port = listening.getsockname()[1]
+...     port_open(here.address(port))
+True
+>>> Link(rate_mbit=1000, rtt_ms=20).shaped, Link().shaped
+(True, False)
 """
 
 from .lab import Host, Lab, missing_requirements, sweep_stale_labs

@@ -18,6 +18,14 @@ comes from ``COFFEA_SONIC_TOKEN_FILE``.
 >>> with Facility(models=["jet_tagger"]) as facility:                  # doctest: +SKIP
 ...     facility.gateway.url("jet_tagger")
 'triton+grpc://10.231.0.13:8001/jet_tagger'
+
+Nothing starts before it is entered (or started); by default every link runs at 1 Gb/s:
+
+>>> facility = Facility(models=["jet_tagger"], quota_rps=50)
+>>> facility.lab, facility.server_link, facility.worker_link, facility.quota_rps
+(Lab(index=-1, hosts=[]), Link(rate_mbit=1000, rtt_ms=0.0), Link(rate_mbit=1000, rtt_ms=0.0), 50)
+>>> WORKER_HOSTS, SERVER_HOSTS
+(('worker1', 'worker2'), ('gpu1', 'gpu2'))
 """
 
 from __future__ import annotations

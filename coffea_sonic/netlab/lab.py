@@ -14,6 +14,8 @@ Needs root, ``nsenter``/``unshare`` (util-linux) and either ``ip``/``tc`` (iprou
 pyroute2 package (:mod:`coffea_sonic.netlab.netlink`).
 
 >>> from coffea_sonic.netlab import Lab, Link
+>>> Lab()  # nothing is made until it is entered (or started)
+Lab(index=-1, hosts=[])
 >>> with Lab() as lab:                                           # doctest: +SKIP
 ...     gpu = lab.host("gpu1", Link(rate_mbit=1000))
 ...     gpu.run(["ip", "-br", "addr"]).stdout.count("eth0")

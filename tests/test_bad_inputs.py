@@ -86,8 +86,13 @@ def test_unsafe_dtype_cast_is_refused_with_both_dtypes(offline):
 @pytest.mark.usefixtures("each_transport")
 def test_safe_dtype_cast_gives_the_same_result(jet_model):
     integers = np.arange(30, dtype=np.int16).reshape(5, 6)
-    expected = jet_model({"features": integers.astype(np.float32)})["probs"]
-    np.testing.assert_array_equal(jet_model({"features": integers})["probs"], expected)
+    as_float = integers.astype(np.float32)
+    expected = reference_engine("jet_tagger", threads=1)({"features": as_float})["probs"]
+    served = jet_model({"features": integers})["probs"]
+    assert served.dtype == np.float32 and served.shape == (5, 3)
+    np.testing.assert_allclose(served, expected, atol=1e-5)
+    # the cast happens before sending: the same request as the float32 one, the same answer
+    np.testing.assert_array_equal(served, jet_model({"features": as_float})["probs"])
 
 
 def test_wrong_rank_names_expected_and_actual_shape(offline):

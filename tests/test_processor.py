@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import warnings
 from pathlib import Path
@@ -42,8 +43,18 @@ def _runner_fileset(fileset):
     return {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()}
 
 
+def _executor(kind, **options):
+    """A coffea executor that runs each chunk once: coffea reruns a failing chunk by default
+    (``retries=3``), which would hide a failure that goes away when rerun. Every executor has the
+    field in coffea 2026; in 2025.7 only DaskExecutor does (the others run each chunk once)."""
+    if "retries" in {field.name for field in dataclasses.fields(kind)}:
+        options["retries"] = 0
+    return kind(**options)
+
+
 def _run(executor, fileset, url, schema=QuietSchema, chunksize=700):
     runner = processor.Runner(executor=executor, schema=schema, chunksize=chunksize)
+    assert runner.retries == 0  # Runner's automatic retries follow the executor's
     return runner(_runner_fileset(fileset), treename="Events",
                   processor_instance=JetTaggingProcessor(url))
 
@@ -58,7 +69,7 @@ def _jet_tagger_requests(url):
 
 @pytest.fixture(scope="module")
 def iterative_output(sample, server_url, each_transport):
-    return _run(processor.IterativeExecutor(), sample, server_url)
+    return _run(_executor(processor.IterativeExecutor), sample, server_url)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +85,8 @@ def dask_client(each_transport):
 def test_outputs_are_identical_under_iterative_futures_and_dask_executors(sample, server_url,
                                                                            iterative_output,
                                                                            dask_client):
-    futures_output = _run(processor.FuturesExecutor(workers=2), sample, server_url)
-    dask_output = _run(processor.DaskExecutor(client=dask_client), sample, server_url)
+    futures_output = _run(_executor(processor.FuturesExecutor, workers=2), sample, server_url)
+    dask_output = _run(_executor(processor.DaskExecutor, client=dask_client), sample, server_url)
     for other in (futures_output, dask_output):
         assert other["cutflow"] == iterative_output["cutflow"]
         for dataset in sample:
@@ -139,7 +150,7 @@ def test_example_runs_unchanged_on_real_cms_nanoaod(server_url):
     real = fetch_coffea_test_samples(REAL_NANOAOD_CACHE)
     fileset = {"dy": [str(real["nano_dy"])], "data_dimuon": [str(real["nano_dimuon"])],
                "empty": [str(real["nano_dy_empty"])]}
-    output = _run(processor.IterativeExecutor(), fileset, server_url, schema=NanoAODSchema,
+    output = _run(_executor(processor.IterativeExecutor), fileset, server_url, schema=NanoAODSchema,
                   chunksize=25)
     assert output["cutflow"]["dy"]["events"] == 40
     assert output["cutflow"]["data_dimuon"]["events"] == 40

@@ -47,9 +47,11 @@ def test_processor_totals_through_runner_and_dask_equal_the_direct_run(server, t
 
     fileset = write_sample(tmp_path, events=150, files=1, seed=SEED, datasets=["ttbar"])
     with make_cluster("local", workers=1) as cluster:
+        # retries=0: coffea's default (3) would rerun a failing chunk and hide the first failure
         runner = processor.Runner(executor=processor.DaskExecutor(client=cluster.client,
-                                                                  status=False),
+                                                                  status=False, retries=0),
                                   schema=QuietSchema, chunksize=50)
+        assert runner.retries == 0
         output = runner({name: {"files": {path: "Events" for path in files}}
                          for name, files in fileset.items()}, treename="Events",
                         processor_instance=TrackingProcessor(

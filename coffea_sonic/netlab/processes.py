@@ -6,6 +6,15 @@
 ...     sleeper = head.popen(["sleep", "60"], name="sleeper")
 ...     sleeper.alive
 True
+
+:class:`LocalHost` is this machine as a host (no namespaces, no root):
+
+>>> with LocalHost() as here:
+...     sleeper = here.popen(["sleep", "60"], name="sleeper")
+...     sleeper.alive
+True
+>>> sleeper.alive  # leaving the host stopped it
+False
 """
 
 from __future__ import annotations

@@ -10,6 +10,13 @@ listen on their usual ports at the host's address.
 ...     triton = start_triton(gpu, models=["jet_tagger"])
 ...     triton.url("jet_tagger")
 'triton+grpc://10.231.0.10:8001/jet_tagger'
+
+The usual ports, at each host's address; a command that is already there is used as it is:
+
+>>> GRPC_PORT, HTTP_PORT, METRICS_PORT, SCHEDULER_PORT, PROMETHEUS_PORT
+(8001, 8000, 8002, 8786, 9090)
+>>> ensure_command("sh", "dash") == shutil.which("sh")
+True
 """
 
 from __future__ import annotations

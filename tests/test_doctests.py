@@ -122,12 +122,45 @@ def _need_of(name: str) -> Need | None:
 
 CASES = _cases()
 
+#: Docstrings whose examples do not check anything yet, in modules other work is changing right
+#: now: each says what is missing. An entry whose docstring gets a checked example must go (the
+#: test below fails on it), so the list only shrinks.
+UNCHECKED: dict[str, str] = {
+    "coffea_sonic.discovery": "its one run example (discover([])) has no expected output",
+    "coffea_sonic.processor.SonicMixin.infer": "its only example with an expected output is "
+                                               "skipped (it needs a server on a fixed port)",
+}
+
+
+def _what_is_unchecked(test: doctest.DocTest) -> str:
+    """Why ``test``'s examples check nothing ("" when they do): none runs (all ``+SKIP``), or
+    none that runs has an expected output (so only 'raises nothing' is checked)."""
+    run = [example for example in test.examples
+           if not example.options.get(doctest.SKIP, False)]
+    if not run:
+        return f"none of its {len(test.examples)} examples runs (all +SKIP)"
+    if not any(example.want.strip() for example in run):
+        return f"none of its {len(run)} examples that run has an expected output"
+    return ""
+
 
 def test_every_requirement_entry_names_a_collected_docstring():
     """A renamed function must not turn its GPU/torch examples into silently unchecked ones."""
     names = [case.name for case in CASES]
     stale = [key for key in NEEDS if not any(n == key or n.startswith(key + ".") for n in names)]
     assert not stale, f"NEEDS lists docstrings that no longer exist: {stale}"
+
+
+def test_every_docstring_with_examples_runs_one_with_an_expected_output():
+    """An example that is never run, or whose output nobody states, passes whatever the code
+    does: every collected docstring must run at least one example and compare an output (a
+    value or an exception). Doctest itself fails an example that prints what it does not state."""
+    found = {case.name: _what_is_unchecked(case.test) for case in CASES if case.test is not None}
+    unchecked = {name: why for name, why in found.items() if why and name not in UNCHECKED}
+    assert not unchecked, ("docstring examples that check nothing (give each a run example "
+                           f"with its expected output, or remove it): {unchecked}")
+    stale = [name for name in UNCHECKED if not found.get(name)]
+    assert not stale, f"remove from UNCHECKED (now checked, or gone): {stale}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])

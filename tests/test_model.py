@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from coffea_sonic import zoo
-from coffea_sonic.engines import CpuEngine
 from coffea_sonic.model import TritonModel
 from coffea_sonic.stats import counted_since
 from coffea_sonic.transport.grpc import channel
-from helpers import assert_sent_over, pickled_class_names, run_in_threads, wait_for
+from helpers import (assert_sent_over, pickled_class_names, reference_engine, run_in_threads,
+                     wait_for)
 
 # client-level suite: every test runs over gRPC and over shared memory
 pytestmark = pytest.mark.usefixtures("each_transport")
@@ -25,7 +25,7 @@ TOLERANCE = 1e-5
 
 
 def _compare_rows(name: str, rows: int) -> np.ndarray:
-    """Rows checked against the in-process engine (all, except for the big CNN: the edges)."""
+    """Rows checked against onnxruntime (all, except for the big CNN: the edges)."""
     if name == "emtrk_cnn" and rows > 64:
         return np.unique(np.r_[0:4, rows // 2, rows - 6:rows])
     return np.arange(rows)
@@ -33,11 +33,12 @@ def _compare_rows(name: str, rows: int) -> np.ndarray:
 
 @functools.cache
 def _in_process(name: str, rows: int) -> dict[str, np.ndarray]:
-    """The in-process engine's outputs on the rows of ``_compare_rows`` (the same for every
+    """onnxruntime's outputs (helpers.reference_engine: in this process, or in the server's
+    environment on a client-only stack) on the rows of ``_compare_rows`` (the same for every
     transport: computed once per module run)."""
     inputs = zoo.example_inputs(name, rows, seed=rows)
     checked = _compare_rows(name, rows)
-    return CpuEngine(name, threads=1)({key: value[checked] for key, value in inputs.items()})
+    return reference_engine(name, threads=1)({key: value[checked] for key, value in inputs.items()})
 
 
 @pytest.mark.parametrize("name", zoo.names())
@@ -62,7 +63,7 @@ def test_outputs_equal_cpu_engine_on_1_7_and_max_batch_plus_one_rows(triton_serv
 def test_pinned_version_url_serves_that_version(triton_server):
     model = TritonModel(triton_server.url("jet_tagger", 1))
     inputs = zoo.example_inputs("jet_tagger", 5)
-    np.testing.assert_allclose(model(inputs)["probs"], CpuEngine("jet_tagger")(inputs)["probs"],
+    np.testing.assert_allclose(model(inputs)["probs"], reference_engine("jet_tagger")(inputs)["probs"],
                                atol=TOLERANCE)
 
 
@@ -113,7 +114,7 @@ def test_infer_async_overlaps_the_callers_other_work(triton_server):
 def test_threads_sharing_one_model_each_get_their_own_rows(triton_server):
     model = TritonModel(triton_server.url("jet_tagger"), max_in_flight=2,
                         max_request_bytes=24 * 64)
-    engine = CpuEngine("jet_tagger", threads=1)
+    engine = reference_engine("jet_tagger", threads=1)
 
     def work(seed: int) -> None:
         inputs = zoo.example_inputs("jet_tagger", 300 + seed, seed=seed)
@@ -181,6 +182,6 @@ def test_each_transport_case_sends_over_its_wire(triton_server, each_transport):
     model = TritonModel(triton_server.url("jet_tagger"))
     inputs = zoo.example_inputs("jet_tagger", 300)
     outputs = assert_sent_over(each_transport, triton_server.grpc_address, lambda: model(inputs))
-    np.testing.assert_allclose(outputs["probs"], CpuEngine("jet_tagger")(inputs)["probs"],
+    np.testing.assert_allclose(outputs["probs"], reference_engine("jet_tagger")(inputs)["probs"],
                                atol=TOLERANCE)
     assert model.transport_kind == each_transport

@@ -10,12 +10,18 @@ nvidia-pytriton and numpy < 2):
   ``coffea dask distributed dask-awkward`` resolved dask 2026.8 with dask-awkward 2025.3.0 on
   2026-11-26, a pair whose axis-0 reductions and graph optimisation fail without coffea-sonic.
 * ``oldest``: the oldest supported coffea (2025.7.0) with dask and distributed, and the oldest
-  supported tritonclient (2.58.0) installed with the core.
+  supported tritonclient (2.58.0) installed with the core; the model, routing, processor and
+  bad-input suites run there.
 
 Installing the core must change none of coffea, numpy, awkward, dask, distributed, uproot (``pip
 freeze`` before and after). A venv is reused the same day (the stack is resolved once a day).
 ``DEV_STACKS=main`` (or ``main,oldest``...) picks the runs; test files given on the command line
 select the suites of each run (a run none of whose suites is selected is left out).
+
+A full run (no test paths, no ``-k``/``-m`` or other option that selects a part or runs nothing)
+fails when a run collects no test (pytest's exit 5) or passes fewer tests than its minimum
+(:data:`MIN_PASSED`): a suite that silently stopped collecting, or a stack that stopped running
+suites, is a failure rather than a shorter green run. The main run lists its 25 slowest tests.
 """
 
 from __future__ import annotations
@@ -39,8 +45,20 @@ STACKS = {
     "newest": (["coffea[dask-awkward]", "dask", "distributed", "dask-awkward", "numpy>=2"], [],
                CLIENT_SUITES),
     "oldest": (["coffea==2025.7.0", "dask", "distributed"], ["tritonclient[grpc]==2.58.0"],
-               ("tests/test_processor.py",)),
+               ("tests/test_model.py", "tests/test_routing.py", "tests/test_processor.py",
+                "tests/test_bad_inputs.py")),
 }
+#: The fewest tests each run of a full run must pass: a little under what they pass now (main
+#: 1125, newest 146, oldest 102), so that a few tests skipped on another machine do not fail it,
+#: while a suite that stopped being collected or a stack left without suites does.
+MIN_PASSED = {"main": 1050, "newest": 135, "oldest": 95}
+#: Options that run a part of the suites (or none): a run with one is not a full run.
+SELECTING = ("-k", "-m", "--lf", "--last-failed", "--sw", "--stepwise", "--deselect",
+             "--co", "--collect-only", "--setup-plan", "--fixtures")
+#: Options whose value is the next argument (a ``-k`` expression is not a test path).
+TAKES_VALUE = ("-k", "-m", "-p", "-c", "-o", "-W", "-n", "--deselect", "--ignore",
+               "--ignore-glob", "--timeout", "--durations", "--maxfail", "--rootdir",
+               "--basetemp", "--confcutdir")
 UNCHANGED = ("coffea", "numpy", "awkward", "dask", "distributed", "uproot")
 SHOWN = UNCHANGED + ("dask-awkward", "dask-histogram", "pyarrow", "tritonclient", "protobuf",
                      "grpcio")
@@ -122,20 +140,42 @@ def run_pytest(python: Path, args: list[str], cwd: Path, env: dict[str, str],
 
 
 def _split(root: Path, args: list[str]) -> tuple[list[str], list[str]]:
-    """(options, test paths) of a pytest command line."""
-    paths = [a for a in args if not a.startswith("-") and (root / a.split("::")[0]).exists()]
-    return [a for a in args if a not in paths], paths
+    """(options, test paths) of a pytest command line; an option's value stays an option."""
+    options, paths = [], []
+    value_next = False
+    for arg in args:
+        if value_next or arg.startswith("-") or not (root / arg.split("::")[0]).exists():
+            options.append(arg)
+        else:
+            paths.append(arg)
+        value_next = arg in TAKES_VALUE
+    return options, paths
+
+
+def _is_full(options: list[str], paths: list[str]) -> bool:
+    """Whether a command line runs every test: no paths, and no option that selects a part."""
+    return not paths and not any(
+        option == name or option.startswith(name + "=") or (len(name) == 2 and
+                                                             option.startswith(name))
+        for option in options for name in SELECTING)
+
+
+def _main_arguments(args: list[str]) -> list[str]:
+    """The main run's pytest arguments: the command line's, listing the 25 slowest tests."""
+    if any(arg.startswith("--durations") for arg in args):
+        return list(args)
+    return ["--durations=25", *args]
 
 
 def run_all(root: Path, python: Path, args: list[str], env: dict[str, str]) -> int:
     """The development venv's run, then each stack's; one exit code and one closing line."""
     wanted = os.environ.get("DEV_STACKS", "main," + ",".join(STACKS)).split(",")
+    options, paths = _split(root, args)
     results = []
     if "main" in wanted:
         started = time.monotonic()
-        results.append(("main", *run_pytest(python, args, root, env, "main"),
+        results.append(("main", *run_pytest(python, _main_arguments(args), root, env, "main"),
                         f"tests {time.monotonic() - started:.0f} s"))
-    options, paths = _split(root, args)
     for name, (_, _, suites) in STACKS.items():
         selected = [p for p in paths if p.split("::")[0] in suites] if paths else list(suites)
         if name not in wanted or not selected:
@@ -154,10 +194,12 @@ def run_all(root: Path, python: Path, args: list[str], env: dict[str, str]) -> i
         outcome = run_pytest(stack_python, [*options, *selected], root, stack_env, name)
         results.append((name, *outcome, f"venv {built - started:.0f} s, tests "
                                         f"{time.monotonic() - built:.0f} s"))
-    return _report(results)
+    return _report(results, full=_is_full(options, paths))
 
 
-def _report(results: list[tuple[str, int, dict[str, int], str]]) -> int:
+def _report(results: list[tuple[str, int, dict[str, int], str]], *, full: bool) -> int:
+    """Print each run's line and the total; return the exit code of the whole (module docstring:
+    on a full run, no test collected or fewer passed than :data:`MIN_PASSED` fail)."""
     total: dict[str, int] = {}
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     for name, code, counts, took in results:
@@ -172,4 +214,16 @@ def _report(results: list[tuple[str, int, dict[str, int], str]]) -> int:
     bad = [code for code in codes if code not in (0, 5)]
     if bad:
         return bad[0]
+    if full:
+        empty = [name for name, code, _, _ in results if code == 5]
+        short = [f"{name} passed {counts.get('passed', 0)} < {MIN_PASSED[name]}"
+                 for name, _, counts, _ in results
+                 if name in MIN_PASSED and counts.get("passed", 0) < MIN_PASSED[name]]
+        if empty:
+            print(f"FAILED: a full run collected no test in {', '.join(empty)}", flush=True)
+            return 5
+        if short:
+            print(f"FAILED: fewer tests passed than a full run passes: {'; '.join(short)}",
+                  flush=True)
+            return 1
     return 5 if codes and all(code == 5 for code in codes) else 0

@@ -13,6 +13,10 @@ devices), checked again when a quarantined server is re-admitted.
 ...                       mark_failed=lambda endpoint, detail: None,
 ...                       describe=lambda model="", version="": "")
 >>> discovery.discover([])  # nothing pending: nothing asked
+>>> discovery.model_info("jet_tagger", "", timeout_s=1.0)  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+coffea_sonic.errors.ServerUnavailableError: model 'jet_tagger': no server reachable (...
 """
 
 from __future__ import annotations

@@ -297,10 +297,19 @@ class SonicMixin:
               ragged: bool = False) -> dict[str, Any]:
         """Run model ``name`` on ``inputs`` and wait: outputs aligned with the inputs (or ``like``).
 
+        On a server held in memory (:class:`~coffea_sonic.transport.memory.MemoryTransport`):
+
+        >>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
+        >>> from coffea_sonic.transport.memory import MemoryTransport
+        >>> info = ModelInfo("double", ("1",), "python", 1024, (TensorInfo("x", "FP32", (2,)),),
+        ...                  (TensorInfo("y", "FP32", (2,)),))
+        >>> server = MemoryTransport({"double": (info, lambda inputs: {"y": inputs["x"] * 2})},
+        ...                          address="memory:1")
         >>> class P(SonicMixin):
-        ...     sonic_models = {"jet_tagger": "triton+grpc://127.0.0.1:8001/jet_tagger"}
-        >>> P().infer("jet_tagger", {"features": np.zeros((0, 6), np.float32)})  # doctest: +SKIP
-        {'probs': array([], shape=(0, 3), dtype=float32)}
+        ...     sonic_models = {"double": "triton+grpc://memory:1/double"}
+        ...     sonic_options = {"transport": lambda settings: server}
+        >>> P().infer("double", {"x": np.ones((3, 2), np.float32)})["y"].tolist()
+        [[2.0, 2.0], [2.0, 2.0], [2.0, 2.0]]
         """
         return self.infer_async(name, inputs, like=like, ragged=ragged).result()
 

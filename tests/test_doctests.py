@@ -125,11 +125,7 @@ CASES = _cases()
 #: Docstrings whose examples do not check anything yet, in modules other work is changing right
 #: now: each says what is missing. An entry whose docstring gets a checked example must go (the
 #: test below fails on it), so the list only shrinks.
-UNCHECKED: dict[str, str] = {
-    "coffea_sonic.discovery": "its one run example (discover([])) has no expected output",
-    "coffea_sonic.processor.SonicMixin.infer": "its only example with an expected output is "
-                                               "skipped (it needs a server on a fixed port)",
-}
+UNCHECKED: dict[str, str] = {}
 
 
 def _what_is_unchecked(test: doctest.DocTest) -> str:

@@ -141,8 +141,9 @@ def _log_size(side: ServerSide) -> int:
     return side.log_size() if side.log_size is not None else len(side.log_from(0))
 
 
-def _through_marker(side: ServerSide, start: int) -> bytes:
-    """The log from ``start`` up to a marker request sent now (waited for in the log)."""
+def _through_marker(side: ServerSide, start: int, may_die: bool) -> bytes | None:
+    """The log from ``start`` up to a marker request sent now (waited for in the log); None
+    when the server is gone and ``may_die``: its log then ends with everything it took."""
     from helpers import wait_for
 
     marker = f"wire-check-{uuid.uuid4().hex}"
@@ -152,6 +153,11 @@ def _through_marker(side: ServerSide, start: int) -> bytes:
             pass
     except urllib.error.HTTPError:  # no such model: the request is logged all the same
         pass
+    except urllib.error.URLError:
+        if may_die:
+            return None
+        raise
+
     def logged() -> bytes | None:
         text = side.log_from(start)
         return text if marker.encode() in text else None
@@ -162,8 +168,11 @@ def _through_marker(side: ServerSide, start: int) -> bytes:
 
 
 @contextlib.contextmanager
-def watch_wire(server: Any) -> Iterator[Wire]:
-    """Count what the server took during the block (see the module docstring)."""
+def watch_wire(server: Any, *, may_die: bool = False) -> Iterator[Wire]:
+    """Count what the server took during the block (see the module docstring).
+
+    ``may_die``: the block may kill the server (its log, complete once it is dead, is read to the
+    end; a dead server holds no region)."""
     side = server_side(server)
     regions_before = registered_regions(side)
     start = _log_size(side)
@@ -172,15 +181,19 @@ def watch_wire(server: Any) -> Iterator[Wire]:
     wire = Wire()
     try:
         yield wire
-        text = _through_marker(side, start)
+        text = _through_marker(side, start, may_die)
     finally:
         with contextlib.suppress(OSError):  # a server the block stopped has nothing to restore
             _api(side, "/v2/logging", {"log_verbose_level": previous})
+    gone = text is None
+    if gone:
+        text = side.log_from(start)
     wire.grpc_infers = len(GRPC_INFER.findall(text))
     wire.http_infers = len(HTTP_INFER.findall(text))
     wire.shm_outputs = len(SHM_OUTPUT.findall(text))
     wire.shm_registrations = len(SHM_REGISTER.findall(text))
-    wire.regions_before, wire.regions = regions_before, registered_regions(side)
+    wire.regions_before = regions_before
+    wire.regions = set() if gone else registered_regions(side)
 
 
 def _grpc_client(grpc_address: str):
@@ -210,21 +223,26 @@ def registered_regions(server: Any) -> set[str]:
 
 
 @contextlib.contextmanager
-def sent_over(transport: str, server: Any, *, outputs_in_shm: bool = True) -> Iterator[Wire]:
+def sent_over(transport: str, server: Any, *, outputs_in_shm: bool = True,
+              may_die: bool = False) -> Iterator[Wire]:
     """Check, from the server's side, that the block's requests went over ``transport``.
 
     ``"grpc"``: gRPC infer calls, no HTTP one, no output written into shared memory, no region of
-    ours newly registered after the block (regions of transports opened before it may stay; an
-    ``"auto"`` choice may register and drop a probe region). ``"shm"``: gRPC infer calls, no HTTP
-    one, outputs written into shared memory; with ``outputs_in_shm=False`` (calls whose outputs
-    all come back in the message: outputs of unknown size, or answers the server refused to write
-    into the request's regions; the server logs nothing of the inputs it reads from a region) a
-    region of ours on the server before, during or after the block instead. ``"http"``: HTTP
-    infer requests, no gRPC one.
+    ours newly registered after the block (regions of transports opened before it may stay), and
+    no region registered during it but the probe region an ``"auto"`` choice registers and drops.
+
+    ``"shm"``: gRPC infer calls, no HTTP one, outputs written into shared memory. With
+    ``outputs_in_shm=False`` (calls whose outputs all come back in the message: outputs of unknown
+    size, or answers the server refused to write into the request's regions; the server logs
+    nothing of the inputs it reads from a region) instead a region of ours on the server before or
+    after the block, or registered during it (build the model before the block: a transport's
+    first use registers and drops a probe region, which would count).
+
+    ``"http"``: HTTP infer requests, no gRPC one. ``may_die``: see :func:`watch_wire`.
     """
     if transport not in CHECKED:
         raise ValueError(f"no wire check for transport {transport!r} (checked: {CHECKED})")
-    with watch_wire(server) as wire:
+    with watch_wire(server, may_die=may_die) as wire:
         yield wire
     seen = f"[{transport}] run, the server took {wire}"
     if transport == "http":
@@ -232,7 +250,7 @@ def sent_over(transport: str, server: Any, *, outputs_in_shm: bool = True) -> It
     else:
         assert wire.grpc_infers and not wire.http_infers, seen
     if transport == "grpc":
-        assert not wire.shm_outputs and not wire.new_regions, seen
+        assert not (wire.shm_outputs or wire.new_regions or wire.shm_registrations > 1), seen
     elif transport == "shm":
         assert (wire.shm_outputs if outputs_in_shm else
-                wire.regions_before or wire.shm_registrations or wire.regions), seen
+                wire.regions_before or wire.regions or wire.shm_registrations), seen

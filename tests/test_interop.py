@@ -331,9 +331,9 @@ def test_haproxy_over_two_servers_loses_no_row_when_one_is_killed_mid_call(trans
 
         killer = threading.Thread(target=kill_victim_once_both_serve, name="killer", daemon=True)
         killer.start()
-        # "auto" picks plain gRPC, as the survivor's log shows: the probe's status calls, spread
+        # "auto" picks plain gRPC, as both backends' logs show: the probe's status calls, spread
         # over both backends, do not all find the region it registered
-        with sent_over("grpc", survivor):
+        with sent_over("grpc", victim, may_die=True), sent_over("grpc", survivor):
             try:
                 outputs = model(inputs)
             except BaseException as error:

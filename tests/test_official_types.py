@@ -45,11 +45,7 @@ def test_fp16_and_string_tensors_round_trip(typed_server, each_transport):
     assert [v[0] for v in text.tolist()] == [w[0] for w in words.tolist()]
 
 
-def test_bf16_tensors_round_trip(typed_server, each_transport, request):
-    if each_transport == "shm":
-        request.node.add_marker(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-            "ml_dtypes' bfloat16 has numpy kind 'V', which transport/shm/common.py plan() takes "
-            "for a string: BF16 requests travel inline over gRPC, the server sees no shm output")))
+def test_bf16_tensors_round_trip(typed_server, each_transport):
     rows = np.random.default_rng(1).normal(size=(300, 4))
     brain = _call(typed_server, "brain", {"INPUT__0": rows.astype(ml_dtypes.bfloat16)},
                   each_transport)["OUTPUT__0"]

@@ -55,14 +55,15 @@ def _nbytes(value: Any) -> int:
 
 def plan(request: InferRequest, *, every_output: bool = False) -> Layout | None:
     """The slot layout of ``request``, or None when it must travel inline: BYTES inputs (Triton
-    takes raw contents for all inputs or none), empty inputs (Triton refuses a tensor of 0 bytes
+    takes raw contents for all inputs or none; a bfloat16 array is of numpy kind 'V' but fixed
+    size, so it goes in the slot like any number), empty inputs (Triton refuses a tensor of 0 bytes
     in a region), or, with ``every_output``, an output whose size is not known in advance (else
     such outputs are left out: they come back in the message)."""
     layout = Layout()
     offset = 0
     for name, value in request.inputs.items():
-        if isinstance(value, np.ndarray) and (value.dtype == object or value.dtype.kind in "SUV"
-                                              or value.size == 0):
+        if isinstance(value, np.ndarray) and (value.dtype == object or value.dtype.kind in "SU"
+                                              or value.dtype.type is np.void or value.size == 0):
             return None
         layout.inputs[name] = (offset, _nbytes(value))
         offset = align(offset + layout.inputs[name][1])

@@ -57,7 +57,11 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from . import config
+    from .model_options import checked_setting
 
+    for name, value in args.set or []:  # refused here as TritonModel would refuse it
+        config.spec(name)
+        checked_setting(name, value)
     settings = config.effective_settings(dict(args.set or []))
     declared = dict(entry.partition("=")[::2] for entry in args.model or [])
     names = sorted(set(config.configured_models()) | set(declared))

@@ -10,6 +10,10 @@ Traceback (most recent call last):
 coffea_sonic.errors.ConfigurationError: TritonModel got an unknown keyword 'timeout'; did you mean 'timeout_s'? (its keywords: connect_timeout_s, timeout_s)
 >>> resolve_nonfinite("RAISE"), resolve_connect_timeout(2)
 ('raise', 2.0)
+>>> checked_setting("fallback", "gpu")
+Traceback (most recent call last):
+...
+coffea_sonic.errors.ConfigurationError: setting fallback: fallback must be 'off', 'cpu', 'local' or a callable factory(model) -> engine, not 'gpu'
 """
 
 from __future__ import annotations
@@ -23,9 +27,9 @@ from .errors import ConfigurationError
 from .transport.kinds import REQUESTABLE
 from .validation import GRPC_MESSAGE_LIMIT, NONFINITE_POLICIES
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_NONFINITE", "check_limits", "checked_transport",
-           "parse_urls", "resolve_connect_timeout", "resolve_nonfinite", "resolve_tls",
-           "unknown_keywords"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_NONFINITE", "check_limits", "checked_setting",
+           "checked_transport", "parse_urls", "resolve_connect_timeout", "resolve_nonfinite",
+           "resolve_tls", "unknown_keywords"]
 
 #: how long a server gets to answer at all before it counts as down (setting ``connect_timeout_s``)
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
@@ -133,3 +137,36 @@ def resolve_tls(ssl: Any, refs: Sequence[ModelRef], urls: Sequence[str]
     url_tls = configured_tls() if tls is None and any(r.tls for r in refs) else None
     per_server = [tls if tls is not None else (url_tls if ref.tls else None) for ref in refs]
     return per_server[0], per_server
+
+
+def _on_off(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text in ("on", "true", "yes", "1"):
+        return "on"
+    if text in ("off", "false", "no", "0", "none"):
+        return "off"
+    raise ConfigurationError(f"must be on or off, not {value!r}")
+
+
+def _checks() -> dict[str, Callable[[Any], Any]]:
+    """Each checked setting's rule: the one TritonModel (or the code reading it) applies."""
+    from .fallback import resolve_fallback
+    from .shadow import resolve_shadow
+    from .transport.compression import configured_compression
+
+    return {"connect_timeout_s": resolve_connect_timeout, "nonfinite": resolve_nonfinite,
+            "transport": checked_transport, "fallback": resolve_fallback,
+            "shadow": resolve_shadow, "compression": configured_compression,
+            "preflight": _on_off}
+
+
+def checked_setting(name: str, value: Any) -> Any:
+    """``value`` for setting ``name`` as the code that reads it takes it, or a
+    ``ConfigurationError`` naming the setting (``coffea-sonic config --set`` checks with this)."""
+    check = _checks().get(name)
+    if check is None or value is None:
+        return value
+    try:
+        return check(value)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"setting {name}: {error}") from None

@@ -134,6 +134,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("shadow", 0.0, "fraction of served rows recomputed in-process and compared (0: off)"),
     Setting("shadow_dir", None, "folder where shadow validation's reports go (monitor --shadow)"),
     Setting("fallback_repository", None, "Triton repository that fallback='local' serves"),
+    Setting("connect_timeout_s", 10.0, "seconds a server gets to answer at all before it counts "
+            "as down (and the fallback, if set, answers)"),
+    Setting("nonfinite", "warn", "pass, warn or raise: NaN/inf in inputs sent as given, warned "
+            "about once per model and tensor, or refused"),
     Setting("preflight", "on", "on or off: check a processor's models against the servers "
             "before processor.Runner starts its chunks"),
     Setting("report_dir", None, "folder of run reports and their journals (default "

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..errors import ClusterStartError, ConfigurationError, require
 from .environment import WorkerEnvironment, worker_environment
+from .main_guard import check_main_guard
 
 logger = logging.getLogger(__name__)
 
@@ -431,6 +432,8 @@ def _local_cluster(workers: int, threads: int, memory: str | int | None,
                    kw: dict[str, Any]) -> tuple[Any, Any]:
     from distributed import Client, LocalCluster
 
+    if kw.get("processes", True):  # spawned workers import the script again
+        check_main_guard()
     if memory is None:
         memory = local_worker_memory(max(workers, 1))
         logger.info("local Dask workers: %.2f GiB each (this machine's memory less a reserve, "

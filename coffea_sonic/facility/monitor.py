@@ -36,12 +36,14 @@ The first frame has no previous scrape: it shows figures since the server starte
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import math
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -191,6 +193,13 @@ def scrape(url: str, timeout_s: float = 5.0) -> Snapshot:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             text = response.read().decode("utf-8", errors="replace")
+    except http.client.HTTPException as error:  # e.g. a gRPC port answering in HTTP/2 frames
+        host = urllib.parse.urlsplit(url).netloc
+        return Snapshot(url=url, taken_at=taken_at, error=(
+            f"{host} does not answer HTTP/1 ({type(error).__name__}): it looks like a Triton "
+            f"gRPC port. Give its metrics URL, http://{host.rsplit(':', 1)[0]}:8002/metrics "
+            f"(Triton's --metrics-port, 8002 by default), or the Triton URL "
+            f"triton+grpc://{host} to read its statistics API"))
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         return Snapshot(url=url, taken_at=taken_at,

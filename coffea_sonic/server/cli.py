@@ -230,6 +230,22 @@ def _served_models(http_address: str) -> list[tuple[str, list[str]]]:
                   for name, v in versions.items())
 
 
+def exit_status(returncode: int | None) -> str:
+    """A process' return code as a person reads it.
+
+    >>> exit_status(-9), exit_status(1), exit_status(None)
+    ('signal SIGKILL (9)', 'exit code 1', 'an unknown status')
+    """
+    if returncode is None:
+        return "an unknown status"
+    if returncode < 0:
+        try:
+            return f"signal {signal.Signals(-returncode).name} ({-returncode})"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit code {returncode}"
+
+
 def _gpu_index(text: str) -> int:
     """One GPU index of ``--gpus 0 1`` / ``--gpus 0,1``.
 
@@ -290,7 +306,9 @@ def run_serve(args: argparse.Namespace) -> int:
         print("Press Ctrl-C to stop.", flush=True)
         while not stop.wait(0.5):
             if not server.running:
-                print(f"tritonserver exited unexpectedly; log tail:\n{server.log_tail()}", flush=True)
+                print(f"coffea-sonic serve: tritonserver (pid {server.pid}) exited unexpectedly "
+                      f"with {exit_status(server.process.returncode)}; its log's last lines:\n"
+                      f"{server.log_tail()}", file=sys.stderr, flush=True)
                 return 1
     print("server stopped", flush=True)
     return 0

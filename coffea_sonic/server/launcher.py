@@ -39,7 +39,8 @@ from ..errors import ConfigurationError, ServerStartError
 from . import environment as server_env
 from .environment import ServerEnvironment
 from .pipelines import PIPELINE_GPU_INSTANCES, cuda_pool_flags, write_models
-from .process import (build_backend_dir, finalize, parent_death_prefix, remove_shm_regions, spawn,
+from .process import (build_backend_dir, check_given_ports, finalize, parent_death_prefix,
+                      remove_shm_regions, spawn,
                       remove_stale_shm_regions, server_binary, server_environment,
                       stop_process_group)
 from .response_cache import server_flags
@@ -358,6 +359,7 @@ class LocalTritonServer:
     def _start_on_free_ports(self, repository: Path, backend_dir: Path, workdir: Path) -> None:
         """Spawn the server and wait for it; again on new ports where one picked free was taken."""
         picked = [kind for kind, port in self.ports.items() if port == 0]
+        check_given_ports(self.host, {k: p for k, p in self.ports.items() if k not in picked})
         for attempt in range(1, PORT_ATTEMPTS + 1):
             given = [port for kind, port in self.ports.items() if kind not in picked]
             for kind, port in zip(picked, free_ports(len(picked), self.host, avoid=given)):

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from ..core.process_local import ProcessLocal
-from ..errors import MissingDependencyError
+from ..errors import MissingDependencyError, ServerStartError
 from . import environment as server_env
 from .environment import ServerEnvironment
 
-__all__ = ["build_backend_dir", "finalize", "parent_death_prefix", "remove_shm_regions", "spawn",
-           "remove_stale_shm_regions", "server_binary", "server_environment",
-           "stop_process_group"]
+__all__ = ["build_backend_dir", "check_given_ports", "finalize", "parent_death_prefix",
+           "port_in_use", "remove_shm_regions", "remove_stale_shm_regions", "server_binary",
+           "server_environment", "spawn", "stop_process_group"]
 
 logger = logging.getLogger("coffea_sonic.server.launcher")
 
@@ -125,6 +126,35 @@ def spawn(argv: list[str], **options: Any) -> subprocess.Popen:
 
 #: this process' spawner thread (a forked child starts its own)
 _spawners: ProcessLocal[str, ThreadPoolExecutor] = ProcessLocal("server spawner")
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether ``host:port`` cannot be bound now (something listens there).
+
+    >>> import socket
+    >>> with socket.socket() as listener:
+    ...     listener.bind(("127.0.0.1", 0)); listener.listen()
+    ...     port_in_use("127.0.0.1", listener.getsockname()[1])
+    True
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def check_given_ports(host: str, given: dict[str, int]) -> None:
+    """Raise ``ServerStartError`` at once where a port the user chose (``{kind: port}``) is in
+    use: a chosen port is never swapped for another, so retrying it could only fail again."""
+    for kind, port in given.items():
+        if port_in_use(host, port):
+            raise ServerStartError(
+                f"the {kind} port {port} given for tritonserver is in use on {host} (another "
+                "server, or another process): choose another port, or 0 to have a free one "
+                "picked")
 
 
 def remove_stale_shm_regions() -> list[str]:

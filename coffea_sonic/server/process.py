@@ -139,6 +139,9 @@ def port_in_use(host: str, port: int) -> bool:
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # as a server binds (tritonserver does): connections of a stopped server's port left in
+        # TIME_WAIT do not count, a listener does
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:

@@ -7,7 +7,10 @@ its own while it bootstraps; multiprocessing refuses, the workers die and are re
 script hangs for minutes printing errors. Python can only say so from inside the workers; this
 module says it from the script, before any worker starts, with the fix.
 
->>> check_main_guard()  # this interpreter runs no unguarded script here
+>>> import ast
+>>> [_is_main_test(ast.parse(test, mode="eval").body)
+...  for test in ('__name__ == "__main__"', '"__main__" == __name__', '__name__ != "__main__"')]
+[True, True, False]
 """
 
 from __future__ import annotations

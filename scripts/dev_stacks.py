@@ -167,8 +167,39 @@ def _main_arguments(args: list[str]) -> list[str]:
     return ["--durations=25", *args]
 
 
+#: ``dev.py test --fast``: the edit loop's tier (about 80 s on the 2-core box): the house rules,
+#: the doctests, settings and API, and the client's suites against one real server
+FAST_SUITES = ("tests/test_doctests.py", "tests/test_layers.py", "tests/test_house_rules.py",
+               "tests/test_public_api.py", "tests/test_settings.py", "tests/test_transport.py",
+               "tests/test_routing.py", "tests/test_ragged.py", "tests/test_client_options.py",
+               "tests/test_dev_stacks.py", "tests/test_model.py", "tests/test_client_policy.py",
+               "tests/test_cli_shape.py", "tests/test_columns.py", "tests/test_sizing.py",
+               "tests/test_process_local.py", "tests/test_config_digest.py",
+               "tests/test_bad_inputs.py")
+
+
+def fast_arguments(args: list[str]) -> list[str] | None:
+    """The pytest arguments of ``--fast`` (its suites unless paths are given), None without it.
+
+    >>> fast_arguments(["-x"]) is None, fast_arguments(["--fast", "-x"])[:2]
+    (True, ['-x', 'tests/test_doctests.py'])
+    """
+    if "--fast" not in args:
+        return None
+    rest = [arg for arg in args if arg != "--fast"]
+    has_paths = any(not arg.startswith("-") and arg.startswith("tests") for arg in rest)
+    return rest if has_paths else [*rest, *FAST_SUITES]
+
+
 def run_all(root: Path, python: Path, args: list[str], env: dict[str, str]) -> int:
-    """The development venv's run, then each stack's; one exit code and one closing line."""
+    """The development venv's run, then each stack's; one exit code and one closing line.
+    ``--fast``: the development venv's fast tier alone (:data:`FAST_SUITES`)."""
+    fast = fast_arguments(args)
+    if fast is not None:
+        started = time.monotonic()
+        code, counts = run_pytest(python, fast, root, env, "fast")
+        return _report([("fast", code, counts, f"tests {time.monotonic() - started:.0f} s")],
+                       full=False)
     wanted = os.environ.get("DEV_STACKS", "main," + ",".join(STACKS)).split(",")
     options, paths = _split(root, args)
     results = []

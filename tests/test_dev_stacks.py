@@ -114,3 +114,11 @@ def test_the_main_run_lists_the_25_slowest_tests():
     assert dev_stacks._main_arguments(["-x", "tests/test_model.py"]) == [
         "--durations=25", "-x", "tests/test_model.py"]
     assert dev_stacks._main_arguments(["--durations=5"]) == ["--durations=5"]
+
+
+def test_fast_runs_its_tier_unless_paths_are_given():
+    assert dev_stacks.fast_arguments(["-x"]) is None
+    assert dev_stacks.fast_arguments(["--fast", "-x"]) == ["-x", *dev_stacks.FAST_SUITES]
+    assert dev_stacks.fast_arguments(["--fast", "tests/test_model.py"]) == ["tests/test_model.py"]
+    root = Path(__file__).resolve().parents[1]
+    assert all((root / suite).is_file() for suite in dev_stacks.FAST_SUITES)

@@ -98,13 +98,19 @@ class Gateway:
         self.process.kill()
 
 
-def start_gateway(host: "Host", servers: Sequence[str | tuple[str, int]], *, public_key: str | os.PathLike,
-                  directory: Path, audience: str = "coffea-sonic", quota_rps: int = 1000,
-                  retry_after_s: float = 1, port: int = GATEWAY_PORT,
-                  stats_port: int = STATS_PORT, http_port: int = GATEWAY_HTTP_PORT) -> Gateway:
+def start_gateway(host: "Host", servers: Sequence[str | tuple[str, int]], *,
+                  public_key: str | os.PathLike, directory: Path, audience: str = "coffea-sonic",
+                  quota_rps: int = 1000, retry_after_s: float = 1, port: int = GATEWAY_PORT,
+                  stats_port: int = STATS_PORT, http_port: int = GATEWAY_HTTP_PORT,
+                  config: Path = GATEWAY_CONFIG) -> Gateway:
     """HAProxy on ``host`` (gRPC on ``port``, HTTP/REST on ``http_port``, metrics on
     ``stats_port``) in front of ``servers``; ``quota_rps``: inference requests/s per token
-    subject."""
+    subject; ``config``: the policy file (another copy of deploy/haproxy, e.g. one under test).
+
+    Raises :class:`~coffea_sonic.netlab.processes.CommandUnavailableError` where HAProxy is not
+    installed and cannot be, and :class:`~coffea_sonic.netlab.processes.ServiceStartError` with
+    HAProxy's own messages where it exits (refusing its configuration) or does not listen.
+    """
     haproxy = ensure_command("haproxy", "haproxy")
     directory.mkdir(parents=True, exist_ok=True)
     servers_file = directory / f"servers-{port}.cfg"
@@ -115,7 +121,7 @@ def start_gateway(host: "Host", servers: Sequence[str | tuple[str, int]], *, pub
            "GATEWAY_JWT_AUDIENCE": audience, "GATEWAY_QUOTA_RPS": str(int(quota_rps)),
            "GATEWAY_RETRY_AFTER_S": f"{retry_after_s:g}"}
     # -db: stay in the foreground, so that the lab owns (and stops) the process itself
-    argv = [haproxy, "-db", "-f", str(GATEWAY_CONFIG), "-f", str(servers_file)]
+    argv = [haproxy, "-db", "-f", str(config), "-f", str(servers_file)]
     process = host.popen(argv, name=f"haproxy-{port}", env=env, grace_s=5.0)
     process.wait_for_port(port)
     process.wait_for_port(http_port)

@@ -46,6 +46,18 @@ class Host(Protocol):
 logger = logging.getLogger(__name__)
 
 
+class CommandUnavailableError(NetworkLabError):
+    """A command the lab needs (haproxy, prometheus, openssl, dask) is not installed and cannot be
+    installed here (not root, no apt-get, the install failed). The one lab error a test may skip
+    on: what it would test cannot be had on this machine."""
+
+
+class ServiceStartError(NetworkLabError):
+    """A service the lab started exited, or did not listen in time (e.g. HAProxy refusing its
+    configuration); the message carries the last lines of its output. Never a reason to skip: the
+    thing under test is broken."""
+
+
 def _parent_death_prefix() -> list[str]:
     # The process dies with the caller even when the caller is SIGKILLed; the signal survives
     # nsenter's exec into the command.
@@ -152,17 +164,18 @@ class HostProcess:
     def wait_for_port(self, port: int, *, timeout_s: float = 60.0) -> str:
         """Wait until the host accepts connections on ``port``; return ``ip:port``.
 
-        Raises :class:`NetworkLabError` with the log's tail if the process exits or time runs out.
+        Raises :class:`ServiceStartError` with the log's tail if the process exits or time runs
+        out.
         """
         address = self.host.address(port)
         deadline = time.monotonic() + timeout_s
         while not port_open(address):
             if not self.alive:
-                raise NetworkLabError(f"{self.name} on {self.host.name} exited "
+                raise ServiceStartError(f"{self.name} on {self.host.name} exited "
                                       f"({self.process.returncode}) before listening on {address}:"
                                       f"\n{self.log_tail()}")
             if time.monotonic() > deadline:
-                raise NetworkLabError(f"{self.name} on {self.host.name} did not listen on "
+                raise ServiceStartError(f"{self.name} on {self.host.name} did not listen on "
                                       f"{address} within {timeout_s:.0f} s:\n{self.log_tail()}")
             time.sleep(0.1)
         return address

@@ -1,7 +1,9 @@
 """The facility's processes, started inside lab hosts: tritonserver, Dask, HAProxy, Prometheus.
 
-Each returns once its service answers (or raises :class:`~coffea_sonic.errors.NetworkLabError`
-with the process' log); the lab stops them all. A host is a fresh network namespace, so services
+Each returns once its service answers, or raises
+:class:`~coffea_sonic.netlab.processes.ServiceStartError` with the process' log (it started and
+exited, or never answered); a command that is missing and cannot be installed raises
+:class:`~coffea_sonic.netlab.processes.CommandUnavailableError` instead. The lab stops them all. A host is a fresh network namespace, so services
 listen on their usual ports at the host's address.
 
 >>> from coffea_sonic.netlab import Lab
@@ -37,8 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from ..errors import NetworkLabError
-from .processes import HostProcess
+from .processes import CommandUnavailableError, HostProcess, ServiceStartError
 
 if TYPE_CHECKING:
     from .lab import Host
@@ -52,12 +53,15 @@ PROMETHEUS_PORT = 9090
 
 def ensure_command(command: str, package: str) -> str:
     """The path of ``command``, installing Debian's ``package`` first where it is missing and this
-    process may (root, apt-get; its service is not started). Raises NetworkLabError otherwise."""
+    process may (root, apt-get; its service is not started). Raises
+    :class:`CommandUnavailableError` where it is missing and cannot be installed here."""
     found = shutil.which(command)
     if found:
         return found
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise NetworkLabError(f"{command} is not installed (Debian: apt-get install -y {package})")
+        raise CommandUnavailableError(
+            f"{command} is not installed, and this process cannot install it (needs root and "
+            f"apt-get): install it with 'apt-get install -y {package}'")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     policy = Path("/usr/sbin/policy-rc.d")
     made_policy = not policy.exists()
@@ -70,20 +74,22 @@ def ensure_command(command: str, package: str) -> str:
                       "--no-install-recommends", package]):
             result = subprocess.run(argv, capture_output=True, text=True, env=env)
             if result.returncode != 0:
-                raise NetworkLabError(f"{' '.join(argv)} failed: {result.stderr[-2000:]}")
+                raise CommandUnavailableError(f"{command} is not installed and "
+                                              f"{' '.join(argv)} failed: {result.stderr[-2000:]}")
     finally:
         if made_policy:
             policy.unlink(missing_ok=True)
     found = shutil.which(command)
     if not found:
-        raise NetworkLabError(f"installing {package} gave no {command} command")
+        raise CommandUnavailableError(f"installing {package} gave no {command} command")
     return found
 
 
 def _dask_command() -> str:
     dask = Path(sys.executable).with_name("dask")
     if not dask.exists():
-        raise NetworkLabError(f"no dask command beside {sys.executable} (install distributed)")
+        raise CommandUnavailableError(f"no dask command beside {sys.executable} "
+                                      "(pip install distributed)")
     return str(dask)
 
 
@@ -124,7 +130,7 @@ class TritonHost:
         while not self.ready():
             if not self.process.alive or time.monotonic() > deadline:
                 what = "exited" if not self.process.alive else f"not ready after {timeout_s:.0f} s"
-                raise NetworkLabError(f"tritonserver on {self.host.name} {what}:\n"
+                raise ServiceStartError(f"tritonserver on {self.host.name} {what}:\n"
                                       f"{self.process.log_tail()}")
             time.sleep(0.2)
         return self

@@ -4,16 +4,23 @@ JWT bearer tokens are checked there (missing, expired, wrongly signed, for anoth
 refused, and the client raises an AuthenticationError naming the gateway and where the token came
 from, never the token); a per-subject quota answers RESOURCE_EXHAUSTED with ``retry-after``: the
 client backs off at least that long and retries within its deadline, without quarantining the
-gateway or falling back, and past the deadline raises an error naming the quota. A heavy user
-without any client-side gate cannot keep light users from being served. The gateway runs on
-loopback (the same configuration as across hosts, tests/test_multihost.py); HAProxy is installed
-with apt where missing (root)."""
+gateway or falling back, and past the deadline raises an error naming the quota. The quota is per
+user: a heavy user without any client-side gate is throttled while light users beside it are
+never refused. Tokens an attacker would make (HS256 with the gateway's public key as the secret,
+``alg: none``, no signature, a payload edited after signing) are refused like forged ones.
+
+The gateway runs on loopback (the same configuration as across hosts, tests/test_multihost.py);
+HAProxy is installed with apt where missing (root). The tests skip only where HAProxy cannot be
+had at all (CommandUnavailableError); a gateway that does not start (HAProxy refusing
+deploy/haproxy/gateway.cfg) fails them."""
 
 from __future__ import annotations
 
 import logging
 import re
+import shutil
 import tempfile
+import time
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -23,13 +30,16 @@ import pytest
 
 from coffea_sonic import TritonModel
 from coffea_sonic.core.secrets import Secret
-from coffea_sonic.errors import AuthenticationError, NetworkLabError, QuotaExceededError
+from coffea_sonic.errors import AuthenticationError, QuotaExceededError
 from coffea_sonic.netlab import LocalHost
-from coffea_sonic.netlab.gateway import Gateway, start_gateway
-from coffea_sonic.netlab.tokens import TokenIssuer
+from coffea_sonic.netlab.gateway import GATEWAY_CONFIG, Gateway, start_gateway
+from coffea_sonic.netlab.processes import CommandUnavailableError, ServiceStartError
+from coffea_sonic.netlab.services import ensure_command
+from coffea_sonic.netlab.tokens import (TokenIssuer, sign_hs256, unsigned, with_claims,
+                                        without_signature)
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.server.launcher import free_port
-from helpers import run_in_threads
+from helpers import CheckedThread, run_in_threads, wait_for
 
 #: inference requests per second per token subject, and the wait an over-quota answer asks for
 QUOTA_RPS = 4
@@ -46,6 +56,12 @@ class _Setup:
         name = f"{subject}-{abs(hash(tuple(sorted(options.items()))))}.token"
         return self.issuer.write(self.folder / name, subject, **options)
 
+    def raw_token_file(self, name: str, token: str) -> Path:
+        path = self.folder / f"{name}.token"
+        path.write_text(token)
+        path.chmod(0o600)
+        return path
+
     def model(self, token_file: Path | None, protocol: str = "grpc", **options) -> TritonModel:
         headers = ({"authorization": Secret.from_file(str(token_file), prefix="Bearer ")}
                    if token_file is not None else None)
@@ -54,19 +70,49 @@ class _Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(jet_tagger_server: LocalTritonServer) -> Iterator[_Setup]:
-    folder = Path(tempfile.mkdtemp(prefix="gateway-test-"))
+def issuer(tmp_path_factory: pytest.TempPathFactory) -> TokenIssuer:
+    """The token issuer, and HAProxy installed: the two things these tests may lack here."""
     try:
-        with LocalHost(folder / "logs") as here:
-            issuer = TokenIssuer(folder / "issuer")
-            gateway = start_gateway(
-                here, [(jet_tagger_server.grpc_address, jet_tagger_server.ports["http"])],
-                public_key=issuer.public_key, directory=folder / "gateway", quota_rps=QUOTA_RPS,
-                retry_after_s=RETRY_AFTER_S, port=free_port(), stats_port=free_port(),
-                http_port=free_port())
-            yield _Setup(jet_tagger_server, gateway, issuer, folder)
-    except NetworkLabError as error:  # no haproxy and no way to install it here
+        ensure_command("haproxy", "haproxy")
+        return TokenIssuer(tmp_path_factory.mktemp("issuer"))
+    except CommandUnavailableError as error:  # only what cannot be had skips, never a bad start
         pytest.skip(str(error))
+
+
+def _start_gateway(here: LocalHost, server: LocalTritonServer, issuer: TokenIssuer, folder: Path,
+                   config: Path = GATEWAY_CONFIG) -> Gateway:
+    return start_gateway(
+        here, [(server.grpc_address, server.ports["http"])], public_key=issuer.public_key,
+        directory=folder / "gateway", quota_rps=QUOTA_RPS, retry_after_s=RETRY_AFTER_S,
+        port=free_port(), stats_port=free_port(), http_port=free_port(), config=config)
+
+
+@pytest.fixture(scope="module")
+def setup(jet_tagger_server: LocalTritonServer, issuer: TokenIssuer) -> Iterator[_Setup]:
+    folder = Path(tempfile.mkdtemp(prefix="gateway-test-"))
+    with LocalHost(folder / "logs") as here:
+        gateway = _start_gateway(here, jet_tagger_server, issuer, folder)
+        yield _Setup(jet_tagger_server, gateway, issuer, folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_gateway_whose_config_haproxy_refuses_fails_to_start_naming_haproxys_complaint(
+        jet_tagger_server: LocalTritonServer, issuer: TokenIssuer, tmp_path: Path):
+    broken = tmp_path / "haproxy"
+    shutil.copytree(GATEWAY_CONFIG.parent, broken)  # grpc_refuse.lua must lie beside it
+    config = broken / GATEWAY_CONFIG.name
+    policy = config.read_text()
+    assert "jwt_verify(" in policy
+    config.write_text(policy.replace("jwt_verify(", "jwt_verify_misspelt(", 1))
+    with LocalHost(tmp_path / "logs") as here:
+        with pytest.raises(ServiceStartError) as raised:
+            _start_gateway(here, jet_tagger_server, issuer, tmp_path, config=config)
+        assert not any(process.alive for process in here.processes)
+    # a failure of the thing under test, not the class the fixture skips on
+    assert not isinstance(raised.value, CommandUnavailableError)
+    message = str(raised.value)
+    assert "exited" in message and "[ALERT]" in message and "jwt_verify_misspelt" in message
+    assert str(config) in message
 
 
 def _rows(seed: int, rows: int = ROWS) -> dict[str, np.ndarray]:
@@ -102,6 +148,10 @@ def test_a_refused_token_raises_an_authentication_error_naming_the_gateway_and_i
             setup.folder / "forged.token", "mallory")
     else:
         token_file = setup.token_file("bob", **options)
+    _assert_refused(setup, token_file, protocol, reason)
+
+
+def _assert_refused(setup: _Setup, token_file: Path | None, protocol: str, reason: str) -> None:
     with pytest.raises(AuthenticationError) as raised:
         setup.model(token_file, protocol)(_rows(2))
     message = str(raised.value)
@@ -112,16 +162,58 @@ def test_a_refused_token_raises_an_authentication_error_naming_the_gateway_and_i
     else:
         assert f"file:{token_file}" in message
         token = token_file.read_text()
-        for part in token.split("."):
+        for part in filter(None, token.split(".")):
             assert part not in message, "the token leaked into the error"
 
 
-def test_a_heavy_user_over_quota_backs_off_and_every_light_users_call_completes(
-        setup: _Setup, caplog: pytest.LogCaptureFixture):
-    heavy = setup.model(setup.token_file("heavy"), max_in_flight=8, max_request_bytes=ROWS * 24,
-                        retry={"total_s": 60.0})
-    lights = [setup.model(setup.token_file(f"light{index}"), retry={"total_s": 60.0})
-              for index in range(3)]
+#: tokens an attacker can make with the gateway's public key and a token of their own, and the
+#: check of deploy/haproxy/gateway.cfg that must refuse each
+ATTACKS = {
+    "HS256 keyed with the public key's PEM": (
+        lambda issuer: sign_hs256(issuer.claims_for("mallory"), issuer.public_key.read_bytes()),
+        "not an RS256 JWT"),
+    # HAProxy's jwt_verify takes an HMAC algorithm's key argument as the secret itself: with the
+    # algorithm left to the token, the configured key's path would be the secret
+    "HS256 keyed with the public key's path": (
+        lambda issuer: sign_hs256(issuer.claims_for("mallory"), str(issuer.public_key)),
+        "not an RS256 JWT"),
+    "alg none with an empty signature": (
+        lambda issuer: unsigned(issuer.claims_for("mallory")), "not an RS256 JWT"),
+    "alg RS256 with an empty signature": (
+        lambda issuer: unsigned(issuer.claims_for("mallory"), alg="RS256"),
+        "signature does not verify"),
+    "no signature part": (
+        lambda issuer: without_signature(issuer.issue("mallory")), "signature does not verify"),
+    "subject edited after signing": (
+        lambda issuer: with_claims(issuer.issue("mallory"), sub="alice"),
+        "signature does not verify"),
+    "an expired token's exp edited after signing": (
+        lambda issuer: with_claims(issuer.issue("mallory", ttl_s=-60),
+                                   exp=int(time.time()) + 3600),
+        "signature does not verify"),
+}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+@pytest.mark.parametrize("attack", list(ATTACKS))
+def test_a_token_an_attacker_made_is_refused_with_an_authentication_error(
+        setup: _Setup, attack: str, protocol: str):
+    make, reason = ATTACKS[attack]
+    token_file = setup.raw_token_file(re.sub(r"\W+", "-", attack), make(setup.issuer))
+    _assert_refused(setup, token_file, protocol, reason)
+
+
+#: calls of each light user: fewer than the quota allows a subject in one second
+LIGHT_CALLS = QUOTA_RPS - 1
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_quota_is_per_user_a_heavy_user_is_throttled_and_light_users_are_never_refused(
+        setup: _Setup, caplog: pytest.LogCaptureFixture, protocol: str):
+    heavy = setup.model(setup.token_file(f"heavy-{protocol}"), protocol, max_in_flight=8,
+                        max_request_bytes=ROWS * 24, retry={"total_s": 60.0})
+    lights = [setup.model(setup.token_file(f"light{index}-{protocol}"), protocol,
+                          retry={"total_s": 60.0}) for index in range(3)]
     heavy_inputs = _rows(3, rows=ROWS * 16)  # 16 requests at once, 4/s allowed
     stop = threading.Event()
 
@@ -134,30 +226,39 @@ def test_a_heavy_user_over_quota_backs_off_and_every_light_users_call_completes(
         return calls
 
     def light_user(index: int) -> list[np.ndarray]:
-        return [lights[index](_rows(10 + index))["probs"] for _ in range(2)]
+        return [lights[index](_rows(10 + index))["probs"] for _ in range(LIGHT_CALLS)]
 
     caplog.set_level(logging.INFO, logger="coffea_sonic")
-    heavy_thread = threading.Thread(target=lambda: results.append(heavy_user()), daemon=True)
-    results: list[int] = []
+    heavy_thread = CheckedThread(heavy_user, name="heavy user")
     heavy_thread.start()
     try:
+        # the light users start once the heavy one is over its quota, and it stays over it (each
+        # of its calls is 4 s of quota) until they are done
+        wait_for(lambda: heavy.stats.failed_requests > 0 or not heavy_thread.is_alive(), 120,
+                 "the gateway to refuse the heavy user over its quota")
+        assert heavy_thread.is_alive(), "the heavy user stopped before it was throttled"
         light_answers = run_in_threads(light_user, [(index,) for index in range(3)], timeout=120)
     finally:
         stop.set()
-        heavy_thread.join(timeout=120)
-    assert not heavy_thread.is_alive() and results and results[0] >= 1
+        heavy_calls = heavy_thread.finish(timeout=120)
+    assert heavy_calls >= 1
     for index, answers in enumerate(light_answers):
         expected = _direct(setup, _rows(10 + index))
         for answer in answers:
             np.testing.assert_array_equal(answer, expected)
-    # the heavy user was refused over its quota and came back later: refusals are not failures of
-    # the gateway (never quarantined) and nothing ran in a fallback
+    # per user: no light user's request was refused (a refusal is counted failed and retried),
+    # while the heavy one's were, over its quota, and came back later
+    for index, light in enumerate(lights):
+        assert (light.stats.requests, light.stats.failed_requests, light.stats.retries) == (
+            LIGHT_CALLS, 0, 0), f"light user {index} was refused: {light.stats}"
     assert heavy.stats.failed_requests > 0 and heavy.stats.retries > 0
+    # refusals are not failures of the gateway (never quarantined) and nothing ran in a fallback
     assert heavy.stats.fallback_rows == 0
     assert "quarantined" not in caplog.text
     waits = [float(wait) for wait in re.findall(
         r"retrying jet_tagger rows \d+-\d+ in ([0-9.]+) s .*quota exceeded", caplog.text)]
     assert waits and min(waits) >= RETRY_AFTER_S - 1e-3, "the retry-after was not honoured"
+    assert len(waits) <= heavy.stats.retries, "quota refusals someone other than the heavy user got"
 
 
 def test_past_the_deadline_the_quota_refusal_raises_an_error_naming_the_quota(setup: _Setup):

@@ -49,8 +49,10 @@ myst_heading_anchors = 3
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": True}
+# NumPy-style "Parameters" sections (TritonModel) and Google-style ones; attribute docstrings are
+# left as written (sonic_docs: they are prose, not napoleon's "type: description")
 napoleon_google_docstring = True
-napoleon_numpy_docstring = False
+napoleon_numpy_docstring = True
 
 # The package's own docstring examples are run by tests/test_doctests.py (some need a server);
 # the doctest builder runs only the pages' explicit {doctest} blocks.

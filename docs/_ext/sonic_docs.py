@@ -176,7 +176,33 @@ def _include_read(app: Sphinx, relative_path: Path, parent_docname: str,
     content[0] = repository_paths(content[0], folder)
 
 
+#: autodoc object kinds whose docstring napoleon reads as one "type: description" line
+_ATTRIBUTE_KINDS = {"attribute", "data", "property"}
+_written: dict[str, list[str]] = {}
+
+
+def _keep_attribute_docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any,
+                              lines: list[str]) -> None:
+    """Before napoleon: remember an attribute's docstring as written.
+
+    This package documents attributes in prose (``#: the served mirror of repository: ...``);
+    napoleon would split such a line at its first colon into a bogus type and a description.
+    """
+    if what in _ATTRIBUTE_KINDS:
+        _written[name] = list(lines)
+
+
+def _restore_attribute_docstring(app: Sphinx, what: str, name: str, obj: Any, options: Any,
+                                 lines: list[str]) -> None:
+    """After napoleon: put an attribute's docstring back as written."""
+    if what in _ATTRIBUTE_KINDS and name in _written:
+        lines[:] = _written.pop(name)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    app.setup_extension("sphinx.ext.napoleon")  # connected at its default priority, 500
+    app.connect("autodoc-process-docstring", _keep_attribute_docstring, priority=400)
+    app.connect("autodoc-process-docstring", _restore_attribute_docstring, priority=600)
     app.add_directive("sonic-public-api", PublicApi)
     app.add_directive("sonic-settings-table", SettingsTable)
     app.connect("include-read", _include_read)

@@ -2,8 +2,10 @@
 
 Build it (no network needed) with::
 
-    .venv/bin/python -m sphinx -W --keep-going -b html docs docs/_build/html
-    .venv/bin/python -m sphinx -W --keep-going -b doctest docs docs/_build/doctest
+    .venv/bin/python -m sphinx -W --keep-going -b html docs build/docs/html -d build/docs/doctrees
+    .venv/bin/python -m sphinx -W --keep-going -b doctest docs build/docs/doctest -d build/docs/doctrees
+
+(``build/`` is ignored by git; tests/test_docs.py runs both into a temporary folder.)
 
 Pages are Markdown (MyST); the API reference is autodoc, generated from ``coffea_sonic.__all__``
 at build time by the ``sonic_docs`` extension in ``docs/_ext`` (so it lists exactly what the

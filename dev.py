@@ -42,7 +42,7 @@ def ensure_environment() -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     print("installing coffea-sonic with all extras into .venv (about a minute)", flush=True)
     subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "-e", f"{ROOT}[all,test]", "-c", str(CONSTRAINTS)], check=True, cwd=ROOT)
+                    "-e", f"{ROOT}[all,test,docs]", "-c", str(CONSTRAINTS)], check=True, cwd=ROOT)
     STAMP.write_text(wanted)
 
 

@@ -10,8 +10,9 @@ zoo and in-process engines make it runnable anywhere.
 >>> [name for name in ("TritonModel", "SonicMixin", "make_cluster") if name in coffea_sonic.__all__]
 ['TritonModel', 'SonicMixin', 'make_cluster']
 
-The public names are what an analysis uses (the client, the processor mixin, the embedded
-server, the facility helpers, settings, errors); they are imported lazily, so
+The public names are what an analysis uses (the client, the processor mixin, the column helpers,
+the statistics, the embedded server, the facility helpers, every error class); they are
+imported lazily, so
 ``import coffea_sonic`` stays fast (it imports neither numpy nor grpc nor dask).
 """
 
@@ -38,22 +39,17 @@ _EXPORTS: dict[str, str] = {
     "TritonModel": "coffea_sonic.model",
     "SonicMixin": "coffea_sonic.processor",
     "RetryPolicy": "coffea_sonic.routing",
-    "YieldGate": "coffea_sonic.share",
     "Secret": "coffea_sonic.core",
-    "TlsOptions": "coffea_sonic.core",
+    "InferenceStats": "coffea_sonic.stats",
+    # the column helpers a processor builds its inputs with (a module)
+    "columns": "coffea_sonic.columns",
     # a real Triton server on this machine
     "LocalTritonServer": "coffea_sonic.server",
     # the facility: workers, checks
     "make_cluster": "coffea_sonic.facility.cluster",
-    "deliver_settings": "coffea_sonic.facility.cluster",
     "check_servers": "coffea_sonic.facility.check",
-    # settings (coffea-sonic config prints them)
-    "setting": "coffea_sonic.config",
-    "effective_settings": "coffea_sonic.config",
-    "model_urls": "coffea_sonic.config",
-    "configured_models": "coffea_sonic.config",
-    "configured_servers": "coffea_sonic.config",
-    # errors
+    # errors: every class the client API or the CLI raises (TransportError never leaves the
+    # client: it becomes one of these)
     "SonicError": "coffea_sonic.errors",
     "ConfigurationError": "coffea_sonic.errors",
     "InputValidationError": "coffea_sonic.errors",
@@ -67,9 +63,26 @@ _EXPORTS: dict[str, str] = {
     "UnservableModelError": "coffea_sonic.errors",
     "AuthenticationError": "coffea_sonic.errors",
     "QuotaExceededError": "coffea_sonic.errors",
+    "NetworkLabError": "coffea_sonic.errors",
+    "ShadowDivergenceError": "coffea_sonic.shadow",
+    "InconsistentVersionsError": "coffea_sonic.provenance",
+}
+
+# Names once at the top level that live in their submodules now: importing them from here still
+# works and warns with the new place, for one release.
+_MOVED: dict[str, str] = {
+    "YieldGate": "coffea_sonic.share",
+    "TlsOptions": "coffea_sonic.core",
+    "deliver_settings": "coffea_sonic.facility.cluster",
+    "setting": "coffea_sonic.config",
+    "effective_settings": "coffea_sonic.config",
+    "model_urls": "coffea_sonic.config",
+    "configured_models": "coffea_sonic.config",
+    "configured_servers": "coffea_sonic.config",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), also=["__version__"])
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), also=["__version__"],
+                                    moved=_MOVED)

@@ -12,8 +12,7 @@ zoo and in-process engines make it runnable anywhere.
 
 The public names are what an analysis uses (the client, the processor mixin, the column helpers,
 the statistics, the embedded server, the facility helpers, every error class); they are
-imported lazily, so
-``import coffea_sonic`` stays fast (it imports neither numpy nor grpc nor dask).
+imported lazily, so ``import coffea_sonic`` stays fast (it imports neither numpy nor grpc nor dask).
 """
 
 from __future__ import annotations

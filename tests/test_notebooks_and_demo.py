@@ -115,3 +115,25 @@ def test_dask_awkward_notebook_builds_without_requests_and_infers_every_jet(
     jets = int(re.search(r"2000 events, (\d+) jets in", outputs).group(1))
     assert jets > 0 and f"rows the server inferred: {jets}" in outputs
     assert (tmp_path / "scores_dask_awkward.png").stat().st_size > 10_000
+
+
+def test_saved_notebooks_show_no_path_of_the_machine_that_ran_them_and_no_warning():
+    """What a user reads before running anything: the outputs stored by scripts/save_notebooks.py
+    name no folder of ours (a checkout, a venv, a temporary or home folder) and hold no stderr
+    (a warning, a traceback)."""
+    import nbformat
+
+    from notebook_runner import NOTEBOOKS
+
+    machine_path = re.compile(r"/tmp/|/work/|/home/|/root/|\.venv/|site-packages")
+    found = []
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            for output in cell.get("outputs", []):
+                text = str(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
+                if output.get("name") == "stderr" or output.get("output_type") == "error":
+                    found.append(f"{path.name} cell {index}: stderr/error {text[:200]!r}")
+                found += [f"{path.name} cell {index}: {line.strip()}" for line in text.splitlines()
+                          if machine_path.search(line)]
+    assert len(list(NOTEBOOKS.glob("*.ipynb"))) == 5
+    assert not found, "\n".join(found[:20])

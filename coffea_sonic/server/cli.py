@@ -378,7 +378,7 @@ def run_models_add(args: argparse.Namespace) -> int:
         return 1
     config = added.config
     print(f"added {added.name} version {added.version}: {added.model_path}")
-    print(f"  config   {added.config_path}  ({config.platform}, max_batch_size "
+    print(f"  config   {added.config_path}  ({config.platform or config.backend}, max_batch_size "
           f"{config.max_batch_size}, {config.instance_group[0].count} x "
           f"{'GPU' if config.instance_group[0].kind == config.instance_group[0].KIND_GPU else 'CPU'})")
     for kind, tensors in (("input ", config.input), ("output", config.output)):

@@ -379,7 +379,7 @@ def test_skip_unservable_serves_the_others(tmp_path):
 
 @pytest.mark.parametrize("config, files, reason", [
     ('platform: "tensorflow_savedmodel"', ["1/model.savedmodel/saved_model.pb"], "tensorflow"),
-    ('backend: "fil"', ["1/xgboost.json"], "custom backend"),
+    ('backend: "dali"', ["1/model.dali"], "custom backend"),
     (None, ["1/model.pt"], "no config.pbtxt"),
     ('name: "other"\nbackend: "python"', ["1/model.py"], "Triton needs them equal"),
     ('platform: "onnxruntime_onnx"', [], "no version folder"),

@@ -40,10 +40,12 @@ PYTHON_SETTING = "COFFEA_SONIC_SERVER_PYTHON"
 #: Python versions nvidia-pytriton 0.7.0 ships python-backend stubs for, preferred first.
 STUB_VERSIONS = ("3.12", "3.11", "3.10", "3.9", "3.8")
 #: What the served models import (model.py.tmpl: onnxruntime on CPU, torch on GPU and for
-#: TorchScript / trackgnn models; the zoo's generated ONNX files are exported with torch and onnx).
+#: TorchScript / trackgnn models; the zoo's generated ONNX files are exported with torch and onnx;
+#: the FIL backend reads tree models with XGBoost, LightGBM and Treelite).
 #: One tested set (Debian 12, CPython 3.11 and 3.12); numpy < 2 for the python backend.
 SERVER_REQUIREMENTS = ("nvidia-pytriton==0.7.0", "numpy==1.26.4", "onnxruntime==1.32.0",
-                       "onnx==1.23.2", "torch==2.13.0")
+                       "onnx==1.23.2", "torch==2.13.0", "xgboost==3.2.0", "lightgbm==4.7.0",
+                       "treelite==4.8.1")
 #: Marks a finished build.
 DONE = ".coffea-sonic-server-env"
 #: Seconds a build may take (torch alone is several hundred MB).

@@ -6,7 +6,8 @@ platform/backend, tensors (names, types, dims), dynamic batching, the version fo
 ``version_policy`` serves, the model file in each (``default_model_filename`` or the platform's
 ``model.onnx`` / ``model.pt`` / ``model.py`` / ``model.plan`` ...), and the declared signature
 against that file (:mod:`~coffea_sonic.server.model_signatures`: ONNX graph; TorchScript names,
-and a run on zeros when torch is here). Last, whether the embedded server (``coffea-sonic serve``)
+and a run on zeros when torch is here; FIL: the file read with its tree library and FIL's
+parameters, :mod:`~coffea_sonic.server.fil`). Last, whether the embedded server (``coffea-sonic serve``)
 can run it. Repository agents: the digests a checksum agent lists are computed and compared, and
 an agent the embedded server cannot honour is listed among its refusals. Nothing stops at the first
 problem.
@@ -148,6 +149,10 @@ def model_filename(config: Any) -> str | None:
     """
     if config.default_model_filename:
         return config.default_model_filename
+    if config.backend == "fil":
+        from .fil import fil_filename
+
+        return fil_filename(config)
     platform = config.platform or next(
         (p for p, backend in PLATFORM_BACKENDS.items() if backend == config.backend), config.backend)
     return DEFAULT_FILENAMES.get(platform)
@@ -159,6 +164,12 @@ def _file_problems(model: str, version: str, path: Path, config: Any, platform: 
     try:
         if platform in ("onnxruntime_onnx", "onnxruntime"):
             mismatches = signatures.compare_onnx(config, path) if config.input or config.output else []
+        elif platform == "fil":
+            from .fil import fil_version_problem
+
+            problem = fil_version_problem(config, path.parent.parent, int(version))
+            return [Problem(model, version, "FIL model", "", problem,
+                            "the official container's FIL backend refuses it too")] if problem else []
         elif platform in ("pytorch_libtorch", "pytorch"):
             if importlib.util.find_spec("torch") is None:
                 notes.append(f"{model} version {version}: torch is not installed, the TorchScript "

@@ -1,4 +1,5 @@
-"""``coffea-sonic models add``: put an ONNX or TorchScript file into a Triton model repository.
+"""``coffea-sonic models add``: put an ONNX, TorchScript or tree model file into a Triton model
+repository.
 
 Writes ``REPO/NAME/config.pbtxt`` and ``REPO/NAME/<version>/model.onnx|model.pt`` the way the
 official Triton container expects them (``platform: "onnxruntime_onnx"`` / ``"pytorch_libtorch"``,
@@ -13,6 +14,9 @@ protobuf's text_format, then checked against the model file as Triton would
   :data:`DEFAULT_MAX_BATCH_SIZE`), otherwise the model does not batch (``max_batch_size: 0``).
 * TorchScript records neither shapes nor whether it batches: give ``inputs``/``outputs``
   (``INPUT__0:FP32:6``) and ``max_batch_size``, or an example input file to trace them.
+* XGBoost (``.json``, ``.ubj``, ``.model``), LightGBM (``.txt``) and Treelite (``.tl``) models
+  get a FIL-backend config (``backend: "fil"``, :func:`~coffea_sonic.server.fil.tree_config`):
+  features and classes from the file, class probabilities for a classifier.
 
 >>> import tempfile
 >>> from onnx import TensorProto, helper, save
@@ -313,6 +317,34 @@ def _write_version(source: Path, version_dir: Path, model_path: Path, onnx_file:
         shutil.copyfile(source, model_path)
 
 
+def _config_of(source: Path, name: str, notes: list[str], *, max_batch_size: int | None,
+               inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
+               example_input: str | os.PathLike | None, instances: int, device: Device,
+               **options: Any) -> tuple[model_config_pb2.ModelConfig, str, str]:
+    """(config, platform or backend, model file name) for ``source``: a tree model's FIL config,
+    else the ONNX / TorchScript config checked against the file."""
+    from .fil import tree_config, tree_model_type
+
+    tree_type = tree_model_type(source)
+    if tree_type is None:
+        config, onnx_file = _checked_config(
+            source, name, notes, max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
+            example_input=example_input, instances=instances, device=device, **options)
+        platform = ONNX_PLATFORM if onnx_file else TORCH_PLATFORM
+        return config, platform, DEFAULT_FILENAMES[platform]
+    from ..engines.forest import MODEL_TYPES, ForestError
+
+    if inputs or outputs or example_input is not None:
+        notes.append("a tree model's tensors come from the model file: --input, --output and "
+                     "--example-input are ignored")
+    try:
+        config = tree_config(source, name, notes, max_batch_size=max_batch_size,
+                             instances=instances, device=device)
+    except ForestError as error:
+        raise ConfigurationError(str(error)) from None
+    return config, "fil", MODEL_TYPES[tree_type]
+
+
 def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike, *,
               max_batch_size: int | None = None, preferred_batch_sizes: Sequence[int] = (),
               max_queue_delay_us: int | None = None, instances: int = 1, device: Device = "cpu",
@@ -341,14 +373,14 @@ def add_model(file: str | os.PathLike, name: str, repository: str | os.PathLike,
     if version < 1:
         raise ConfigurationError(f"version must be >= 1 (a folder name), not {version}")
     notes: list[str] = []
-    config, onnx_file = _checked_config(
+    config, platform, filename = _config_of(
         source, name, notes, max_batch_size=max_batch_size, inputs=inputs, outputs=outputs,
         example_input=example_input, preferred_batch_sizes=preferred_batch_sizes,
         max_queue_delay_us=max_queue_delay_us, instances=instances, device=device)
-    platform = ONNX_PLATFORM if onnx_file else TORCH_PLATFORM
+    onnx_file = platform == ONNX_PLATFORM
     folder = repository / name
     version_dir = folder / str(version)
-    config_path, model_path = folder / "config.pbtxt", version_dir / DEFAULT_FILENAMES[platform]
+    config_path, model_path = folder / "config.pbtxt", version_dir / filename
     if version_dir.exists() and not force:
         raise ConfigurationError(f"{version_dir} already exists: pass --version N for a new version "
                                  "of the model, or --force to replace this one")

@@ -9,7 +9,8 @@ signature completed from the graph). The user's files are only read: Python's ``
 python model lands in the mirror, never next to the user's model.py.
 
 :func:`install_adapters` puts the adapter (``adapter_model.py.tmpl``) into the backend folder as
-``onnxruntime/model.py`` and ``pytorch/model.py``. Triton runs such a folder through the python
+``onnxruntime/model.py`` and ``pytorch/model.py``, and the FIL backend (``fil_model.py.tmpl`` with
+:mod:`coffea_sonic.engines.forest` beside it as ``tree_forest.py``) as ``fil/``. Triton runs such a folder through the python
 backend, whose library must then lie inside the backend folder (a symlink out of it is refused:
 "backend library name ... escapes backend directory"): it is copied, and the library folder its
 RPATH pointed to goes onto the server's ``LD_LIBRARY_PATH``.
@@ -156,10 +157,14 @@ def install_adapters(backend_dir: Path, dest: Path) -> tuple[Path, list[str]]:
                 shutil.copyfile(source_library, target)
         elif not target.exists() and not target.is_symlink():
             target.symlink_to(entry.resolve())
-    template = (resources.files("coffea_sonic.server") / "adapter_model.py.tmpl").read_text()
+    templates = resources.files("coffea_sonic.server")
     for backend in ADAPTED:
         (dest / backend).mkdir(exist_ok=True)
-        (dest / backend / "model.py").write_text(template)
+        template = "fil_model.py.tmpl" if backend == "fil" else "adapter_model.py.tmpl"
+        (dest / backend / "model.py").write_text((templates / template).read_text())
+    # the FIL backend runs the same tree code as the in-process engine
+    forest = resources.files("coffea_sonic.engines") / "forest.py"
+    (dest / "fil" / "tree_forest.py").write_text(forest.read_text())
     # the wheel's layout: <site>/pytriton/tritonserver/backends/python/ -> <site>/nvidia_pytriton.libs
     libraries = source_library.parents[4] / "nvidia_pytriton.libs"
     return dest, [str(libraries)] if libraries.is_dir() else []

@@ -6,7 +6,9 @@ The embedded tritonserver (nvidia-pytriton's) has only the python backend. It se
 * ``python`` and ``ensemble`` models as they are;
 * ``onnxruntime_onnx`` / ``onnxruntime`` and ``pytorch_libtorch`` / ``pytorch`` models through the
   python-based backend adapter (``adapter_model.py.tmpl``, installed by :mod:`.served`), with their
-  own config.
+  own config;
+* ``fil`` models (XGBoost, LightGBM, Treelite: Triton's FIL backend) through a python-based FIL
+  backend (``fil_model.py.tmpl``), each version's file read here first (:mod:`.fil`).
 
 Repository agents (``model_repository_agents``): the files a checksum agent lists are verified
 before anything starts, as Triton's agent does, and the served config leaves the block out
@@ -64,8 +66,8 @@ PLATFORM_BACKENDS: dict[str, str] = {
     "onnxruntime_onnx": "onnxruntime", "pytorch_libtorch": "pytorch", "tensorrt_plan": "tensorrt",
     "tensorflow_graphdef": "tensorflow", "tensorflow_savedmodel": "tensorflow",
     "ensemble": "ensemble"}
-#: Backends the python-based adapter runs, and the framework each one loads.
-ADAPTED: dict[str, str] = {"onnxruntime": "onnx", "pytorch": "torchscript"}
+#: Backends the python-based adapters run, and the framework each one loads.
+ADAPTED: dict[str, str] = {"onnxruntime": "onnx", "pytorch": "torchscript", "fil": "trees"}
 #: Backends served as they are.
 AS_IS: tuple[str, ...] = ("python", "ensemble")
 #: File of one version that each platform loads unless ``default_model_filename`` says otherwise;
@@ -220,6 +222,10 @@ def _gpu_groups_to_cpu(config: model_config_pb2.ModelConfig) -> bool:
 
 def _version_problem(backend: str, platform: str, config: model_config_pb2.ModelConfig | None,
                      model_dir: Path, version: int, ops: Sequence[str] = ()) -> str | None:
+    if backend == "fil":
+        from .fil import fil_version_problem
+
+        return fil_version_problem(config, model_dir, version)
     filename = (config.default_model_filename if config is not None else "") or \
         DEFAULT_FILENAMES.get(platform if backend != "python" else "python", "")
     if backend == "ensemble" or not filename:
@@ -351,6 +357,10 @@ def _served_config(model_dir: Path, original: model_config_pb2.ModelConfig | Non
             config.name, config.platform, config.backend = model_dir.name, platform, backend
         filename = config.default_model_filename or DEFAULT_FILENAMES["onnxruntime_onnx"]
         notes += _onnx_signature(config, model_dir / str(served[-1]) / filename)
+    if backend == "fil":
+        from .fil import fil_notes
+
+        notes += fil_notes(config)
     if strip_agents(config):
         notes.append(f"model_repository_agents: {len(verified_files(original))} checksum(s) "
                      "verified before start; the served config leaves the block out (the embedded "

@@ -44,7 +44,7 @@ FallbackChoice = Union[None, bool, str, Callable[[str], Engine]]
 #: server, the zoo) and found by name, so the client never imports what imports it.
 BUILTIN: dict[str, dict[str, str]] = {
     "cpu": {"engine": "coffea_sonic.engines:fallback_engine",
-            "info": "coffea_sonic.zoo:declared_info",
+            "info": "coffea_sonic.engines:declared_info",
             "reference": "coffea_sonic.engines:reference_engine"},
     "local": {"engine": "coffea_sonic.server.fallback:local_fallback_engine",
               "info": "coffea_sonic.server.fallback:declared_info"},
@@ -90,20 +90,26 @@ _executors: ProcessLocal[str, ThreadPoolExecutor] = ProcessLocal("fallback threa
 _last_warning: ProcessLocal[str, float] = ProcessLocal("fallback warnings")
 
 
-def fallback_engine(choice: str | Callable[[str], Engine], model: str) -> Engine:
-    """The (cached, per process) engine that runs ``model`` for fallback ``choice``."""
-    return _engines.get((choice, model), lambda: (
-        _builtin(choice, "engine")(model) if isinstance(choice, str) else choice(model)))
+def fallback_engine(choice: str | Callable[[str], Engine], model: str,
+                    version: str = "") -> Engine:
+    """The (cached, per process) engine that runs ``model`` for fallback ``choice``; a built-in
+    one runs ``version`` of it where the model has several (a tree model's), a factory gets the
+    name only."""
+    if not isinstance(choice, str):
+        return _engines.get((choice, model), lambda: choice(model))
+    return _engines.get((choice, model, str(version or "")),
+                        lambda: _builtin(choice, "engine")(model, str(version or "")))
 
 
-def reference_engine(choice: str | Callable[[str], Engine], model: str) -> Engine:
+def reference_engine(choice: str | Callable[[str], Engine], model: str,
+                     version: str = "") -> Engine:
     """The (cached, per process) engine that recomputes rows for shadow validation: the
     fallback's, except where a built-in has a lighter one (``"cpu"``: one onnxruntime thread,
     see :func:`coffea_sonic.engines.reference_engine`)."""
     if isinstance(choice, str) and "reference" in BUILTIN.get(choice, {}):
-        return _engines.get((choice, model, "reference"),
-                            lambda: _builtin(choice, "reference")(model))
-    return fallback_engine(choice, model)
+        return _engines.get((choice, model, str(version or ""), "reference"),
+                            lambda: _builtin(choice, "reference")(model, str(version or "")))
+    return fallback_engine(choice, model, version)
 
 
 def submit(function: Callable[[], Any]) -> Future:

@@ -175,10 +175,10 @@ class ShadowHook(CallHooks):
 
     # -- the comparison, on the shadow thread -----------------------------------------------------
 
-    def _engine(self, model: str) -> Any:
+    def _engine(self, model: str, version: str = "") -> Any:
         choice = self.reference or "cpu"
         try:
-            return fallback_module.reference_engine(choice, model)
+            return fallback_module.reference_engine(choice, model, version)
         except MissingDependencyError:
             raise
         except ImportError as error:
@@ -203,7 +203,7 @@ class ShadowHook(CallHooks):
 
     def _check(self, model: str, source: str, version: str, inputs: dict[str, np.ndarray],
                served: dict[str, np.ndarray], gpu: bool, endpoint: Any, runtime: Any) -> None:
-        reference = self._engine(model)(inputs)
+        reference = self._engine(model, version)(inputs)
         limit = self.tolerance or tolerance_for(gpu=gpu)
         rows = len(next(iter(inputs.values())))
         alarms = []

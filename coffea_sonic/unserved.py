@@ -93,7 +93,8 @@ def run_fallback(runner: CallRunner, piece: Piece, reason: str) -> None:
 
     def work() -> None:
         try:
-            engine = fallback_module.fallback_engine(choice, runner.model_name)
+            engine = fallback_module.fallback_engine(choice, runner.model_name,
+                                                     runner.version)
             produced = engine(piece_tensors(piece))
             runner._accept(piece, produced, "fallback engine", runner.version,
                          fallback_calls=1, fallback_rows=piece.rows)

@@ -133,7 +133,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("fallback", "off", "off, local or cpu: where inference goes when every server fails"),
     Setting("shadow", 0.0, "fraction of served rows recomputed in-process and compared (0: off)"),
     Setting("shadow_dir", None, "folder where shadow validation's reports go (monitor --shadow)"),
-    Setting("fallback_repository", None, "Triton repository that fallback='local' serves"),
+    Setting("fallback_repository", None,
+            "Triton repository that fallback='local' serves (fallback='cpu': its tree models)"),
     Setting("connect_timeout_s", 10.0, "seconds a server gets to answer at all before it counts "
             "as down (and the fallback, if set, answers)"),
     Setting("nonfinite", "warn", "pass, warn or raise: NaN/inf in inputs sent as given, warned "

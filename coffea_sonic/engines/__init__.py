@@ -3,6 +3,8 @@
 * :class:`CpuEngine`: onnxruntime on CPU, on exactly the ONNX file the server serves (also the
   fallback when no server can serve a model).
 * :class:`GpuEngine`: torch on CUDA (local-GPU baseline for benchmarks); only where a GPU exists.
+* :class:`~coffea_sonic.engines.trees.TreeEngine`: a tree model (Triton FIL-backend model or zoo
+  tree model) with its own library, as the served one answers.
 
 >>> from coffea_sonic import zoo
 >>> engine = CpuEngine("jet_tagger")
@@ -23,7 +25,17 @@ from ..errors import InputValidationError, MissingDependencyError, require
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CpuEngine", "GpuEngine", "fallback_engine", "reference_engine"]
+
+def __getattr__(name: str):
+    # TreeEngine lives in engines.trees (tritonclient's protobufs); imported when first asked for
+    if name == "TreeEngine":
+        from .trees import TreeEngine
+
+        return TreeEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["CpuEngine", "GpuEngine", "TreeEngine", "declared_info", "fallback_engine",
+           "reference_engine"]
 
 
 def _check_inputs(name: str, inputs: Mapping[str, np.ndarray]) -> None:
@@ -116,28 +128,69 @@ class GpuEngine:
         return f"GpuEngine({self.name!r}, {self.device})"
 
 
-def fallback_engine(model: str) -> "CpuEngine":
-    """The engine of ``fallback="cpu"``: the zoo model in-process with onnxruntime.
+def fallback_engine(model: str, version: str = "") -> "CpuEngine | TreeEngine":
+    """The engine of ``fallback="cpu"``: a zoo model in-process with onnxruntime, a zoo tree
+    model or a FIL model of the setting ``fallback_repository`` with its tree library
+    (``version`` of it: the one the URL names, else the newest).
 
     >>> fallback_engine("no_such_model")
     Traceback (most recent call last):
     ...
-    coffea_sonic.errors.ConfigurationError: fallback='cpu' runs zoo models only, and 'no_such_model' is not one; pass fallback=factory with factory(model_name) -> engine(inputs) -> outputs
+    coffea_sonic.errors.ConfigurationError: fallback='cpu' runs zoo models and tree models, and 'no_such_model' is neither a zoo model nor a FIL model of the setting fallback_repository (none set); pass fallback=factory with factory(model_name) -> engine(inputs) -> outputs
     """
+    tree = _tree_engine(model, version)
+    if tree is not None:
+        return tree
     _zoo_only(model)
     return CpuEngine(model)
+
+
+def declared_info(model: str):
+    """What ``model`` declares for ``fallback="cpu"``: the zoo's declaration (ONNX or tree
+    model), or that of the fallback repository's FIL model; None if none of them has it."""
+    from ..zoo.trees import declared_tree_info
+
+    declared = zoo.declared_info(model) or declared_tree_info(model)
+    if declared is None:
+        tree = _tree_engine(model, "")
+        declared = tree.info if tree is not None else None
+    return declared
+
+
+def _tree_engine(model: str, version: str) -> "TreeEngine | None":
+    from ..zoo.trees import tree_names
+    from .trees import TreeEngine, is_tree_folder
+
+    if model in tree_names():
+        return TreeEngine.from_zoo(model, int(version) if version else None)
+    repository = _fallback_repository()
+    if repository is not None and is_tree_folder(repository / model):
+        return TreeEngine.from_folder(repository / model, int(version) if version else None)
+    return None
+
+
+def _fallback_repository():
+    from pathlib import Path
+
+    from ..config import setting
+
+    value = setting("fallback_repository")
+    return Path(str(value)).expanduser().resolve() if value else None
 
 
 def _zoo_only(model: str) -> None:
     from ..errors import ConfigurationError
 
     if model not in zoo.names():
+        repository = _fallback_repository()
         raise ConfigurationError(
-            f"fallback='cpu' runs zoo models only, and {model!r} is not one; pass "
-            "fallback=factory with factory(model_name) -> engine(inputs) -> outputs")
+            f"fallback='cpu' runs zoo models and tree models, and {model!r} is neither a zoo "
+            "model nor a FIL model of the setting fallback_repository "
+            f"({repository or 'none set'}); pass fallback=factory with factory(model_name) -> "
+            "engine(inputs) -> outputs")
 
 
-def reference_engine(model: str) -> "CpuEngine":
+def reference_engine(model: str, version: str = "") -> "CpuEngine | TreeEngine":
     """Shadow validation's reference for ``fallback="cpu"``: the same model on ONE onnxruntime
     thread. It recomputes a few rows per answer beside the analysis; with a thread per core
     (the fallback's setting) onnxruntime's pool spins after every run, and in a 2-core
@@ -148,5 +201,8 @@ def reference_engine(model: str) -> "CpuEngine":
     >>> reference_engine("jet_tagger").session.get_session_options().intra_op_num_threads
     1
     """
+    tree = _tree_engine(model, version)
+    if tree is not None:
+        return tree
     _zoo_only(model)
     return CpuEngine(model, threads=1)

@@ -50,11 +50,13 @@ def _repository_server(repository: Path):
         return server
 
 
-def local_fallback_engine(model: str):
-    """A TritonModel of ``model`` on a LocalTritonServer started here (kept alive with it)."""
+def local_fallback_engine(model: str, version: str = ""):
+    """A TritonModel of ``model`` (``version`` of it, if given) on a LocalTritonServer started
+    here (kept alive with it)."""
     from .. import zoo
     from ..errors import ConfigurationError
     from ..model import TritonModel
+    from ..zoo.trees import tree_names
     from .launcher import LocalTritonServer
 
     repository = fallback_repository()
@@ -66,7 +68,7 @@ def local_fallback_engine(model: str):
             raise ConfigurationError(
                 f"fallback='local' cannot serve {model!r} from repository {repository}{why}; "
                 f"check it with `coffea-sonic models validate {repository}`")
-    elif model in zoo.names():
+    elif model in zoo.names() or model in tree_names():
         server = LocalTritonServer(models=[model], device="cpu").start()
         logger.warning("coffea-sonic: started a local fallback Triton server for %s at %s",
                        model, server.grpc_address)
@@ -75,7 +77,7 @@ def local_fallback_engine(model: str):
             f"fallback='local' serves zoo models, and {model!r} is not one; set "
             "COFFEA_SONIC_FALLBACK_REPOSITORY (setting fallback_repository) to the Triton "
             "repository that holds it")
-    client = TritonModel(server.url(model), fallback="off")
+    client = TritonModel(server.url(model, version or None), fallback="off")
     client._fallback_server = server  # keeps the server alive as long as the engine
     return client
 
@@ -85,7 +87,8 @@ def declared_info(model: str):
     fallback repository, what the local server serving it declares (starting it)."""
     from .. import fallback as fallback_module
     from .. import zoo
+    from ..zoo.trees import declared_tree_info
 
     if fallback_repository() is None:
-        return zoo.declared_info(model)
+        return zoo.declared_info(model) or declared_tree_info(model)
     return fallback_module.fallback_engine("local", model).info

@@ -45,6 +45,7 @@ from .process import (build_backend_dir, check_given_ports, finalize, parent_dea
                       stop_process_group)
 from .response_cache import server_flags
 from .served import install_adapters, prepare_repository
+from ..zoo.trees import tree_names
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +345,8 @@ class LocalTritonServer:
                 **self.repository_options)
         self.served_repository = repository
         backend_dir = build_backend_dir(workdir / "backends", self.environment)
-        if prepared is not None and prepared.needs_adapters:
+        if (prepared.needs_adapters if prepared is not None
+                else any(name in tree_names() for name in self.models or ())):
             backend_dir, self._library_paths = install_adapters(
                 backend_dir, workdir / "backends-adapted")
         self.log_path = workdir / "tritonserver.log"

@@ -285,7 +285,8 @@ def write_models(dest: str | os.PathLike, models: Iterable[str] | None = None, *
                  **config_options) -> Path:
     """Write zoo models and pipelines into repository ``dest``: the zoo's single models through
     :func:`~coffea_sonic.server.repository.write_repository` (with ``config_options``), the
-    pipelines (:data:`PIPELINE_MODELS`) through :func:`write_pipeline`. ``models=None``: every
+    pipelines (:data:`PIPELINE_MODELS`) through :func:`write_pipeline`, tree models through
+    :func:`~coffea_sonic.zoo.trees.write_tree_model` when named. ``models=None``: every
     single zoo model (pipelines are served when named). ``instances`` per device of every model;
     ``pipeline_instances`` (None: ``instances``) of the pipelines' models.
 
@@ -298,9 +299,13 @@ def write_models(dest: str | os.PathLike, models: Iterable[str] | None = None, *
     ...   "count: 1" in (repo / name / "config.pbtxt").read_text()) for name in ("jet_tagger", "trackgnn")]
     [(True, False), (False, True)]
     """
+    from ..zoo.trees import tree_names, write_tree_model
+
     names = list(models) if models is not None else None
     pipelines = [name for name in names or () if name in PIPELINE_MODELS]
-    singles = None if names is None else [name for name in names if name not in PIPELINE_MODELS]
+    trees = [name for name in names or () if name in tree_names()]
+    singles = None if names is None else [name for name in names
+                                          if name not in PIPELINE_MODELS and name not in trees]
     if pipelines and backend != "python":
         raise ConfigurationError(
             f"{pipelines} run on the python backend only (torch stages), not {backend!r}; "
@@ -311,6 +316,8 @@ def write_models(dest: str | os.PathLike, models: Iterable[str] | None = None, *
     if singles is None or singles:
         write_repository(dest, singles, backend=backend, device=device, instances=instances,
                          link=link, **config_options)
+    for name in trees:  # Triton's FIL backend (the embedded server's python-based one)
+        write_tree_model(dest, name, device=device, link=link)
     threads = int(config_options.get("intra_op_threads", 0) or 0)
     for name in pipelines:
         write_pipeline(dest, name, device=device, instances=pipeline_instances or instances,

@@ -53,7 +53,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import awkward as ak
 import numpy as np
 
-from . import columns, config, incidents, preflight, run_report, tracing
+from . import columns, config, incidents, preflight, repeats, run_report, tracing
 from .errors import ConfigurationError, InputValidationError
 from .provenance import Provenance, ProvenanceHook
 from .run_report import SonicStats
@@ -128,6 +128,9 @@ class SonicMixin:
     ``sonic_optional``
         names of declared models a run may never call (e.g. only where the files have the
         branches they need): the check before the run only warns where they are not served.
+    ``sonic_repeats``
+        False sends every call of a chunk, even one identical to an earlier call of the same
+        chunk (by default those get the earlier answer, :mod:`coffea_sonic.repeats`).
     """
 
     sonic_models: ClassVar[Mapping[str, str | Sequence[str]]] = {}
@@ -135,6 +138,7 @@ class SonicMixin:
     sonic_inputs: ClassVar[Mapping[str, Mapping[str, tuple[Any, tuple[int, ...]]]]] = {}
     sonic_preflight: ClassVar[bool] = True
     sonic_optional: ClassVar[frozenset[str]] = frozenset()
+    sonic_repeats: ClassVar[bool] = True
     #: answers from two versions of one model fail the run instead of warning (see
     #: :meth:`sonic_provenance`)
     sonic_require_consistent_versions: ClassVar[bool] = False
@@ -250,14 +254,25 @@ class SonicMixin:
         for ``[events][hits]`` inputs, ``[events][jets]`` for ``[events][jets][constituents]``).
         """
         rows, counts, meta_pass = self._prepare(name, inputs, like)
+        key = None if meta_pass else repeats.key_of(name, rows, counts, ragged)
+        earlier = repeats.recall(key)
+        if earlier is not None:  # an identical call of this chunk (a weight-only variation)
+            stats = self.sonic_model(name).stats
+            stats.repeat_calls += 1
+            stats.repeat_rows += len(next(iter(rows.values()))) if rows else 0
+            return SonicResult(earlier, None, realign=_copied)
         # every request of this chunk, of every model, carries the chunk's trace id
         with self._sonic_chunk_trace(like if like is not None else next(iter(inputs.values()))):
             if ragged:
-                return self._infer_ragged(name, rows, counts, meta_pass)
-            if meta_pass:
+                result = self._infer_ragged(name, rows, counts, meta_pass)
+            elif meta_pass:
                 return SonicResult(None, None, done_outputs=self._meta_outputs(name, counts))
-            handle = self.sonic_model(name).infer_async(rows)
-        return SonicResult(handle, counts)
+            else:
+                result = SonicResult(self.sonic_model(name).infer_async(rows), counts)
+        if key is None:
+            return result
+        repeats.remember(key, result)  # kept as it came; every caller gets its own copy
+        return SonicResult(result, None, realign=_copied)
 
     def _sonic_chunk_trace(self, array: Any) -> contextlib.AbstractContextManager:
         """:func:`coffea_sonic.tracing.chunk_trace` for the chunk ``array`` belongs to (its
@@ -385,6 +400,13 @@ class SonicMixin:
         return state
 
 
+def _copied(outputs: Mapping[str, Any]) -> dict[str, Any]:
+    """A repeated call's outputs: numpy arrays copied (a caller may change its own in place),
+    awkward arrays (immutable) shared."""
+    return {name: value.copy() if isinstance(value, np.ndarray) else value
+            for name, value in outputs.items()}
+
+
 def _chunk_recorded(process: Callable[..., Any]) -> Callable[..., Any]:
     """``process`` run with its chunk named for the incidents it causes; a chunk attempt that
     fails is recorded (coffea throws its output away) before its error goes on."""
@@ -395,7 +417,8 @@ def _chunk_recorded(process: Callable[..., Any]) -> Callable[..., Any]:
             return process(self, events, *args, **kwargs)
         incidents.set_journal(self.__dict__.get("_sonic_journal"))
         label = chunk_label(events) or "(chunk)"
-        with incidents.chunk_context(label):
+        with incidents.chunk_context(label), repeats.chunk_memo(getattr(self, "sonic_repeats",
+                                                                        True)):
             try:
                 return process(self, events, *args, **kwargs)
             except Exception as error:

@@ -115,9 +115,12 @@ def summary_lines(run: str, stats: SonicStats, path: str | None = None) -> list[
     """The run's inference incidents in a few lines (the first names the run and report)."""
     log = stats.incidents
     where = f" (report: {path})" if path else ""
+    saved = [f"  {model}: {value.repeat_calls} call(s) of {value.repeat_rows} rows answered by "
+             "an identical call of the same chunk, no request sent"
+             for model, value in sorted(stats.items()) if value.repeat_calls]
     if not log:
-        return [f"coffea-sonic run {run}: no inference incidents{where}"]
-    lines = [f"coffea-sonic run {run}: inference incidents{where}"]
+        return [f"coffea-sonic run {run}: no inference incidents{where}", *saved]
+    lines = [f"coffea-sonic run {run}: inference incidents{where}", *saved]
     for server in sorted({i.server for i in log if i.kind == "quarantined"}):
         down = [i for i in log if i.server == server and i.kind == "quarantined"]
         back = [i for i in log if i.server == server and i.kind == "readmitted"]

@@ -132,6 +132,11 @@ class InferenceStats(Counters):
     cache_hit_rows: int = 0
     cache_miss_rows: int = 0
     cache_bytes_saved: int = 0
+    #: calls answered by an identical earlier call of the same chunk, without a request
+    #: (:mod:`coffea_sonic.repeats`: e.g. a systematic variation that changes only weights), and
+    #: their rows
+    repeat_calls: int = 0
+    repeat_rows: int = 0
     #: rows recomputed in-process by shadow validation, and comparisons over its tolerance
     #: (:mod:`coffea_sonic.shadow`)
     shadow_rows: int = 0

@@ -87,6 +87,7 @@ from .transport.base import InferAnswer, InferRequest
 from .transport.errors import TransportError, to_sonic_error
 from .transport.kinds import transport_kind
 from .validation import NonFinitePolicy, empty_outputs, plan_pieces, validate_inputs
+from .ramp import ramped
 
 #: CallHooks and PieceAnswer live in :mod:`coffea_sonic.hooks` (importable from here too)
 __all__ = ["CallHooks", "CallOwner", "CallRunner", "PieceAnswer"]
@@ -181,6 +182,11 @@ class CallRunner:
         cap = self.owner.max_request_bytes or self.sizer.request_bytes(
             kind, self.owner.max_in_flight, self.owner.stats.requests, window)
         plan = plan_pieces(info, arrays, rows, cap) if ragged is None else ragged.plan(cap)
+        if (ragged is None and kind == "grpc" and self.sizer.alone and len(plan) > 1
+                and not self.owner.max_request_bytes and not any(pad for *_, pad in plan)):
+            row_bytes = max(1, sum(array.nbytes for array in arrays.values()) // rows)
+            plan = [(start, stop, 0) for start, stop in ramped(
+                [(start, stop) for start, stop, _ in plan], row_bytes)]
         call.pieces = [Piece(call, index, start, stop, pad)
                        for index, (start, stop, pad) in enumerate(plan)]
         call.results = [None] * len(call.pieces)

@@ -103,6 +103,11 @@ class ShareSizer:
             self._reading.release()
         return self._current
 
+    @property
+    def alone(self) -> bool:
+        """Whether this process was, at the last read, the server's only client of the model."""
+        return self._current == ALONE
+
     def request_bytes(self, kind: str, max_in_flight: int | None, answered: int,
                       window: Any) -> int:
         """The default cap of a request's bytes over transport ``kind``: over gRPC, where the

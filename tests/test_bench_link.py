@@ -22,10 +22,10 @@ def test_link_bench_counts_each_calls_bytes_on_the_shaped_link_directly_and_thro
     assert code == 0
     report = json.loads((tmp_path / "link.json").read_text())
     cases = report["cases"]
-    assert [(c["rtt_ms"], c["mode"], c["rows"]) for c in cases] == [
-        (rtt, mode, rows) for rtt in (0.0, 10.0) for mode, rows in (
-            ("back to back", 20000), ("2 calls in flight (infer_async)", 20000),
-            ("back to back", 40000))]
+    assert [(c["server"], c["rtt_ms"], c["mode"], c["rows"]) for c in cases] == [
+        (server, rtt, mode, rows) for server in ("lab", "serve") for rtt in (0.0, 10.0)
+        for mode, rows in (("back to back", 5000), ("back to back", 20000),
+                           ("2 calls in flight (infer_async)", 20000), ("back to back", 40000))]
     for case in cases:
         assert case["transport"] == "grpc"  # the lab host has its own /dev/shm
         assert case["calls_done"] >= 1 and case["raw_tcp_Bps"] > 0
@@ -34,5 +34,7 @@ def test_link_bench_counts_each_calls_bytes_on_the_shaped_link_directly_and_thro
         assert case["compression"] == "none"
     assert all("sending_ms" in c for c in cases if c["mode"] == "back to back"
                and c["calls_done"] >= 3)
-    assert "| 1 Gb/s | 10 ms | none |" in (tmp_path / "link.md").read_text()
+    table = (tmp_path / "link.md").read_text()
+    assert "| lab launcher | 1 Gb/s | 10 ms | none |" in table
+    assert "| coffea-sonic serve | 1 Gb/s | 10 ms | none |" in table
     assert report["compressibility"] == {}

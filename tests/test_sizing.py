@@ -12,6 +12,8 @@ import pytest
 from coffea_sonic import sizing
 from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs
 from coffea_sonic.calls import Window
+from coffea_sonic.ramp import ramped
+from coffea_sonic.validation import plan_pieces
 from coffea_sonic.model import TritonModel
 from coffea_sonic.sizing import ALONE, SHARED, ShareSizer
 from helpers import wait_for
@@ -105,8 +107,14 @@ def test_a_lone_process_sends_smaller_requests_and_shares_with_others_again(
     inputs = passthrough_inputs(ROWS)
     model = TritonModel(passthrough_server.url(PASSTHROUGH), transport="grpc")
     assert _requests_per_call(model, inputs) == 2
-    wait_for(lambda: _requests_per_call(model, inputs) == 3, DEADLINE_S,
-             "a lone process to send smaller requests")
+    # alone: 3 requests of at most ALONE's bytes, the first and last cut into pieces that double
+    # from ramp.FIRST_BYTES and halve down to it (coffea_sonic.ramp)
+    alone = plan_pieces(model.info, inputs, ROWS, ALONE.max_request_bytes)
+    assert len(alone) == 3
+    expected = len(ramped([(start, stop) for start, stop, _ in alone], inputs["x"].nbytes // ROWS))
+    assert expected > 3
+    wait_for(lambda: _requests_per_call(model, inputs) == expected, DEADLINE_S,
+             "a lone process to send smaller requests, its first and last cut smaller")
     assert model._runtime.window.limit == ALONE.max_in_flight
 
     import tritonclient.grpc as grpcclient

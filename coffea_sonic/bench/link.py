@@ -65,6 +65,9 @@ class LinkBench:
     seconds: float = 6.0
     rows: int = 200_000
     compression: bool = True
+    #: which servers: the lab's launcher (LocalTritonServer) and/or ``coffea-sonic serve`` started
+    #: as a user starts it, each on the lab host
+    servers: tuple[str, ...] = ("lab", "serve")
 
 
 def parse_links(specs: list[str]) -> list[tuple[float, list[float]]]:
@@ -218,16 +221,17 @@ def compressibility(seconds: float = 1.0) -> dict:
 
 
 def _variants(config: LinkBench) -> list[tuple[str, bool, int]]:
-    """(compression, pipelined, rows) of every case on one path."""
-    variants = [("none", False, config.rows), ("none", True, config.rows),
-                ("none", False, 2 * config.rows)]
+    """(compression, pipelined, rows) of every case on one path: back to back at a quarter, one
+    and two times ``rows`` (3.2, 12.8, 25.6 MB by default), two calls in flight."""
+    variants = [("none", False, config.rows // 4), ("none", False, config.rows),
+                ("none", True, config.rows), ("none", False, 2 * config.rows)]
     if config.compression:
         variants += [("gzip", False, config.rows), ("deflate", False, config.rows)]
     return variants
 
 
 def _path_cases(config: LinkBench, host, interface: str, rate: float, rtt: float, *,
-                relay_port: int) -> list[dict]:
+                relay_port: int, server: str) -> list[dict]:
     """Every case through one path: direct (``rtt`` 0) or through relays adding ``rtt`` ms
     (the model's on ``relay_port``, the sink's on the next port)."""
     from ..netlab import start_relay
@@ -240,7 +244,7 @@ def _path_cases(config: LinkBench, host, interface: str, rate: float, rtt: float
     raw = raw_tcp(sink, config.seconds)
     cases = []
     for compression, pipelined, rows in _variants(config):
-        case = {"rate_mbit": rate, "rtt_ms": rtt, "compression": compression,
+        case = {"rate_mbit": rate, "rtt_ms": rtt, "compression": compression, "server": server,
                 "mode": "2 calls in flight (infer_async)" if pipelined else "back to back",
                 "raw_tcp_Bps": raw,
                 **model_rate(grpc, config.seconds, interface, compression, pipelined, rows)}
@@ -251,21 +255,38 @@ def _path_cases(config: LinkBench, host, interface: str, rate: float, rtt: float
     return cases
 
 
-def _link_cases(config: LinkBench, rate: float, rtts: list[float], repository: Path) -> list[dict]:
-    """One lab: ``srv`` behind a ``rate`` Mbit/s link, the server and the sink on it, each path."""
-    from ..netlab import Lab, Link
-    from ..netlab.services import start_triton
+def _start_server(host, server: str, repository: Path):
+    """The model's server on ``host``: the lab's launcher, or ``coffea-sonic serve`` as a user
+    types it (its gRPC port 8001, HTTP 8000, metrics 8002)."""
+    from ..netlab.services import GRPC_PORT, start_triton
 
-    with Lab() as lab:
-        host = lab.host("srv", Link(rate_mbit=rate))
-        sink = host.popen([sys.executable, "-c", _SINK, host.ip, str(SINK_PORT)], name="sink")
-        start_triton(host, [], repository=repository)
-        sink.wait_for_port(SINK_PORT)
-        interface = f"csnl{lab.index}r"  # the caller's end of its veth to the lab's switch
-        cases = []
-        for index, rtt in enumerate(rtts):
-            cases += _path_cases(config, host, interface, rate, rtt, relay_port=9001 + 2 * index)
-        return cases
+    if server == "lab":
+        return start_triton(host, [], repository=repository)
+    serve = host.popen([sys.executable, "-m", "coffea_sonic.cli", "serve", "--repository",
+                        str(repository), "--host", host.ip, "--grpc-port", str(GRPC_PORT),
+                        "--http-port", "8000", "--metrics-port", "8002"], name="serve",
+                       grace_s=30.0)
+    serve.wait_for_port(GRPC_PORT, timeout_s=180.0)
+    return serve
+
+
+def _link_cases(config: LinkBench, rate: float, rtts: list[float], repository: Path) -> list[dict]:
+    """One lab per server: ``srv`` behind a ``rate`` Mbit/s link, the server and the sink on it,
+    each path."""
+    from ..netlab import Lab, Link
+
+    cases = []
+    for server in config.servers:
+        with Lab() as lab:
+            host = lab.host("srv", Link(rate_mbit=rate))
+            sink = host.popen([sys.executable, "-c", _SINK, host.ip, str(SINK_PORT)], name="sink")
+            _start_server(host, server, repository)
+            sink.wait_for_port(SINK_PORT)
+            interface = f"csnl{lab.index}r"  # the caller's end of its veth to the lab's switch
+            for index, rtt in enumerate(rtts):
+                cases += _path_cases(config, host, interface, rate, rtt,
+                                     relay_port=9001 + 2 * index, server=server)
+    return cases
 
 
 def run_link(config: LinkBench) -> dict:
@@ -286,13 +307,15 @@ def markdown(report: dict) -> str:
     lines = [f"# passthrough across a tbf-shaped link ({m['cpu_model']}, {m['cpu_cores']} cores, "
              f"{m['date']})", "", f"load: before `{report['uptime_before']}`, after "
              f"`{report.get('uptime_after', '')}`", "", f"command: `{report['command']}`", "",
-             "| link | added RTT | compression | call MB | calls | raw TCP busy | model: link busy | "
-             "payload Mbit/s | per call: head / sending / tail ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| server | link | added RTT | compression | call MB | calls | raw TCP busy | "
+             "model: link busy | payload Mbit/s | per call: head / sending / tail ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in report["cases"]:
         phases = (f"{c['head_ms']:.1f} / {c['sending_ms']:.0f} / {c['tail_ms']:.1f}"
                   if "head_ms" in c else "-")
-        lines.append(f"| {c['rate_mbit'] / 1000:g} Gb/s | {c['rtt_ms']:g} ms | {c['compression']} "
+        server = {"lab": "lab launcher", "serve": "coffea-sonic serve"}.get(c.get("server", "lab"))
+        lines.append(f"| {server} | {c['rate_mbit'] / 1000:g} Gb/s | {c['rtt_ms']:g} ms | "
+                     f"{c['compression']} "
                      f"| {c.get('rows', 200_000) * 64 / 1e6:.1f} | {c['mode']} | "
                      f"{c['raw_busy']:.0%} | {c['link_busy']:.0%} | "
                      f"{c['payload_Bps'] * 8 / 1e6:.0f} | {phases} |")

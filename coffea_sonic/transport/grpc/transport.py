@@ -11,6 +11,8 @@ GrpcTransport('127.0.0.1:1')
 
 from __future__ import annotations
 
+import time
+
 import itertools
 import logging
 import os
@@ -125,6 +127,10 @@ class GrpcTransport(Transport):
             self._blocking(payload, future, request)
             return future
         send_soon(self._blocking, payload, future, request)
+        # let the sender thread take the GIL now and put this request on the wire while this
+        # thread encodes the call's next one: without it, it waits for the interpreter's switch
+        # interval (5 ms), and a lone caller's link idles that long at the start of every call
+        time.sleep(0)
         return future
 
     def _blocking(self, payload: bytes, future: TransportFuture, request: InferRequest) -> None:

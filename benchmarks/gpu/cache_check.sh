@@ -8,18 +8,15 @@
 # wheels into /tmp/site, then runs
 #   coffea-sonic bench cache --scenario demo-twice --demo-args "--device gpu --workers $WORKERS"
 # (the demo's 40 000 events, its embedded server on the GPU, a fresh cache directory): both runs'
-# wall times, the second run's requests (0 expected), identical histograms. First,
-# response_cache_cuda.py: the same rows three times through CUDA shared memory and through
-# auto's choice to a server with the response cache (executions, hits). Writes demo-twice.json,
-# response_cache_cuda.json and cache-log.txt into $OUT (default bench-output/cache-gpu).
+# wall times, the second run's requests (0 expected), identical histograms. Writes demo-twice.json
+# and cache-log.txt into $OUT (default bench-output/cache-gpu). (The CUDA shared memory probe of
+# Triton's response cache is a recorded study now: benchmarks/studies/README.md.)
 set -uo pipefail
 DEV=${DEV:-.device}
 OUT=${OUT:-bench-output/cache-gpu}
 WORKERS=${WORKERS:-8}
 # shellcheck disable=SC1091
 source benchmarks/gpu/prologue.sh
-# CUDA shared memory and Triton's response cache (Triton hashes only inputs in CPU memory)
-OUT=$OUT timeout "${CUDA_CHECK_TIMEOUT:-60}" python3 benchmarks/gpu/response_cache_cuda.py 2>&1 | tail -n 30
 timeout "${TIMEOUT:-200}" python3 -m coffea_sonic.cli bench cache --scenario demo-twice \
   --demo-args "--device gpu --workers $WORKERS" -o "$OUT" "$@" 2>&1 \
   | grep --line-buffered -v "RuntimeWarning\|warnings.warn\|distributed.worker.memory" | tee "$OUT/cache-log.txt"

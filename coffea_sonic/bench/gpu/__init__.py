@@ -6,15 +6,15 @@ call after setting up the GPU machine (prologue.sh):
 
 * :mod:`~coffea_sonic.bench.gpu.defaults_sweep`: served vs in-process throughput at the
   defaults, and the sweeps that chose them (``--plan smoke --device cpu`` runs anywhere);
-* :mod:`~coffea_sonic.bench.gpu.final_check`: GPU server start-up, served vs CpuEngine, GpuEngine;
 * :mod:`~coffea_sonic.bench.gpu.network_check`: the e2e analysis with its server behind a shaped
   link (root; ``--device cpu`` runs without a GPU);
-* :mod:`~coffea_sonic.bench.gpu.one_process_probe`: where one client process' time goes;
-* :mod:`~coffea_sonic.bench.gpu.response_cache_cuda`: Triton's response cache and CUDA memory;
 * :mod:`~coffea_sonic.bench.gpu.serve_check`: ``coffea-sonic serve`` end to end, engines compared
   (``--device cpu`` runs without a GPU);
 * :mod:`~coffea_sonic.bench.gpu.shadow_tolerance`: served-vs-reference divergence per zoo model
   (``--device cpu`` runs without a GPU).
+
+Probes whose only product was a recorded study left the package; benchmarks/studies/README.md
+names them, their results and the commit that holds their code.
 
 >>> from coffea_sonic.bench.gpu import MODULES
 >>> "defaults_sweep" in MODULES
@@ -24,5 +24,4 @@ True
 from __future__ import annotations
 
 #: the runnable modules (``python -m coffea_sonic.bench.gpu.NAME``)
-MODULES = ("defaults_sweep", "final_check", "network_check", "one_process_probe",
-           "response_cache_cuda", "serve_check", "shadow_tolerance")
+MODULES = ("defaults_sweep", "network_check", "serve_check", "shadow_tolerance")

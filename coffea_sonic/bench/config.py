@@ -25,8 +25,6 @@ from ..errors import ConfigurationError
 MODES: tuple[str, ...] = ("cpu", "local-gpu", "remote", "remote-sync", "coffea-wrapper")
 #: Modes that send requests to a Triton server.
 SERVED_MODES: frozenset[str] = frozenset({"remote", "remote-sync", "coffea-wrapper"})
-#: Modes that run the model in the client process.
-IN_PROCESS_MODES: frozenset[str] = frozenset({"cpu", "local-gpu"})
 
 #: Model rows per physics event, to turn rows/s into events/s. Assumptions, overridable per run:
 #: jets per event of a ttbar-like NanoAOD sample for the jet taggers; for the ProtoDUNE CNN one

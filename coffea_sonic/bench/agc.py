@@ -1,0 +1,203 @@
+"""The Analysis Grand Challenge's ML step, four ways: events per second of scoring a chunk's jet
+permutations with the jet-parton assignment BDT pair (the zoo's ``reconstruction_bdt_xgb``,
+the AGC's shape and name, :mod:`coffea_sonic.zoo.trees`; or the AGC's own trained files).
+
+A chunk is ``events`` events with the AGC's permutation counts (12, 60 or 180 rows of 20 features
+for 4, 5 or >= 6 jets; :data:`JET_MULTIPLICITY` of a ttbar selection); each event is scored by
+the model not trained on its parity (even events: version 1, trained on odd events). Cases:
+
+* ``local xgboost``: XGBoost in this process (``Booster.inplace_predict``, one call per parity),
+  what the AGC's local path does;
+* ``served (CPU)`` / ``served (GPU)``: the embedded server (Triton FIL backend: XGBoost on the
+  CPU, or on the GPU with ``device="cuda"``), one default :class:`~coffea_sonic.TritonModel` per
+  version, both parities in flight together;
+* ``AGC client``: the AGC's own client path against the same server: tritonclient gRPC, the
+  model's metadata asked per chunk, one synchronous ``infer`` per parity
+  (``get_inference_results_triton`` at the pinned commit).
+
+Every answer is checked against local XGBoost (float32 rounding). The AGC's metric, events per
+second per core, is the rate over the client's cores (a served case's client is one process on
+one core; local XGBoost predicts on every core of the machine).
+
+>>> rows, parity = agc_chunk(10, seed=1)
+>>> rows.shape[1], int(parity.sum()) <= len(rows)
+(20, True)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .files import write_report
+from .machine import machine_info
+from .reference_run import uptime_line
+
+__all__ = ["AgcBench", "JET_MULTIPLICITY", "agc_chunk", "markdown", "run_agc", "write_agc"]
+
+MODEL = "reconstruction_bdt_xgb"
+#: Share of selected ttbar events with 4, 5 and >= 6 jets (permutations: 12, 60, 180).
+JET_MULTIPLICITY = {12: 0.40, 60: 0.32, 180: 0.28}
+
+
+@dataclass
+class AgcBench:
+    """Events per chunk, seconds per case, and where the server runs."""
+
+    events: int = 20_000
+    seconds: float = 5.0
+    devices: list[str] = field(default_factory=lambda: ["cpu"])
+    #: a folder with the AGC's own ``model_odd.json`` (version 1) and ``model_even.json``
+    #: (version 2) to use instead of the zoo's pair (None: the zoo's)
+    model_files: str | None = None
+
+
+def _files(config: AgcBench) -> dict[int, Path]:
+    from ..zoo.trees import tree_file
+
+    if config.model_files is None:
+        return {version: tree_file(MODEL, version) for version in (1, 2)}
+    folder = Path(config.model_files)
+    return {1: folder / "model_odd.json", 2: folder / "model_even.json"}
+
+
+def _server(config: AgcBench, device: str, files: dict[int, Path]):
+    """The embedded server of the BDT pair: the zoo's by name, or a repository of ``files``."""
+    from ..server import LocalTritonServer
+    from ..zoo.trees import tree_config_text
+
+    if config.model_files is None:
+        return LocalTritonServer(models=[MODEL], device=device)
+    repository = Path(tempfile.mkdtemp(prefix="agc-bench-"))
+    (repository / MODEL).mkdir()
+    (repository / MODEL / "config.pbtxt").write_text(tree_config_text(MODEL, device))
+    for version, path in files.items():
+        (repository / MODEL / str(version)).mkdir()
+        shutil.copyfile(path, repository / MODEL / str(version) / "xgboost.json")
+    return LocalTritonServer(repository=repository, device=device)
+
+
+def agc_chunk(events: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(permutation rows ``[n, 20]`` float32, per-row even-event flag) of ``events`` events."""
+    rng = np.random.default_rng(seed)
+    counts = rng.choice(list(JET_MULTIPLICITY), size=events, p=list(JET_MULTIPLICITY.values()))
+    even = (np.arange(events) % 2 == 0)
+    rows = rng.normal(size=(int(counts.sum()), 20)).astype(np.float32)
+    return rows, np.repeat(even, counts)
+
+
+def _rate(score: Callable[[], np.ndarray], events: int, seconds: float) -> tuple[float, np.ndarray]:
+    """Events per second of calling ``score`` for ``seconds`` (after one warm-up call)."""
+    answer = score()
+    calls, began = 0, time.perf_counter()
+    while time.perf_counter() - began < seconds or calls == 0:
+        score()
+        calls += 1
+    return calls * events / (time.perf_counter() - began), answer
+
+
+def _local(rows: np.ndarray, even: np.ndarray,
+           files: dict[int, Path]) -> Callable[[], np.ndarray]:
+    import xgboost
+
+    boosters = {version: xgboost.Booster(model_file=str(path)) for version, path in files.items()}
+
+    def score() -> np.ndarray:
+        out = np.zeros(len(rows), np.float32)
+        out[even] = boosters[1].inplace_predict(rows[even])  # trained on odd events
+        out[~even] = boosters[2].inplace_predict(rows[~even])
+        return out
+    return score
+
+
+def _served(server, rows: np.ndarray, even: np.ndarray) -> Callable[[], np.ndarray]:
+    from ..model import TritonModel
+
+    models = {version: TritonModel(server.url(MODEL, version)) for version in (1, 2)}
+
+    def score() -> np.ndarray:
+        pending = {1: models[1].infer_async({"input__0": rows[even]}),
+                   2: models[2].infer_async({"input__0": rows[~even]})}
+        out = np.zeros(len(rows), np.float32)
+        out[even] = pending[1].result()["output__0"][:, 1]
+        out[~even] = pending[2].result()["output__0"][:, 1]
+        return out
+    return score
+
+
+def _agc_client(server, rows: np.ndarray, even: np.ndarray) -> Callable[[], np.ndarray]:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+
+    def score() -> np.ndarray:  # get_inference_results_triton, AGC commit c37bf59
+        metadata = client.get_model_metadata(MODEL, "1")
+        input_name, dtype = metadata.inputs[0].name, metadata.inputs[0].datatype
+        output_name = metadata.outputs[0].name
+        output = grpcclient.InferRequestedOutput(output_name)
+        out = np.zeros(len(rows), np.float32)
+        for mask, version in ((even, "1"), (~even, "2")):
+            inputs = [grpcclient.InferInput(input_name, rows[mask].shape, dtype)]
+            inputs[0].set_data_from_numpy(rows[mask].astype(np.float32))
+            out[mask] = client.infer(model_name=MODEL, model_version=version, inputs=inputs,
+                                     outputs=[output]).as_numpy(output_name)[:, 1]
+        return out
+    return score
+
+
+def run_agc(config: AgcBench) -> dict:
+    """Every case; the report (machine, load, command, rates, ratios to local XGBoost)."""
+    import sys
+
+    rows, even = agc_chunk(config.events)
+    files = _files(config)
+    report = {"machine": machine_info(), "uptime_before": uptime_line(),
+              "command": " ".join(sys.argv), "events": config.events, "rows": len(rows),
+              "seconds": config.seconds, "models": {v: str(p) for v, p in files.items()},
+              "cases": []}
+    local_rate, reference = _rate(_local(rows, even, files), config.events, config.seconds)
+    cores = os.cpu_count() or 1
+    report["cases"].append({"case": f"local xgboost (this process, {cores} CPU threads)",
+                            "events_per_s": local_rate, "client_cores": cores})
+    for device in config.devices:
+        with _server(config, device, files) as server:
+            for name, make in ((f"served ({device.upper()}), TritonModel", _served),
+                               (f"AGC client (tritonclient, {device.upper()} server)", _agc_client)):
+                rate, answer = _rate(make(server, rows, even), config.events, config.seconds)
+                worst = float(np.abs(answer - reference).max())
+                if worst > 1e-5:
+                    raise AssertionError(f"{name}: answers differ from local XGBoost by {worst}")
+                report["cases"].append({"case": name, "events_per_s": rate, "client_cores": 1,
+                                        "max_abs_difference": worst})
+    for case in report["cases"]:
+        case["vs_local"] = case["events_per_s"] / local_rate
+        case["events_per_s_per_core"] = case["events_per_s"] / case["client_cores"]
+    report["uptime_after"] = uptime_line()
+    report["client_cores_available"] = os.cpu_count()
+    return report
+
+
+def markdown(report: dict) -> str:
+    """The cases as a table, with machine, load and command."""
+    m = report["machine"]
+    lines = [f"# AGC ML step: {report['events']} events ({report['rows']} permutations) per chunk "
+             f"({m['cpu_model']}, {m['cpu_cores']} cores, {', '.join(m.get('gpus') or []) or 'no GPU'}, "
+             f"{m['date']})", "", f"load: before `{report['uptime_before']}`, after "
+             f"`{report.get('uptime_after', '')}`", "", f"command: `{report['command']}`", "",
+             "| case | events/s | events/s per client core | vs local xgboost |", "|---|---|---|---|"]
+    for case in report["cases"]:
+        lines.append(f"| {case['case']} | {case['events_per_s']:,.0f} | "
+                     f"{case['events_per_s_per_core']:,.0f} | {case['vs_local']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def write_agc(report: dict, out: str) -> str:
+    """agc.json and agc.md in ``out``; returns the table."""
+    return write_report(report, out, "agc", markdown)

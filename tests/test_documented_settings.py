@@ -1,6 +1,7 @@
-"""Settings the README documents, each on the real path: a token file, the restricted-protocol key,
-the fallback setting, mutual TLS, the server list from Dask's config, ``check`` against a server
-that never answers, and a server that comes back from a restart serving another signature."""
+"""Settings the docs document (docs/facility/settings.md), each on the real path: a token file,
+the restricted-protocol key, the fallback setting, mutual TLS, the server list from Dask's config,
+``check`` against a server that never answers, and a server that comes back from a restart serving
+another signature."""
 
 from __future__ import annotations
 

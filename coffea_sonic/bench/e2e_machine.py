@@ -39,6 +39,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigurationError
+from .files import pyplot, save_figure, write_report
 from .e2e import E2E_MODELS, InProcessJetTagging, _run_once, write_sample_parallel
 from .scaling import ScalingModel
 
@@ -222,19 +223,16 @@ def machine_words(info: dict) -> str:
 
 def write_results(result: dict, output: str, *, command: str) -> dict[str, str]:
     """results.json, results.md and e2e_machine.png (events/s per way of inference) in ``output``."""
-    import json
     from pathlib import Path
 
     from .machine import machine_info
 
     folder = Path(output)
-    folder.mkdir(parents=True, exist_ok=True)
     info = machine_info()
     result = {**result, "machine": info, "command": command}
+    write_report(result, folder, "results",
+                 lambda report: markdown(report, machine_words(info), command, info["date"][:10]))
     written = {"json": folder / "results.json", "markdown": folder / "results.md"}
-    written["json"].write_text(json.dumps(result, indent=1, default=str))
-    written["markdown"].write_text(markdown(result, machine_words(info), command,
-                                            info["date"][:10]))
     plot = folder / "e2e_machine.png"
     if _plot(result, plot, machine_words(info)):
         written["plot"] = plot
@@ -243,10 +241,7 @@ def write_results(result: dict, output: str, *, command: str) -> dict[str, str]:
 
 def _plot(result: dict, path: Any, title: str) -> bool:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return False
     rows = result["rows"]
@@ -261,7 +256,5 @@ def _plot(result: dict, path: Any, title: str) -> bool:
     axis.set_ylabel("events / s")
     axis.set_title(f"{result['events']} events, {result['workers']} workers; {title}", fontsize=9)
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
     return True

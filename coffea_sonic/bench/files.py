@@ -1,4 +1,5 @@
-"""A scenario's report on disk: the JSON (every raw number) beside its Markdown table.
+"""A scenario's report on disk: the JSON (every raw number) beside its Markdown table, and its
+figures (matplotlib on the file-only Agg backend), written the same way by every scenario.
 
 >>> import tempfile
 >>> out = Path(tempfile.mkdtemp()) / "run"
@@ -6,15 +7,18 @@
 '| rows | 3 |\\n'
 >>> sorted(p.name for p in out.iterdir())
 ['sweep.json', 'sweep.md']
+>>> figure, axis = pyplot().subplots()
+>>> save_figure(figure, out / "sweep.png", title="rows").name
+'sweep.png'
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-__all__ = ["write_report"]
+__all__ = ["pyplot", "save_figure", "write_report"]
 
 
 def write_report(report: dict, out: str | Path, stem: str, table: Callable[[dict], str]) -> str:
@@ -26,3 +30,23 @@ def write_report(report: dict, out: str | Path, stem: str, table: Callable[[dict
     text = table(report)
     (out / f"{stem}.md").write_text(text)
     return text
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing into files only (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(figure: Any, path: str | Path, title: str | None = None, dpi: int = 110) -> Path:
+    """Write ``figure`` (with ``title`` above its panels) to ``path`` and free it."""
+    if title:
+        figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=dpi)
+    pyplot().close(figure)
+    return Path(path)

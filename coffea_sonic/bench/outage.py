@@ -38,6 +38,7 @@ from ..examples.jet_tagging import JetTaggingProcessor
 from ..model_options import DEFAULT_CONNECT_TIMEOUT_S
 from ..server import LocalTritonServer
 from ..server.launcher import free_port
+from .files import pyplot, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -151,13 +152,8 @@ def _cpu_name() -> str:
 
 
 def _plot(results: dict[str, Any], goal: float, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = list(results)
-    figure, axis = plt.subplots(figsize=(6, 3.2))
+    figure, axis = pyplot().subplots(figsize=(6, 3.2))
     axis.bar(labels, [results[label]["wall_s"] for label in labels],
              color=["#3b7dd8", "#d8763b", "#888888"])
     axis.axhline(goal, color="black", linestyle="--", linewidth=1,
@@ -165,5 +161,4 @@ def _plot(results: dict[str, Any], goal: float, path: Path) -> None:
     axis.set_ylabel("wall time of the 16-chunk run [s]")
     axis.set_title("server SIGKILLed after 3 chunks, fallback='cpu'")
     axis.legend(loc="upper left", fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    save_figure(figure, path)

@@ -15,7 +15,6 @@ TritonModel's rows are still measured. Writes ``results.json``, ``results.md`` a
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import subprocess
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .clients import ClientPool
+from .files import pyplot, save_figure, write_report
 from .machine import machine_info
 from .passthrough import PASSTHROUGH, write_passthrough
 from .perf_analyzer import PerfAnalyzerUnavailable, install
@@ -55,13 +55,8 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def _plot(rows: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"{row['model']}\n{row['transport']}" for row in rows]
-    figure, axis = plt.subplots(figsize=(max(5, 1.4 * len(rows)), 4))
+    figure, axis = pyplot().subplots(figsize=(max(5, 1.4 * len(rows)), 4))
     xs = range(len(rows))
     axis.bar([x - 0.2 for x in xs], [(r["pa_best"] or {}).get("rows_per_s", 0) / 1e6 for r in rows],
              0.4, label="perf_analyzer best")
@@ -75,9 +70,7 @@ def _plot(rows: list[dict], path: Path, title: str) -> None:
     axis.set_ylabel("M rows/s")
     axis.set_title(title, fontsize=9)
     axis.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def uptime_line() -> str:
@@ -140,19 +133,25 @@ def run_reference_bench(config: ReferenceConfig, output_dir: str | Path, server:
     return results
 
 
-def _write(results: dict, output: Path) -> None:
-    (output / "results.json").write_text(json.dumps(results, indent=1, default=str))
+def _title(results: dict) -> str:
     machine = results["machine"]
-    title = (f"{machine.get('cpu_model', '')}, {machine.get('cpu_cores')} cores"
-             f"{', ' + machine['gpus'][0] if machine.get('gpus') else ''}, {machine['date']}")
-    text = [f"# TritonModel at defaults vs perf_analyzer ({title})", "",
+    return (f"{machine.get('cpu_model', '')}, {machine.get('cpu_cores')} cores"
+            f"{', ' + machine['gpus'][0] if machine.get('gpus') else ''}, {machine['date']}")
+
+
+def _page(results: dict) -> str:
+    text = [f"# TritonModel at defaults vs perf_analyzer ({_title(results)})", "",
             f"load: before `{results['uptime_before']}`, after `{results.get('uptime_after', '')}`",
             "", markdown_table(results["rows"]), ""]
     if results.get("perf_analyzer_error"):
         text += [f"perf_analyzer not run: {results['perf_analyzer_error']}", ""]
-    (output / "results.md").write_text("\n".join(text))
+    return "\n".join(text)
+
+
+def _write(results: dict, output: Path) -> None:
+    write_report(results, output, "results", _page)
     if results["rows"]:
-        _plot(results["rows"], output / "reference.png", title)
+        _plot(results["rows"], output / "reference.png", _title(results))
 
 
 def reference_config(models: list[str] | None, transports: list[str] | None,

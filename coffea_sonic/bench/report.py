@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import MODES
+from .files import pyplot, save_figure
 from .machine import machine_label
 
 logger = logging.getLogger(__name__)
@@ -338,19 +339,13 @@ def _e2e_section(results: dict) -> list[str]:
 
 def _save_figure(figure, path: Path, results: dict | None = None) -> bool:
     """Write a benchmark figure (titled with the machine and date of ``results``) and free it."""
-    import matplotlib.pyplot as plt
-
-    if results is not None:
-        figure.suptitle(f"{machine_label(results['machine'])}, {results['machine']['date'][:10]}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path, None if results is None else
+                f"{machine_label(results['machine'])}, {results['machine']['date'][:10]}")
     return True
 
 
 def _plot_batch(results: dict, path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     records = _sweep(results, "batch")
     models = sorted({r["model"] for r in records})
     if not models:
@@ -383,8 +378,7 @@ def _plot_batch(results: dict, path: Path) -> bool:
 
 
 def _plot_clients(results: dict, path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     from .scaling import ScalingModel
 
     records = _sweep(results, "clients")
@@ -431,8 +425,7 @@ def _plot_clients(results: dict, path: Path) -> bool:
 
 
 def _plot_in_flight(results: dict, path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     records = _sweep(results, "in_flight")
     models = sorted({r["model"] for r in records})
     if not models or all(len([r for r in records if r["model"] == m]) < 2 for m in models):
@@ -450,8 +443,7 @@ def _plot_in_flight(results: dict, path: Path) -> bool:
 
 
 def _plot_e2e(results: dict, path: Path) -> bool:
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     e2e = results.get("e2e") or {}
     rows = e2e.get("rows") or []
     if not rows:
@@ -475,9 +467,6 @@ def _plot_e2e(results: dict, path: Path) -> bool:
 
 def write_outputs(results: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
     """Write results.json, results.md and the PNG plots into ``output_dir``; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}

@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .files import pyplot, save_figure, write_report
 from .machine import machine_label
-from .report import _save_figure, format_rate
+from .report import format_rate
 from .slice_model import SINK_NAME
 
 __all__ = ["label", "markdown", "plot", "replot", "table_row", "write_transport_report"]
@@ -122,32 +123,22 @@ def _panel(axis, records: list[dict], model: str) -> None:
 
 def plot(report: dict, path: str | Path) -> Path:
     """One panel per model of the report's windows, written to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     records = _measured(report["records"])
     models = sorted({record["model"] for record in records}, key=lambda m: (m != SINK_NAME, m))
     figure, axes = plt.subplots(len(models) or 1, 1, squeeze=False,
                                 figsize=(9, 1.2 + 0.35 * max(len(records), 2)))
     for axis, model in zip(axes[:, 0], models):
         _panel(axis, records, model)
-    figure.suptitle(f"{_where(report)}; device {report.get('device')}", fontsize=9)
-    _save_figure(figure, Path(path))
-    return Path(path)
+    return save_figure(figure, path, f"{_where(report)}; device {report.get('device')}")
 
 
 def write_transport_report(report: dict, output: str | Path, tag: str) -> dict[str, Path]:
     """``results-TAG.json``, ``results-TAG.md`` and ``transport-TAG.png`` in ``output``."""
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    written = {"json": output / f"results-{tag}.json", "markdown": output / f"results-{tag}.md",
-               "figure": output / f"transport-{tag}.png"}
-    written["json"].write_text(json.dumps(report, indent=1, default=str) + "\n")
-    written["markdown"].write_text(markdown(report))
-    plot(report, written["figure"])
-    return written
+    write_report(report, output, f"results-{tag}", markdown)
+    return {"json": output / f"results-{tag}.json", "markdown": output / f"results-{tag}.md",
+            "figure": plot(report, output / f"transport-{tag}.png")}
 
 
 def replot(source: str | Path, output: str | Path) -> dict[str, Path]:
@@ -157,7 +148,6 @@ def replot(source: str | Path, output: str | Path) -> dict[str, Path]:
     tag = source.stem.removeprefix("results-")
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    written = {"markdown": output / f"results-{tag}.md", "figure": output / f"transport-{tag}.png"}
-    written["markdown"].write_text(markdown(report))
-    plot(report, written["figure"])
-    return written
+    (output / f"results-{tag}.md").write_text(markdown(report))
+    return {"markdown": output / f"results-{tag}.md",
+            "figure": plot(report, output / f"transport-{tag}.png")}

@@ -13,13 +13,13 @@ maps. :func:`write_wrapper` writes results.json, results.md and wrapper_vs_trito
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .files import pyplot, save_figure, write_report
 from .report import format_rate
 
 __all__ = ["markdown", "plot", "write_wrapper"]
@@ -194,11 +194,7 @@ def _heat_map(figure: Any, axis: Any, records: list[dict[str, Any]], transport: 
 
 def plot(results: dict[str, Any], path: Path) -> None:
     """Bars of rows/s per client and server config (ratio to the wrapper on top), sweep heat maps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     runs = results["runs"]
     swept = [run for run in runs if run.get("sweep")]
     records = [r for run in swept for r in run["sweep"]]
@@ -209,16 +205,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
     for axis, transport in zip(axes[0][1:], transports):
         _heat_map(figure, axis, records, transport, swept[0]["config"]["max_batch_size"])
     env = results["environment"]
-    figure.suptitle(f"{env['cpu_count']}-core CPU, {env['date']}, load before {env['load_before']}")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_figure(figure, path,
+                f"{env['cpu_count']}-core CPU, {env['date']}, load before {env['load_before']}")
 
 
 def write_wrapper(results: dict[str, Any], out: str | Path) -> str:
     """results.json, results.md and wrapper_vs_tritonmodel.png in ``out``; returns the tables."""
-    from .files import write_report
-
     text = write_report(results, out, "results", markdown)
     plot(results, Path(out) / "wrapper_vs_tritonmodel.png")
     return text

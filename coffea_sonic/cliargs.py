@@ -8,6 +8,12 @@
   commas itself (``models add --input NAME:TYPE:DIMS``) is repeated instead.
 * **Which server**: ``--server`` (one already running) or, without it, an embedded server on
   ``--device auto|cpu|gpu`` (:func:`add_server_options`), on every command that can start one.
+* **Devices**: ``--device`` offers :data:`DEVICE_CHOICES` everywhere (``auto``: a GPU if
+  ``nvidia-smi`` sees one, :func:`resolve_device`).
+* **Units**: an option holding a duration names its unit (``--timeout-s``, ``--threshold-us``).
+* **Renamed options**: the old spelling keeps working for one release through
+  :func:`add_deprecated_alias`: hidden from ``--help``, it emits a :class:`FutureWarning` naming the
+  new spelling and sets what the new option sets.
 * **Machine-readable output**: ``--json`` (:func:`add_json_option`) prints one JSON document
   instead of the text report, exit codes unchanged.
 * **Logging**: ``-v`` (info) / ``-vv`` (debug), before or after the subcommand.
@@ -26,12 +32,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-__all__ = ["ListAction", "add_json_option", "add_list_option", "add_output_option",
-           "add_server_options", "add_verbose_everywhere", "plain", "print_json", "verbosity"]
+__all__ = ["DEVICE_CHOICES", "DeprecatedAlias", "ListAction", "add_deprecated_alias",
+           "add_device_option", "add_json_option", "add_list_option", "add_output_option",
+           "add_server_options", "add_verbose_everywhere", "plain", "print_json",
+           "resolve_device", "verbosity", "warn_deprecated"]
+
+#: What every ``--device`` option offers.
+DEVICE_CHOICES = ("auto", "cpu", "gpu")
 
 
 class ListAction(argparse.Action):
@@ -102,9 +116,84 @@ def add_server_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup
     """
     parser.add_argument("--server", metavar=metavar,
                         help=f"{server_help} (default: start the embedded one)")
-    parser.add_argument("--device", choices=("auto", "cpu", "gpu"), default=device_default,
-                        help="device of the embedded server (default auto: GPU if nvidia-smi "
-                             "sees one)")
+    add_device_option(parser, default=device_default,
+                      help="device of the embedded server (default auto: GPU if nvidia-smi "
+                           "sees one)")
+
+
+def add_device_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *,
+                      default: str | None = "auto", help: str) -> argparse.Action:
+    """``--device {auto,cpu,gpu}``, the same choices everywhere (:func:`resolve_device`)."""
+    return parser.add_argument("--device", choices=DEVICE_CHOICES, default=default, help=help)
+
+
+def resolve_device(device: str | None) -> str:
+    """``cpu`` or ``gpu``: ``auto`` (or None) is ``gpu`` where ``nvidia-smi`` lists a GPU.
+
+    >>> resolve_device("cpu"), resolve_device("gpu")
+    ('cpu', 'gpu')
+    """
+    if device in ("cpu", "gpu"):
+        return device
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "cpu"
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return "cpu"
+    return "gpu" if listed.returncode == 0 and "GPU" in listed.stdout else "cpu"
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of ``target``: warns (:class:`FutureWarning`, naming the new spelling),
+    then does what ``target`` does with the values (``convert`` first maps them, e.g. ms to us)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, target: argparse.Action,
+                 convert: Callable[[Any], Any] | None = None, **kwargs: Any) -> None:
+        kwargs.update(nargs=target.nargs, const=target.const, type=target.type,
+                      choices=target.choices, metavar=target.metavar)
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                         **kwargs)
+        self.target = target
+        self.convert = convert
+
+    @property
+    def new_spelling(self) -> str:
+        return max(self.target.option_strings, key=len)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        warn_deprecated(parser, str(option_string), self.new_spelling)
+        if self.convert is not None:
+            values = self.convert(values)
+        self.target(parser, namespace, values, self.new_spelling)
+
+
+def warn_deprecated(parser: argparse.ArgumentParser, old: str, new: str) -> None:
+    """The one deprecation warning of the CLI: a :class:`FutureWarning` naming the new spelling."""
+    warnings.warn(f"{parser.prog}: {old} is deprecated and will be removed in the next release: "
+                  f"use {new}", FutureWarning, stacklevel=3)
+
+
+def add_deprecated_alias(parser: argparse.ArgumentParser | argparse._ArgumentGroup, old: str,
+                         target: argparse.Action, *,
+                         convert: Callable[[Any], Any] | None = None) -> argparse.Action:
+    """Keep ``old`` working as a hidden, warning spelling of the option ``target``.
+
+    >>> import warnings
+    >>> parser = argparse.ArgumentParser(prog="check")
+    >>> new = parser.add_argument("--timeout-s", type=float, help="seconds")
+    >>> _ = add_deprecated_alias(parser, "--timeout", new)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     parser.parse_args(["--timeout", "3"])
+    Namespace(timeout_s=3.0)
+    >>> str(caught[0].message)
+    'check: --timeout is deprecated and will be removed in the next release: use --timeout-s'
+    """
+    return parser.add_argument(old, action=DeprecatedAlias, dest=target.dest, target=target,
+                               convert=convert)
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> argparse.Action:

@@ -34,7 +34,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Mapping
 
-from .cliargs import add_list_option, add_server_options
+from .cliargs import add_deprecated_alias, add_list_option, add_server_options
 from .facility.cli import add_batch_options, batch_options
 
 logger = logging.getLogger(__name__)
@@ -102,10 +102,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     add_server_options(serving, server_help="existing Triton server, triton+grpc://host:port")
     serving.add_argument("--max-in-flight", type=int, default=4,
                          help="requests in flight per model and worker (default: %(default)s)")
-    serving.add_argument("--cache", metavar="DIR",
-                         help="persistent inference cache (a directory every worker can reach): "
-                              "a rerun sends only what no earlier run answered (default: the "
-                              "COFFEA_SONIC_INFERENCE_CACHE setting, off)")
+    cache = serving.add_argument(
+        "--inference-cache", metavar="DIR",
+        help="persistent inference cache (a directory every worker can reach): a rerun sends "
+             "only what no earlier run answered (default: the COFFEA_SONIC_INFERENCE_CACHE "
+             "setting, off)")
+    add_deprecated_alias(serving, "--cache", cache)
     serving.add_argument("--no-constituents", action="store_true",
                          help="skip the PF-candidate models (particlenet, deepmet)")
     serving.add_argument("--pipeline", choices=("fused", "ensemble"), default="fused",
@@ -358,8 +360,9 @@ def _plot(plotter: Any, result: Any, path: Path) -> str | None:
 
 
 def _cache_dir(args: argparse.Namespace) -> str | None:
-    """``--cache`` as an absolute path (workers may start in another directory)."""
-    return str(Path(args.cache).expanduser().resolve()) if args.cache else None
+    """``--inference-cache`` as an absolute path (workers may start in another directory)."""
+    return (str(Path(args.inference_cache).expanduser().resolve()) if args.inference_cache
+            else None)
 
 
 def _schema(args: argparse.Namespace) -> type:

@@ -12,7 +12,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_transport_bench_writes_a_row_per_transport_with_server_statistics_and_a_figure(tmp_path):
     code = cli.main(["bench", "transport", "--plan", "quick", "--transports", "grpc,shm",
-                     "--duration", "1", "--device", "cpu", "-o", str(tmp_path)])
+                     "--duration-s", "1", "--device", "cpu", "-o", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "results-quick.json").read_text())
     records = report["records"]

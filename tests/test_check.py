@@ -141,13 +141,13 @@ def test_tls_required_but_not_configured(tls_server):
     assert report.finding("protocol").summary.startswith("TLS")
     finding = report.finding("tls")
     assert finding.status == "fail" and "requires TLS" in finding.summary
-    assert "triton+grpcs://" in finding.advice and "--ssl-ca" in finding.advice
+    assert "triton+grpcs://" in finding.advice and "--ca-file" in finding.advice
 
 
 def test_tls_with_untrusted_certificate_asks_for_the_ca(tls_server):
     finding = check_server(f"triton+grpcs://{tls_server.grpc_address}/jet_tagger").finding("tls")
     assert finding.status == "fail" and "not trusted" in finding.summary
-    assert "--ssl-ca" in finding.advice
+    assert "--ca-file" in finding.advice
 
 
 def test_tls_with_the_right_ca_is_all_good(tls_server, certificates):

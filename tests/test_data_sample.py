@@ -167,7 +167,7 @@ def test_labelled_jets_follow_fractions_and_seed():
 def test_sample_cli_writes_files_and_fileset(tmp_path):
     parser = argparse.ArgumentParser(prog="coffea-sonic")
     sample_cli.add_subparser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["sample", "--events", "40", "--files", "1", "--seed", "3",
+    args = parser.parse_args(["sample", "--events", "40", "--n-files", "1", "--seed", "3",
                               "--datasets", "ttbar", "-o", str(tmp_path)])
     with pytest.raises(SystemExit):
         parser.parse_args(["sample", "--datasets", "ttbar,zjets", "-o", str(tmp_path)])

@@ -1,6 +1,6 @@
-"""``coffea-sonic demo --cache DIR`` twice: the second run sends no inference request (the
+"""``coffea-sonic demo --inference-cache DIR`` twice: the second run sends no inference request (the
 embedded server's own statistics say so) and fills identical histograms; a third run with
-another chunk size is answered mostly from the cache; ``monitor --cache`` sums every worker."""
+another chunk size is answered mostly from the cache; ``monitor --inference-cache`` sums every worker."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _demo(output, cache, chunksize: int) -> dict:
     completed = subprocess.run(
         [sys.executable, "-m", "coffea_sonic.cli", "demo", "--events", str(EVENTS), "--chunksize",
          str(chunksize), "--output", str(output), "--device", "cpu", "--no-progress",
-         "--cache", str(cache)],
+         "--inference-cache", str(cache)],
         capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     return json.loads((output / "summary.json").read_text())
@@ -48,7 +48,7 @@ def test_demo_twice_with_the_cache_sends_nothing_the_second_time(tmp_path, capsy
         assert 0 < rate < 1
 
     capsys.readouterr()
-    assert cli_main(["monitor", "--cache", str(cache), "--frames", "1", "--json"]) == 0
+    assert cli_main(["monitor", "--inference-cache", str(cache), "--frames", "1", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)["inference_caches"][0]
     assert record["processes"] >= 2 and record["entries"] > 0
     assert record["hit_rows"] >= sum(second["client"][n]["cache_hit_rows"] for n in models)

@@ -146,7 +146,8 @@ class _Monitor:
 
     def __init__(self, metrics_urls: list[str]) -> None:
         self.process = subprocess.Popen(
-            _cli("monitor", *metrics_urls, "--interval", "1", "--threshold", str(THRESHOLD_MS),
+            _cli("monitor", *metrics_urls, "--interval-s", "1",
+                 "--threshold-us", str(THRESHOLD_MS * 1000),
                  "--no-color"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output: list[str] = []
         self._reader = threading.Thread(target=self._read, name="monitor-reader", daemon=True)

@@ -408,7 +408,7 @@ def test_models_add_writes_a_fil_repository_for_xgboost_and_lightgbm_files_that_
     for file, name in ((AGC / "model_even.json", "agc_even"), (folder / "model.txt", "lgb"),
                        (folder / "multi.ubj", "multi")):
         done = subprocess.run([sys.executable, "-m", "coffea_sonic.cli", "models", "add", str(file),
-                               "--name", name, "--repository", str(repo)],
+                               "--name", name, "-o", str(repo)],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         assert "(fil, max_batch_size 1048576, 1 x CPU)" in done.stdout, done.stdout

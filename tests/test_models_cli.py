@@ -123,7 +123,7 @@ def served_urls(lines: list[str]) -> dict[str, str]:
 def test_models_add_writes_configs_that_parse_and_name_every_tensor(tmp_path, capsys):
     repository = tmp_path / "repo"
     code, out, err = cli(capsys, "models", "add", write_onnx(tmp_path / "tagger.onnx"),
-                         "--name", "tagger_onnx", "--repository", repository,
+                         "--name", "tagger_onnx", "-o", repository,
                          "--preferred-batch-size", "64", "256", "--instances", "2")
     assert code == 0, err
     assert "max_batch_size 1024" in out and "models validate" in out
@@ -139,9 +139,9 @@ def test_models_add_writes_configs_that_parse_and_name_every_tensor(tmp_path, ca
     assert (repository / "tagger_onnx" / "1" / "model.onnx").is_file()
 
     code, out, err = cli(capsys, "models", "add", write_torchscript(tmp_path / "tagger.pt"),
-                         "--name", "tagger_ts", "--repository", repository, "--max-batch-size",
+                         "--name", "tagger_ts", "-o", repository, "--max-batch-size",
                          "512", "--input", "features:FP32:6", "--input", "scale:FP32:1",
-                         "--output", "OUTPUT__0:FP32:3", "--output", "OUTPUT__1:FP32:3",
+                         "--output-tensor", "OUTPUT__0:FP32:3", "--output-tensor", "OUTPUT__1:FP32:3",
                          "--device", "gpu")
     assert code == 0, err
     config = read_config(repository / "tagger_ts" / "config.pbtxt")
@@ -159,7 +159,7 @@ def test_models_add_writes_configs_that_parse_and_name_every_tensor(tmp_path, ca
 def test_example_input_traces_a_torchscript_signature(tmp_path, capsys):
     model = write_torchscript(tmp_path / "tagger.pt")
     np.savez(tmp_path / "example.npz", features=ROWS[:5], scale=SCALE[:5])
-    code, out, err = cli(capsys, "models", "add", model, "--name", "traced", "--repository",
+    code, out, err = cli(capsys, "models", "add", model, "--name", "traced", "-o",
                          tmp_path / "repo", "--max-batch-size", "128",
                          "--example-input", tmp_path / "example.npz")
     assert code == 0, err
@@ -176,11 +176,11 @@ def test_models_add_then_serve_answers_like_the_frameworks_in_process(tmp_path, 
 
     repository = tmp_path / "repo"
     onnx_file, torch_file = write_onnx(tmp_path / "tagger.onnx"), write_torchscript(tmp_path / "t.pt")
-    assert cli(capsys, "models", "add", onnx_file, "--name", "tagger_onnx", "--repository",
+    assert cli(capsys, "models", "add", onnx_file, "--name", "tagger_onnx", "-o",
                repository, "--preferred-batch-size", "64")[0] == 0
-    assert cli(capsys, "models", "add", torch_file, "--name", "tagger_ts", "--repository",
+    assert cli(capsys, "models", "add", torch_file, "--name", "tagger_ts", "-o",
                repository, "--max-batch-size", "128", "--input", "features:FP32:6", "--input",
-               "scale:FP32:1", "--output", "OUTPUT__0:FP32:3", "--output", "OUTPUT__1:FP32:3")[0] == 0
+               "scale:FP32:1", "--output-tensor", "OUTPUT__0:FP32:3", "--output-tensor", "OUTPUT__1:FP32:3")[0] == 0
     before = {p: p.read_bytes() for p in repository.rglob("*") if p.is_file()}
 
     session = onnxruntime.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
@@ -212,7 +212,7 @@ def test_validate_reports_a_wrong_dims_entry_and_a_missing_file_in_one_run(tmp_p
     repository = tmp_path / "repo"
     for name in ("first", "second"):
         assert cli(capsys, "models", "add", write_onnx(tmp_path / f"{name}.onnx"), "--name", name,
-                   "--repository", repository)[0] == 0
+                   "-o", repository)[0] == 0
     config_path = repository / "first" / "config.pbtxt"
     config = read_config(config_path)
     config.input[0].dims[:] = [7]  # the graph has features [batch, 6]
@@ -262,8 +262,8 @@ def test_torchscript_without_batching_and_a_wrong_output_found_by_running_it(tmp
     torch.jit.trace(PointNet(), torch.zeros(3, 2, 5)).save(str(tmp_path / "pnet.pt"))
     repository = tmp_path / "repo"
     code, _, err = cli(capsys, "models", "add", tmp_path / "pnet.pt", "--name", "pnet",
-                       "--repository", repository, "--max-batch-size", "0",
-                       "--input", "points:FP32:-1,2,-1", "--output", "OUTPUT__0:FP32:-1,3")
+                       "-o", repository, "--max-batch-size", "0",
+                       "--input", "points:FP32:-1,2,-1", "--output-tensor", "OUTPUT__0:FP32:-1,3")
     assert code == 0, err
     config = read_config(repository / "pnet" / "config.pbtxt")
     assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
@@ -282,28 +282,28 @@ def test_models_add_errors_name_the_file_and_what_to_pass(tmp_path, capsys):
     torch = pytest.importorskip("torch")
     repository = tmp_path / "repo"
     fixed = write_onnx(tmp_path / "fixed.onnx", batch=4)
-    code, _, err = cli(capsys, "models", "add", fixed, "--name", "m", "--repository", repository,
+    code, _, err = cli(capsys, "models", "add", fixed, "--name", "m", "-o", repository,
                        "--max-batch-size", "8")
     assert code == 1 and str(fixed) in err and "--max-batch-size 0" in err and "dynamic" in err
 
     script = write_torchscript(tmp_path / "t.pt")
-    code, _, err = cli(capsys, "models", "add", script, "--name", "m", "--repository", repository,
+    code, _, err = cli(capsys, "models", "add", script, "--name", "m", "-o", repository,
                        "--input", "features:FP32:6")
     assert code == 1 and str(script) in err and "--max-batch-size N" in err
-    code, _, err = cli(capsys, "models", "add", script, "--name", "m", "--repository", repository,
+    code, _, err = cli(capsys, "models", "add", script, "--name", "m", "-o", repository,
                        "--max-batch-size", "8")
     assert code == 1 and "--input INPUT__0:FP32:6" in err and "--example-input" in err
-    code, _, err = cli(capsys, "models", "add", script, "--name", "m", "--repository", repository,
+    code, _, err = cli(capsys, "models", "add", script, "--name", "m", "-o", repository,
                        "--max-batch-size", "8", "--input", "features:FP32:6", "--input",
-                       "scale:FP32:1", "--output", "OUTPUT__0:FP32:4")
+                       "scale:FP32:1", "--output-tensor", "OUTPUT__0:FP32:4")
     assert code == 1 and "output 'OUTPUT__0' dims: expected [3]" in err
 
     pickled = tmp_path / "pickled.pt"
     torch.save(torch.nn.Linear(6, 3), pickled)
-    code, _, err = cli(capsys, "models", "add", pickled, "--name", "m", "--repository", repository,
-                       "--max-batch-size", "8", "--input", "x:FP32:6", "--output", "y:FP32:3")
+    code, _, err = cli(capsys, "models", "add", pickled, "--name", "m", "-o", repository,
+                       "--max-batch-size", "8", "--input", "x:FP32:6", "--output-tensor", "y:FP32:3")
     assert code == 1 and str(pickled) in err and "torch.jit.trace" in err
-    code, _, err = cli(capsys, "models", "add", fixed, "--name", "m", "--repository", repository,
+    code, _, err = cli(capsys, "models", "add", fixed, "--name", "m", "-o", repository,
                        "--input", "x:FLOAT32:6")
     assert code == 1 and "'FLOAT32' is not a Triton type" in err
     assert not (repository / "m").exists()
@@ -312,7 +312,7 @@ def test_models_add_errors_name_the_file_and_what_to_pass(tmp_path, capsys):
 def test_serve_refuses_an_unservable_model_and_skip_unservable_serves_the_rest(tmp_path, capsys):
     repository = tmp_path / "repo"
     assert cli(capsys, "models", "add", write_onnx(tmp_path / "t.onnx"), "--name", "tagger",
-               "--repository", repository)[0] == 0
+               "-o", repository)[0] == 0
     (repository / "engine" / "1").mkdir(parents=True)
     (repository / "engine" / "config.pbtxt").write_text(
         'platform: "tensorrt_plan"\nmax_batch_size: 8\n'

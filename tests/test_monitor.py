@@ -228,7 +228,7 @@ def test_statistics_of_a_restricted_server_say_what_to_do_instead(restricted_tri
 
 def test_cli_monitor_frames(triton_server, capsys):
     host_port = triton_server.metrics_url.split("//")[1].split("/")[0]
-    assert cli_main(["monitor", host_port, "--frames", "2", "--interval", "0.2", "--no-color"]) == 0
+    assert cli_main(["monitor", host_port, "--frames", "2", "--interval-s", "0.2", "--no-color"]) == 0
     output = capsys.readouterr().out
     assert output.count("coffea-sonic monitor") == 2
     # the second frame covers the time since the first: 0.2 s asked, more on a loaded machine
@@ -237,7 +237,7 @@ def test_cli_monitor_frames(triton_server, capsys):
 
 def test_cli_monitor_once_json_gives_the_figures_of_the_window(triton_server, capsys):
     host_port = triton_server.metrics_url.split("//")[1].split("/")[0]
-    assert cli_main(["monitor", host_port, "--once", "--interval", "0.2", "--json"]) == 0
+    assert cli_main(["monitor", host_port, "--once", "--interval-s", "0.2", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     (server,) = record["servers"]
     assert server["error"] is None and server["window_s"] == pytest.approx(0.2, abs=0.15)

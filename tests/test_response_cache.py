@@ -72,7 +72,7 @@ def test_monitor_shows_the_response_cache_hit_rate(cached_server):
 def test_models_add_response_cache_then_serve_with_a_cache_size(tmp_path, capsys):
     repository = tmp_path / "repo"
     assert cli_main(["models", "add", str(zoo.onnx_path("jet_tagger")), "--name", "tagger",
-                     "--repository", str(repository), "--response-cache"]) == 0
+                     "-o", str(repository), "--response-cache"]) == 0
     config = text_format.Parse((repository / "tagger" / "config.pbtxt").read_text(),
                                model_config_pb2.ModelConfig())
     assert config.response_cache.enable

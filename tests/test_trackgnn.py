@@ -220,8 +220,8 @@ def test_models_list_shows_the_pipelines(capsys):
 
 def test_pipeline_benchmark_smoke_run_writes_json_and_table(server, tmp_path):
     command = [sys.executable, str(ROOT / "benchmarks" / "pipeline_bench.py"), "--device", "cpu",
-               "--clients", "1", "--events", "8", "--duration", "0.5", "--server",
-               server.grpc_address, "--transport", "grpc", "--out", str(tmp_path)]
+               "--clients", "1", "--events", "8", "--duration-s", "0.5", "--server",
+               server.grpc_address, "--transport", "grpc", "-o", str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "pipeline-cpu.json").read_text())
@@ -256,8 +256,8 @@ def test_pipeline_table_names_modes_whose_answers_under_load_changed():
 def test_pipeline_benchmark_in_rounds_alternates_the_modes_and_compares_the_same_rounds(
         server, tmp_path):
     command = [sys.executable, str(ROOT / "benchmarks" / "pipeline_bench.py"), "--device", "cpu",
-               "--clients", "1", "--events", "8", "--duration", "0.8", "--rounds", "2",
-               "--modes", "direct", "fused", "--server", server.grpc_address, "--out",
+               "--clients", "1", "--events", "8", "--duration-s", "0.8", "--rounds", "2",
+               "--modes", "direct", "fused", "--server", server.grpc_address, "-o",
                str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,7 +1,7 @@
 """What the caches save: the demo run twice with the inference cache, and users sharing one
 server's response cache.
 
-* :func:`demo_twice`: ``coffea-sonic demo --cache DIR`` twice (each its own process, its own
+* :func:`demo_twice`: ``coffea-sonic demo --inference-cache DIR`` twice (each its own process, its own
   embedded server and Dask cluster, as a user would run it): both runs' wall times, requests per
   model as the server counted them, and whether the histograms are identical.
 * :func:`shared_users`: one embedded server with the demo's models; the demo's analysis runs
@@ -48,7 +48,7 @@ def load_now() -> dict[str, Any]:
 
 def _demo(output: Path, cache: Path, extra: list[str]) -> dict[str, Any]:
     command = [sys.executable, "-m", "coffea_sonic.cli", "demo", "--output", str(output),
-               "--cache", str(cache), "--no-progress", *extra]
+               "--inference-cache", str(cache), "--no-progress", *extra]
     load = load_now()
     started = time.perf_counter()
     completed = subprocess.run(command, capture_output=True, text=True)

@@ -10,7 +10,7 @@ rows' content, so a run with another chunk size still hits wherever its blocks l
 * :mod:`.key`: content-defined blocks and their keys;
 * :mod:`.store`: one entry on disk (atomic write, checksum checked on read);
 * :mod:`.eviction`: the size limit (``inference_cache_size``, default 20 GB), oldest first;
-* :mod:`.counters`: hits, misses, bytes saved per process, summed by ``monitor --cache DIR``;
+* :mod:`.counters`: hits, misses, bytes saved per process, summed by ``monitor --inference-cache DIR``;
 * :mod:`.disk`: :class:`InferenceCache`, the directory;
 * :mod:`.lookup`: one call through the cache.
 

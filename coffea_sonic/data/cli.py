@@ -6,7 +6,7 @@ The top-level CLI wires it in with :func:`add_subparser` and dispatches to :func
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic")
 >>> parser_for_sample = add_subparser(parser.add_subparsers(dest="command"))
 >>> args = parser.parse_args(["sample", "--events", "100", "-o", "/tmp/out"])
->>> args.events, args.files, args.seed, args.output
+>>> args.events, args.n_files, args.seed, args.output
 (100, 2, 0, '/tmp/out')
 """
 
@@ -16,7 +16,8 @@ import argparse
 import logging
 import os
 
-from ..cliargs import add_list_option, add_output_option
+from ..cliargs import (add_deprecated_alias, add_json_option, add_list_option, add_output_option,
+                       print_json)
 from .synthetic import (DATASETS, DEFAULT_EVENTS_PER_DATASET, DEFAULT_FILES_PER_DATASET,
                         write_sample)
 
@@ -30,13 +31,14 @@ Write a synthetic NanoAOD-like sample: ROOT files with an `Events` tree that cof
 NanoAODSchema (or PFNanoAODSchema). Datasets: `ttbar` (b jets, hadronFlavour 5) and `qcd_light`
 (light and charm jets only). Jets carry pt, eta, phi, mass, btagDeepFlavB, nConstituents,
 hadronFlavour, partonFlavour and area; PF candidates come in the PFNano layout (PFCands and
-JetPFCands). The content depends only on --seed, --events and --files.
+JetPFCands). The content depends only on --seed, --events and --n-files.
 
-Writes DIR/<dataset>_<i>.root and DIR/fileset.json (dataset -> file paths)."""
+Writes DIR/<dataset>_<i>.root and DIR/fileset.json (dataset -> file paths), then says what it
+wrote: each file with its events and size (--json: the same as one JSON document)."""
 
 _EPILOG = """\
 example:
-  coffea-sonic sample --events 20000 --files 2 -o ./sonic-sample
+  coffea-sonic sample --events 20000 --n-files 2 -o ./sonic-sample
   python -c "from coffea.nanoevents import NanoEventsFactory, NanoAODSchema; \\
       print(NanoEventsFactory.from_root({'./sonic-sample/ttbar_0.root': 'Events'}, \\
       schemaclass=NanoAODSchema).events().Jet.pt)"
@@ -52,24 +54,63 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     add_output_option(parser, DEFAULT_OUTPUT, what="the ROOT files and fileset.json")
     parser.add_argument("--events", type=_non_negative_int, default=DEFAULT_EVENTS_PER_DATASET,
                         help="events per dataset, split over the files (default: %(default)s)")
-    parser.add_argument("--files", type=_positive_int, default=DEFAULT_FILES_PER_DATASET,
-                        help="files per dataset (default: %(default)s)")
+    n_files = parser.add_argument("--n-files", type=_positive_int,
+                                  default=DEFAULT_FILES_PER_DATASET, metavar="N",
+                                  help="files per dataset (default: %(default)s)")
+    add_deprecated_alias(parser, "--files", n_files)
     parser.add_argument("--seed", type=int, default=0,
                         help="random seed; same seed, same content (default: %(default)s)")
     add_list_option(parser, "--datasets", choices=DATASETS, default=list(DATASETS),
                     help=f"datasets to write, from {', '.join(DATASETS)} (default: all)")
+    add_json_option(parser)
     parser.set_defaults(func=run)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the sample described by ``args``, log what was written, return exit status 0."""
-    fileset = write_sample(args.output, events=args.events, files=args.files, seed=args.seed,
+    """Write the sample described by ``args``, print what was written, return exit status 0."""
+    fileset = write_sample(args.output, events=args.events, files=args.n_files, seed=args.seed,
                            datasets=args.datasets)
-    n_files = sum(len(paths) for paths in fileset.values())
-    logger.info("wrote %d files of datasets %s; fileset: %s", n_files, ", ".join(fileset),
-                os.path.join(args.output, "fileset.json"))
+    written = _written(fileset, os.path.join(os.path.abspath(args.output), "fileset.json"))
+    if getattr(args, "json", False):
+        print_json(written)
+        return 0
+    for entry in written["files"]:
+        print(f"wrote {entry['path']}  ({entry['dataset']}, {entry['events']} events, "
+              f"{_size(entry['bytes'])})")
+    print(f"wrote {written['fileset']}  (fileset: {len(written['files'])} files, "
+          f"{written['events']} events, {_size(written['bytes'])} in all)")
     return 0
+
+
+def _written(fileset: dict[str, list[str]], fileset_path: str) -> dict:
+    import uproot
+
+    files = []
+    for dataset, paths in fileset.items():
+        for path in paths:
+            with uproot.open(path) as handle:
+                events = int(handle["Events"].num_entries)
+            files.append({"dataset": dataset, "path": path, "events": events,
+                          "bytes": os.path.getsize(path)})
+    return {"fileset": fileset_path, "files": files,
+            "events": sum(entry["events"] for entry in files),
+            "bytes": sum(entry["bytes"] for entry in files)}
+
+
+def _size(n_bytes: float) -> str:
+    """A size for people.
+
+    >>> _size(512), _size(1536), _size(3 * 1024**2)
+    ('512 B', '1.5 KiB', '3.0 MiB')
+    """
+    if n_bytes < 1024:
+        return f"{n_bytes:.0f} B"
+    for unit in ("KiB", "MiB"):
+        n_bytes /= 1024
+        if n_bytes < 1024:
+            break
+    return f"{n_bytes:.1f} {unit}"
 
 
 def _non_negative_int(text: str) -> int:

@@ -1,4 +1,4 @@
-"""``coffea-sonic monitor --cache DIR``: what a persistent inference cache saved, all processes.
+"""``coffea-sonic monitor --inference-cache DIR``: what a persistent inference cache saved, all processes.
 
 Every process that used the directory wrote its counters there (:mod:`coffea_sonic.cache.counters`);
 this sums them and scans the entries.

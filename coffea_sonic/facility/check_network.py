@@ -130,8 +130,8 @@ def check_tls(target: Target, options: CheckOptions, report: ServerReport, serve
     scheme = f"triton+{target.protocol}s://"
     if server_tls and not want_tls:
         report.add("tls", "fail", "the server requires TLS, but the client is not configured for it",
-                   f"use {scheme}{target.address}/{target.model or '<model>'} (or --ssl), and "
-                   "--ssl-ca FILE if its certificate is not signed by a public CA")
+                   f"use {scheme}{target.address}/{target.model or '<model>'} (or --tls), and "
+                   "--ca-file FILE if its certificate is not signed by a public CA")
         return False
     if not server_tls and want_tls:
         report.add("tls", "fail", "TLS is requested, but the server speaks plaintext",
@@ -151,8 +151,8 @@ def check_tls(target: Target, options: CheckOptions, report: ServerReport, serve
     if not verified.verified:
         report.add("tls", "fail",
                    f"the server's certificate is not trusted with {trust}: {verified.error}",
-                   "pass the facility's CA bundle with --ssl-ca FILE (workers: the setting "
-                   "ca_file, COFFEA_SONIC_CA_FILE); through a tunnel also --ssl-target-name NAME "
+                   "pass the facility's CA bundle with --ca-file FILE (workers: the setting "
+                   "ca_file, COFFEA_SONIC_CA_FILE); through a tunnel also --server-name NAME "
                    "(the name in the certificate)")
         return False
     report.add("tls", "ok", f"{verified.version}, certificate of {verified.peer_subject or '?'} "

@@ -165,7 +165,7 @@ def _health_failure(error: TransportError, report: ServerReport, options: CheckO
                    "or ask the facility")
     else:
         report.add("server", "fail", f"{settings.protocol} call failed: {text}",
-                   "if TLS is involved, check --ssl-ca / the client certificate; otherwise the "
+                   "if TLS is involved, check --ca-file / the client certificate; otherwise the "
                    "server is not a healthy Triton: ask the facility")
 
 

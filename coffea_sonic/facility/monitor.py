@@ -429,7 +429,7 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
     targets = [parse_target(url).label if is_triton_url(url) else metrics_url(url) for url in urls]
     if not targets and not cache_dirs and not shadow_dirs:
         raise ConfigurationError("give at least one metrics URL, e.g. http://127.0.0.1:8002/metrics"
-                                 ", or --cache DIR")
+                                 ", or --inference-cache DIR")
     out = out or sys.stdout
     is_tty = hasattr(out, "isatty") and out.isatty() and not as_json
     color = is_tty if color is None else color

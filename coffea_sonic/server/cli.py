@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import signal
 import sys
 import textwrap
@@ -14,7 +15,8 @@ import urllib.error
 import urllib.request
 
 from .. import zoo
-from ..cliargs import add_json_option, add_list_option, add_output_option, print_json
+from ..cliargs import (add_deprecated_alias, add_device_option, add_json_option, add_list_option,
+                       add_output_option, print_json, resolve_device, warn_deprecated)
 from ..errors import SonicError, UnservableModelError
 
 logger = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--skip-unservable", action="store_true",
                        help="with --repository: serve the models the embedded server can run and "
                             "list the others (TensorRT, TensorFlow, ...) instead of refusing to start")
-    serve.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto",
+    add_device_option(serve, default="auto",
                        help="where the zoo models run (auto: GPU if nvidia-smi sees one)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (0.0.0.0 to let worker nodes connect)")
@@ -69,7 +71,10 @@ def _add_serve(subparsers: argparse._SubParsersAction) -> None:
     add_list_option(serve, "--torch-ops-library", split_commas=False, metavar="PATH", default=[],
                     help="with --repository: shared libraries of custom TorchScript operators "
                          "(e.g. torch_sparse's) that models need")
-    serve.add_argument("--startup-timeout", type=float, default=120.0, metavar="SECONDS")
+    startup = serve.add_argument(
+        "--startup-timeout-s", type=float, default=120.0, metavar="SECONDS",
+        help="seconds the server gets to become ready (default: %(default)s)")
+    add_deprecated_alias(serve, "--startup-timeout", startup)
     serve.add_argument("--response-cache", metavar="SIZE",
                        help="Triton's response cache of SIZE (e.g. 512MB): identical requests are "
                             "answered without running the model; the zoo's models use it, a "
@@ -85,7 +90,7 @@ def _add_models(subparsers: argparse._SubParsersAction) -> None:
             "Inspect the zoo or export it as a Triton model repository; add your own ONNX or "
             "TorchScript file to a repository; validate a repository before serving it.",
             examples=("coffea-sonic models list",
-                      "coffea-sonic models add tagger.onnx --name tagger --repository ./repo",
+                      "coffea-sonic models add tagger.onnx --name tagger -o ./repo",
                       "coffea-sonic models validate ./repo",
                       "coffea-sonic serve --repository ./repo")),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,13 +113,18 @@ def _add_models_export(actions: argparse._SubParsersAction) -> None:
             "serves.\n\nexample:\n  coffea-sonic models export -o ./repo --backend onnxruntime --device gpu"),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output_option(export, "model-repository", what="the repository")
-    export.add_argument("--backend", choices=("python", "onnxruntime"), default="python")
-    export.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    export.add_argument("--backend", choices=("python", "onnxruntime"), default="python",
+                        help="python (the embedded server) or onnxruntime (platform "
+                             "onnxruntime_onnx, the official container) (default: %(default)s)")
+    add_device_option(export, default="cpu",
+                      help="where the models run: instance kind, and torch on CUDA for the python "
+                           "backend (auto: GPU if nvidia-smi sees one; default: %(default)s)")
     add_list_option(export, "--models", choices=zoo.names() + zoo.pipeline_names(), help="zoo models to export (default: all single models; "
                         f"pipelines when named: {', '.join(zoo.pipeline_names())})")
     export.add_argument("--instances", type=int, default=1, help="instance_group count")
     export.add_argument("--tensorrt", action="store_true",
                         help="onnxruntime on GPU: enable the TensorRT execution accelerator")
+    add_json_option(export)
     export.set_defaults(func=run_models_export)
 
 
@@ -129,27 +139,29 @@ def _add_models_add(actions: argparse._SubParsersAction) -> None:
             "ONNX: inputs, outputs, types and dynamic axes are read from the graph. If every tensor "
             "has a dynamic first axis it is the batch axis (max_batch_size "
             f"{_default_batch()} unless --max-batch-size says otherwise).",
-            "TorchScript records no shapes: give --max-batch-size and every --input/--output "
+            "TorchScript records no shapes: give --max-batch-size and every --input/--output-tensor "
             "(NAME:TYPE:DIMS, DIMS without the batch axis when --max-batch-size > 0; names are "
             "forward()'s argument names or INPUT__0, OUTPUT__0, ...), or --example-input FILE.npz "
             "(one array per forward argument, batch axis first) to trace them.",
             examples=(
-                "coffea-sonic models add tagger.onnx --name tagger --repository ./repo "
+                "coffea-sonic models add tagger.onnx --name tagger -o ./repo "
                 "--preferred-batch-size 256 1024",
-                "coffea-sonic models add tagger.pt --name tagger_ts --repository ./repo "
+                "coffea-sonic models add tagger.pt --name tagger_ts -o ./repo "
                 "--max-batch-size 1024 \\",
-                "    --input INPUT__0:FP32:6 --output OUTPUT__0:FP32:3 --device gpu --instances 2",
-                "coffea-sonic models add pnet.pt --name pnet --repository ./repo --max-batch-size 0 \\",
+                "    --input INPUT__0:FP32:6 --output-tensor OUTPUT__0:FP32:3 --device gpu --instances 2",
+                "coffea-sonic models add pnet.pt --name pnet -o ./repo --max-batch-size 0 \\",
                 "    --input points:FP32:-1,2,-1 --input features:FP32:-1,7,-1 "
-                "--output OUTPUT__0:FP32:-1,3",
-                "coffea-sonic models add tagger.pt --name tagger_ts --repository ./repo "
+                "--output-tensor OUTPUT__0:FP32:-1,3",
+                "coffea-sonic models add tagger.pt --name tagger_ts -o ./repo "
                 "--max-batch-size 512 --example-input x.npz",
-                "coffea-sonic models add tagger_v2.onnx --name tagger --repository ./repo "
+                "coffea-sonic models add tagger_v2.onnx --name tagger -o ./repo "
                 "--version 2")),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add.add_argument("file", metavar="FILE", help="the model: .onnx, or TorchScript (.pt)")
     add.add_argument("--name", required=True, help="model name (its folder and its URL's name)")
-    add.add_argument("--repository", required=True, metavar="DIR", help="the model repository")
+    output = add.add_argument("-o", "--output", action=_OutputOrTensor, metavar="DIR",
+                              help="the model repository to write into (required)")
+    add_deprecated_alias(add, "--repository", output)
     add.add_argument("--max-batch-size", type=int, metavar="N",
                      help="largest batch Triton forms; 0 = the model does not batch (DIMS are full "
                           "shapes); required for TorchScript")
@@ -159,14 +171,10 @@ def _add_models_add(actions: argparse._SubParsersAction) -> None:
                      help="how long the dynamic batcher may wait to fill a batch")
     add.add_argument("--instances", type=int, default=1, metavar="N",
                      help="model instances (per GPU with --device gpu), default 1")
-    add.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
-                     help="instance_group kind: KIND_CPU or KIND_GPU")
-    add.add_argument("--input", action="append", default=[], metavar="NAME:TYPE:DIMS",
-                     help="an input, e.g. INPUT__0:FP32:6 or points:FP32:-1,2,-1 (repeat per input)")
-    add.add_argument("--output", action="append", default=[], metavar="NAME:TYPE:DIMS",
-                     help="an output, e.g. OUTPUT__0:FP32:3 (repeat per output)")
-    add.add_argument("--example-input", metavar="FILE.npz",
-                     help="TorchScript: arrays to run the module on once, to trace its tensors")
+    add_device_option(add, default="cpu",
+                      help="instance_group kind: KIND_CPU or KIND_GPU (auto: GPU if nvidia-smi "
+                           "sees one; default: %(default)s)")
+    _add_tensor_options(add)
     add.add_argument("--version", type=int, default=1, metavar="N", help="version folder (default 1)")
     add.add_argument("--checksum", action="store_true",
                      help="write a checksum repository agent block (MD5 of the version's files), "
@@ -176,7 +184,18 @@ def _add_models_add(actions: argparse._SubParsersAction) -> None:
                           "true }); the server needs one: serve --response-cache SIZE")
     add.add_argument("--force", action="store_true",
                      help="replace an existing version folder / rewrite a differing config")
+    add_json_option(add)
     add.set_defaults(func=run_models_add)
+
+
+def _add_tensor_options(add: argparse.ArgumentParser) -> None:
+    """``models add``'s tensors: what TorchScript does not record."""
+    add.add_argument("--input", action="append", default=[], metavar="NAME:TYPE:DIMS",
+                     help="an input, e.g. INPUT__0:FP32:6 or points:FP32:-1,2,-1 (repeat per input)")
+    add.add_argument("--output-tensor", action="append", default=[], metavar="NAME:TYPE:DIMS",
+                     help="an output, e.g. OUTPUT__0:FP32:3 (repeat per output)")
+    add.add_argument("--example-input", metavar="FILE.npz",
+                     help="TorchScript: arrays to run the module on once, to trace its tensors")
 
 
 def _add_models_validate(actions: argparse._SubParsersAction) -> None:
@@ -271,7 +290,7 @@ def run_serve(args: argparse.Namespace) -> int:
     server = LocalTritonServer(
         models=args.models, repository=args.repository, device=args.device,
         grpc_port=args.grpc_port, http_port=args.http_port, metrics_port=args.metrics_port,
-        host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout,
+        host=args.host, instances=args.instances, startup_timeout_s=args.startup_timeout_s,
         skip_unservable=args.skip_unservable, gpus=args.gpus, response_cache=args.response_cache,
         torch_ops_libraries=args.torch_ops_library)
     stop = threading.Event()
@@ -355,28 +374,43 @@ def _models_document() -> list[dict]:
 def run_models_export(args: argparse.Namespace) -> int:
     from .pipelines import write_models
 
-    path = write_models(args.output, args.models, backend=args.backend, device=args.device,
+    device = resolve_device(args.device)
+    path = write_models(args.output, args.models, backend=args.backend, device=device,
                         instances=args.instances, tensorrt=args.tensorrt)
-    print(f"wrote Triton model repository {path} ({args.backend} backend, {args.device})")
+    if getattr(args, "json", False):
+        print_json({"repository": str(path), "backend": args.backend, "device": device,
+                    "models": sorted(entry.name for entry in path.iterdir() if entry.is_dir())})
+        return 0
+    print(f"wrote Triton model repository {path} ({args.backend} backend, {device})")
     return 0
 
 
 def run_models_add(args: argparse.Namespace) -> int:
     from .model_files import add_model, parse_tensor_spec
 
+    if not args.output:
+        print("coffea-sonic models add: say which repository to write into: -o/--output DIR",
+              file=sys.stderr)
+        return 2
     try:
         added = add_model(
-            args.file, args.name, args.repository, max_batch_size=args.max_batch_size,
+            args.file, args.name, args.output, max_batch_size=args.max_batch_size,
             preferred_batch_sizes=args.preferred_batch_size,
             max_queue_delay_us=args.max_queue_delay_us, instances=args.instances,
-            device=args.device, inputs=[parse_tensor_spec(t) for t in args.input],
-            outputs=[parse_tensor_spec(t) for t in args.output], version=args.version,
+            device=resolve_device(args.device), inputs=[parse_tensor_spec(t) for t in args.input],
+            outputs=[parse_tensor_spec(t) for t in args.output_tensor], version=args.version,
             example_input=args.example_input, force=args.force, checksum=args.checksum,
             response_cache=args.response_cache)
     except SonicError as error:
         print(f"coffea-sonic models add: {error}", file=sys.stderr)
         return 1
     config = added.config
+    if getattr(args, "json", False):
+        print_json({"name": added.name, "version": added.version,
+                    "model_path": str(added.model_path), "config_path": str(added.config_path),
+                    "platform": config.platform or config.backend,
+                    "max_batch_size": config.max_batch_size, "notes": list(added.notes)})
+        return 0
     print(f"added {added.name} version {added.version}: {added.model_path}")
     print(f"  config   {added.config_path}  ({config.platform or config.backend}, max_batch_size "
           f"{config.max_batch_size}, {config.instance_group[0].count} x "
@@ -386,9 +420,25 @@ def run_models_add(args: argparse.Namespace) -> int:
             print(f"  {kind}   {tensor.name} {_type_name(tensor.data_type)} {list(tensor.dims)}")
     for note in added.notes:
         print(f"  note     {note}")
-    print(f"next: coffea-sonic models validate {args.repository}\n"
-          f"      coffea-sonic serve --repository {args.repository}")
+    print(f"next: coffea-sonic models validate {args.output}\n"
+          f"      coffea-sonic serve --repository {args.output}")
     return 0
+
+
+class _OutputOrTensor(argparse.Action):
+    """``models add -o/--output DIR``; a value shaped NAME:TYPE:DIMS is the old ``--output`` of an
+    output tensor (now ``--output-tensor``): it still lands there, with a deprecation warning."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        if option_string == "--output" and _TENSOR_SPEC.fullmatch(str(values)):
+            warn_deprecated(parser, "--output NAME:TYPE:DIMS", "--output-tensor")
+            namespace.output_tensor = [*(getattr(namespace, "output_tensor", None) or []), values]
+            return
+        setattr(namespace, self.dest, values)
+
+
+_TENSOR_SPEC = re.compile(r"[^/\\:\s]+:[A-Za-z]+[0-9]*:-?[0-9]+(,-?[0-9]+)*")
 
 
 def _type_name(data_type: int) -> str:

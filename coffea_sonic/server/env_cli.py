@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cliargs import add_json_option, print_json
 from ..errors import SonicError
 from . import environment
 
@@ -31,8 +32,10 @@ def add_subparsers(subparsers: argparse._SubParsersAction) -> None:
     install.add_argument("--wheels", default=None, metavar="DIR",
                          help="install from this folder of wheels only (no package index)")
     install.add_argument("--force", action="store_true", help="rebuild even if it exists")
+    add_json_option(install)
     install.set_defaults(func=run_install)
     where = actions.add_parser("where", help="print the Python the server would run from")
+    add_json_option(where)
     where.set_defaults(func=run_where)
 
 
@@ -42,6 +45,9 @@ def run_install(args: argparse.Namespace) -> int:
     except SonicError as error:
         print(f"coffea-sonic server install: {error}", file=sys.stderr)
         return 1
+    if getattr(args, "json", False):
+        print_json({"python": str(built.python), "version": built.version, "numpy": built.numpy})
+        return 0
     print(f"server environment ready: {built.python} (Python {built.version}, numpy {built.numpy})")
     return 0
 
@@ -52,5 +58,8 @@ def run_where(args: argparse.Namespace) -> int:
     except SonicError as error:
         print(f"coffea-sonic server where: {error}", file=sys.stderr)
         return 1
+    if getattr(args, "json", False):
+        print_json({"python": str(found.python)})
+        return 0
     print(found.python)
     return 0

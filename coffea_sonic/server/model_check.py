@@ -187,7 +187,7 @@ def _file_problems(model: str, version: str, path: Path, config: Any, platform: 
 def _without_config(folder: Path, notes: list[str]) -> list[Problem]:
     """A model folder without config.pbtxt: fine where Triton completes one (ONNX, python)."""
     model = folder.name
-    writes_one = (f"coffea-sonic models add FILE --name {model} --repository {folder.parent} "
+    writes_one = (f"coffea-sonic models add FILE --name {model} -o {folder.parent} "
                   "writes one")
     config = model_config_pb2.ModelConfig()
     versions, _ = served_versions(folder, config)
@@ -290,7 +290,7 @@ def validate_repository(directory: str | os.PathLike, *, embedded: bool = True) 
     if not folders:
         report.problems.append(Problem(str(directory), None, "models", "at least one model folder",
                                        "none", "coffea-sonic models add FILE --name NAME "
-                                       f"--repository {directory}"))
+                                       f"-o {directory}"))
     if embedded and folders:
         refusals, note = _embedded_refusals(directory)
         if note:

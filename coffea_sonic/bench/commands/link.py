@@ -3,7 +3,7 @@
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
 >>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["link", "--seconds", "6", "--out", "benchmarks/results/cpu2-link"])
+>>> args = parser.parse_args(["link", "--seconds", "6", "-o", "benchmarks/results/cpu2-link"])
 >>> args.seconds, args.links, args.no_compression, args.output
 (6.0, ['1000/0', '1000/20', '10000/0'], False, 'benchmarks/results/cpu2-link')
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...cliargs import add_list_option
+from ...cliargs import add_deprecated_alias, add_list_option
 from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = scenario_parser(subparsers, "link", description=_DESCRIPTION,
                              help="one TritonModel through a shaped link (root: network "
                                   "namespaces)")
-    parser.add_argument("--out", dest="output", help=argparse.SUPPRESS)  # the old script's name
+    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     add_list_option(parser, "--links", default=["1000/0", "1000/20", "10000/0"],
                     metavar="RATE[/RTT]",
                     help="link rate in Mbit/s, each with the round-trip time in ms a relay adds "

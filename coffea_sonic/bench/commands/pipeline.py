@@ -3,7 +3,7 @@
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
 >>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["pipeline", "--device", "cpu", "--clients", "1,8", "--out", "pb"])
+>>> args = parser.parse_args(["pipeline", "--device", "cpu", "--clients", "1,8", "-o", "pb"])
 >>> args.device, args.clients, args.modes, args.output
 ('cpu', [1, 8], ['direct', 'fused', 'ensemble'], 'pb')
 >>> parser.parse_args(["pipeline", "--server-arg=--log-verbose=1", "--transport", "grpc"]).server_args
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...cliargs import add_list_option
+from ...cliargs import add_deprecated_alias, add_device_option, add_list_option, resolve_device
 from ...errors import ConfigurationError
 from . import add_numbers, scenario_parser
 
@@ -32,7 +32,7 @@ pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR. Exit code 1 if a run fa
 examples:
   coffea-sonic bench pipeline --device gpu --clients 1 8          # GPU machine (~1 min)
   coffea-sonic bench pipeline --device gpu --clients 1 --rounds 6  # modes alternating
-  coffea-sonic bench pipeline --device cpu --clients 1 --events 20 --duration 1 -o /tmp/pb
+  coffea-sonic bench pipeline --device cpu --clients 1 --events 20 --duration-s 1 -o /tmp/pb
   coffea-sonic bench pipeline --server host:8001 --modes fused ensemble   # a running server
 """
 
@@ -41,22 +41,23 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``pipeline`` to the ``bench`` scenarios."""
     parser = scenario_parser(subparsers, "pipeline", description=_DESCRIPTION,
                              help="the trackgnn pipeline: in-process vs served fused vs ensemble")
-    parser.add_argument("--out", dest="output", help=argparse.SUPPRESS)  # the old script's name
-    parser.add_argument("--device", choices=("cpu", "gpu"), default="gpu",
-                        help="where the pipeline runs, in the clients and on the server "
-                             "(default: %(default)s)")
+    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
+    add_device_option(parser, default="gpu",
+                      help="where the pipeline runs, in the clients and on the server (auto: a "
+                           "GPU if nvidia-smi sees one; default: %(default)s)")
     add_list_option(parser, "--clients", type=int, default=[1, 8],
                     help="client process counts, one run each (default: 1 8)")
     add_list_option(parser, "--modes", choices=_MODES, default=list(_MODES),
                     help="default: all of " + ", ".join(_MODES))
     add_numbers(parser, [
         ("--events", int, 200, "events per call (chunk)"),
-        ("--duration", float, 6.0, "seconds per mode and client count (over all rounds)"),
+        ("--duration-s", float, 6.0, "seconds per mode and client count (over all rounds)"),
         ("--rounds", int, 1, "run the modes in this many alternating rounds, each "
-                             "duration/rounds s; ratios compare the same rounds (1: each mode "
+                             "duration-s/rounds s; ratios compare the same rounds (1: each mode "
                              "once, direct again at the end)"),
         ("--gpu", int, 0, "--device gpu: the one GPU the server and the direct runs use"),
         ("--instances", int, None, "model instances per GPU (None: LocalTritonServer's)")])
+    add_deprecated_alias(parser, "--duration", parser._option_string_actions["--duration-s"])
     parser.add_argument("--handoff", choices=("host", "device"), default=None,
                         help="how the ensemble's stages pass tensors to each other: as numpy "
                              "through the host, or as DLPack tensors where they lie (default: "
@@ -87,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
             f"--server {args.server} it starts none: pass the flags to that server instead")
     if args.rounds < 1:
         raise ConfigurationError(f"--rounds must be 1 or more, not {args.rounds}")
-    config = PipelineConfig(device=args.device, clients=args.clients, modes=args.modes,
-                            events=args.events, duration=args.duration, gpu=args.gpu,
+    config = PipelineConfig(device=resolve_device(args.device), clients=args.clients, modes=args.modes,
+                            events=args.events, duration=args.duration_s, gpu=args.gpu,
                             instances=args.instances, server=args.server,
                             handoff=args.handoff, transport=args.transport,
                             server_args=args.server_args, rounds=args.rounds)

@@ -3,8 +3,8 @@
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
 >>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["ragged", "--events", "2000", "--json", "r.json"])
->>> args.events, args.seed, args.json, args.output
+>>> args = parser.parse_args(["ragged", "--events", "2000", "--json-file", "r.json"])
+>>> args.events, args.seed, args.json_file, args.output
 (2000, 0, 'r.json', 'bench-output/ragged')
 """
 
@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ...cliargs import add_deprecated_alias
 from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
@@ -21,7 +22,7 @@ Writes the synthetic PFNano-like sample, reads its multiplicities back from the 
 measures what TritonModel sends (in-memory transport, so bytes are counted, not timed) for
 per-event PF candidates (ragged vs padded to the sample's and to each request's largest event)
 and per-jet ParticleNet constituents (ragged vs particlenet_lite's padded-to-32 tensors).
-Writes ragged_bytes.json into -o DIR (and into --json FILE when given).
+Writes ragged_bytes.json into -o DIR (and into --json-file FILE when given).
 
 examples:
   coffea-sonic bench ragged                        # 20k events per dataset (about a minute)
@@ -40,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         ("--events", int, DEFAULT_EVENTS_PER_DATASET, "events per dataset, ttbar and qcd_light"),
         ("--seed", int, 0, "the sample's seed"),
         ("--cap", int, TRANSPORT_DEFAULTS["grpc"][0], "max_request_bytes (gRPC's)")])
-    parser.add_argument("--json", metavar="FILE", help="also write the results here")
+    json_file = parser.add_argument("--json-file", metavar="FILE",
+                                    help="also write the results here")
+    add_deprecated_alias(parser, "--json", json_file)
     parser.set_defaults(func=run)
     return parser
 
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    for path in [output / "ragged_bytes.json", *([Path(args.json)] if args.json else [])]:
+    for path in [output / "ragged_bytes.json", *([Path(args.json_file)] if args.json_file else [])]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"  results: {path}")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from ... import zoo
-from ...cliargs import add_list_option, add_server_options
+from ...cliargs import add_deprecated_alias, add_list_option, add_server_options
 from . import scenario_parser
 
 
@@ -47,8 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                          "65536, emtrk_cnn 256 2048, jet_tagger 16384 65536)")
     add_list_option(parser, "--concurrency", type=int,
                     help="perf_analyzer's concurrency values (default 1 2 4)")
-    parser.add_argument("--window", type=float, default=None, metavar="S",
-                        help="seconds of each TritonModel window (default 5)")
+    window = parser.add_argument("--window-s", type=float, default=None, metavar="S",
+                                 help="seconds of each TritonModel window (default 5)")
+    add_deprecated_alias(parser, "--window", window)
     add_server_options(parser, metavar="GRPC[,HTTP]", device_default=None,
                        server_help="an existing server serving the models: host:port of gRPC, "
                                    "optionally ,host:port of HTTP")
@@ -62,4 +63,4 @@ def run(args: argparse.Namespace) -> int:
 
     return run_reference_command(args.models, args.transports, args.quick, args.output,
                                  args.server, args.device, batches=args.batches,
-                                 concurrency=args.concurrency, window_s=args.window)
+                                 concurrency=args.concurrency, window_s=args.window_s)

@@ -3,8 +3,8 @@
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
 >>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["soak", "--servers", "2", "--json", "soak.json"])
->>> args.servers, args.transport, args.json, args.requests
+>>> args = parser.parse_args(["soak", "--servers", "2", "--json-file", "soak.json"])
+>>> args.servers, args.transport, args.json_file, args.requests
 (2, 'auto', 'soak.json', 10000)
 """
 
@@ -14,6 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
+from ...cliargs import add_deprecated_alias
 from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
@@ -24,11 +25,11 @@ Runner does that per chunk), a rejected bad input now and then, both servers bal
 channels and shared-memory regions. Exit code 1 if descriptors grow by more than --max-fd-growth,
 RSS by more than --max-rss-growth-mb after the warm-up sample, or regions beyond the slot pool's
 bound. Prints the verdict (JSON) and writes it with the samples into -o DIR/soak.json (and into
---json FILE when given).
+--json-file FILE when given).
 
 examples:
   coffea-sonic bench soak                         # 10k requests, 1 server (about a minute)
-  coffea-sonic bench soak --servers 2 --json soak.json
+  coffea-sonic bench soak --servers 2 --json-file soak.json
   coffea-sonic bench soak --transport grpc        # tensors in the gRPC message
 """
 
@@ -49,7 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             ("--max-rss-growth-mb", float, 64.0, "RSS the run may add after warm-up, MB")])
     parser.add_argument("--transport", default="auto", choices=["auto", "grpc", "shm"],
                         help="TritonModel's transport (default: auto: shared memory here)")
-    parser.add_argument("--json", metavar="FILE", help="also write the verdict and samples here")
+    json_file = parser.add_argument("--json-file", metavar="FILE",
+                                    help="also write the verdict and samples here")
+    add_deprecated_alias(parser, "--json", json_file)
     parser.set_defaults(func=run)
     return parser
 
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     print(json.dumps(verdict, indent=2))
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    for path in [output / "soak.json", *([Path(args.json)] if args.json else [])]:
+    for path in [output / "soak.json", *([Path(args.json_file)] if args.json_file else [])]:
         path.write_text(json.dumps({"verdict": verdict, "samples": samples}, indent=2) + "\n")
         print(f"  results: {path}")
     return 0 if verdict["ok"] else 1

@@ -3,8 +3,8 @@
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
 >>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["transport", "--plan", "gpu", "--only", "shm,cuda", "--out", "o"])
->>> args.plan, args.transports, args.output, args.duration, args.tag
+>>> args = parser.parse_args(["transport", "--plan", "gpu", "--only", "shm,cuda", "-o", "o"])
+>>> args.plan, args.transports, args.output, args.duration_s, args.tag
 ('gpu', ['shm', 'cuda'], 'o', 4.0, None)
 >>> parser.parse_args(["transport", "--replot", "results-cpu.json"]).replot
 'results-cpu.json'
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...cliargs import add_list_option
+from ...cliargs import add_deprecated_alias, add_device_option, add_list_option
 from . import add_numbers, print_written, scenario_parser
 
 _KINDS = ("tritonclient", "grpc", "http", "shm", "cuda", "local")
@@ -31,7 +31,7 @@ _DESCRIPTION = """\
 One real tritonserver (embedded; on a GPU machine the one triton-gpu-env.sh points to) serves the
 plan's zoo models (python backend) and payload_sink (emtrk_cnn's input, one float back: only the
 transport works). Each entry of the plan (transport, model, rows per request, client processes,
-requests in flight) gets one --duration window: spawned client processes start together and send
+requests in flight) gets one --duration-s window: spawned client processes start together and send
 back to back; rows/s and input GB/s are counted inside the window, beside Triton's statistics
 (queue, compute input / infer / output per request, average batch) and GPU utilisation.
 Transports: tritonclient (stock tritonclient.grpc infer, the baseline), grpc, http, shm, cuda (GPU
@@ -39,7 +39,7 @@ inputs; GPU only), local (the in-process engine). Writes results-TAG.json, resul
 transport-TAG.png into -o DIR (TAG: --tag, default the plan).
 
 examples:
-  coffea-sonic bench transport --plan quick --duration 1            # a look (under a minute)
+  coffea-sonic bench transport --plan quick --duration-s 1          # a look (under a minute)
   coffea-sonic bench transport --plan cpu -o benchmarks/results/cpu2-transport-bench
   coffea-sonic bench transport --plan gpu --instances 4 --tag h100  # on a GPU machine
   coffea-sonic bench transport --replot results-cpu.json -o figures # table + figure again
@@ -50,16 +50,17 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``transport`` to the ``bench`` scenarios."""
     parser = scenario_parser(subparsers, "transport", description=_DESCRIPTION,
                              help="rows/s and GB/s per transport, client processes and server")
-    parser.add_argument("--out", dest="output", help=argparse.SUPPRESS)  # the old script's name
+    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     parser.add_argument("--plan", default="cpu", choices=_PLANS,
                         help="the windows to measure (default: cpu)")
     add_list_option(parser, "--transports", "--only", choices=_KINDS, default=[],
                     help="keep only these transports of the plan (default: all)")
-    parser.add_argument("--device", choices=["cpu", "gpu"], default=None,
-                        help="the server's device (default: a GPU if one is visible)")
-    add_numbers(parser, [("--duration", float, 4.0, "seconds per window"),
+    add_device_option(parser, default=None,
+                      help="the server's device (default, auto: a GPU if one is visible)")
+    add_numbers(parser, [("--duration-s", float, 4.0, "seconds per window"),
                          ("--instances", int, None,
                           "model instances per device, None: the server's default")])
+    add_deprecated_alias(parser, "--duration", parser._option_string_actions["--duration-s"])
     parser.add_argument("--staging", default="pinned", choices=["pinned", "pageable"],
                         help="host staging of the GPU model's inputs (default: pinned)")
     parser.add_argument("--gpu-inputs", action="store_true",
@@ -79,8 +80,8 @@ def run(args: argparse.Namespace) -> int:
     if args.replot:
         print_written(replot(args.replot, args.output))
         return 0
-    config = TransportBench(plan=args.plan, kinds=tuple(args.transports), device=args.device,
-                            duration=args.duration, instances=args.instances,
+    config = TransportBench(plan=args.plan, kinds=tuple(args.transports), device=None if args.device == "auto" else args.device,
+                            duration=args.duration_s, instances=args.instances,
                             staging=args.staging, gpu_inputs=args.gpu_inputs)
     report = run_transport_bench(config)
     print(markdown(report))

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import argparse
 
-from ...cliargs import add_list_option
+from ...cliargs import add_deprecated_alias, add_list_option
 from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
 One client process calls the transport-bound passthrough model (x: 16 floats -> y: 2) on an
 embedded CPU server back to back, for every transport x request size x requests in flight; each
-configuration gets one --window per round and the rounds alternate through all of them (a machine
+configuration gets one --window-s per round and the rounds alternate through all of them (a machine
 others load shifts all alike). Writes window-sweep.json and window-sweep.md (best and median
 window per configuration) into -o DIR.
 
 examples:
   coffea-sonic bench window --transports grpc http -o benchmarks/results/cpu2-window
-  coffea-sonic bench window --sizes-mib 2 --in-flight 4 --rounds 1 --window 1   # a quick look
+  coffea-sonic bench window --sizes-mib 2 --in-flight 4 --rounds 1 --window-s 1 # a quick look
 """
 
 
@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``window`` to the ``bench`` scenarios."""
     parser = scenario_parser(subparsers, "window", description=_DESCRIPTION,
                              help="request size x requests in flight of one TritonModel")
-    parser.add_argument("--out", dest="output", help=argparse.SUPPRESS)  # the old script's name
+    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     add_list_option(parser, "--transports", choices=("grpc", "shm", "http"), default=["grpc"],
                     help="default: grpc")
     add_list_option(parser, "--sizes-mib", type=float, default=[1.0, 2.0, 4.0, 8.0],
@@ -40,8 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_list_option(parser, "--in-flight", type=int, default=[2, 4, 8],
                     help="max_in_flight values (default: 2 4 8)")
     add_numbers(parser, [("--rows", int, 200_000, "rows per call"),
-                         ("--window", float, 3.0, "seconds per window"),
+                         ("--window-s", float, 3.0, "seconds per window"),
                          ("--rounds", int, 3, "windows per configuration")])
+    add_deprecated_alias(parser, "--window", parser._option_string_actions["--window-s"])
     parser.set_defaults(func=run)
     return parser
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..window_sweep import WindowSweep, run_sweep, write_sweep
 
     config = WindowSweep(transports=args.transports, sizes_mib=args.sizes_mib,
-                         in_flight=args.in_flight, rows=args.rows, window=args.window,
+                         in_flight=args.in_flight, rows=args.rows, window=args.window_s,
                          rounds=args.rounds)
     print(write_sweep(run_sweep(config), args.output))
     return 0

@@ -3,7 +3,7 @@
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
 >>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["wrapper", "--out", "benchmarks/results/cpu2-transport",
+>>> args = parser.parse_args(["wrapper", "-o", "benchmarks/results/cpu2-transport",
 ...                           "--sweep-rounds", "0", "--max-batch-size", "65536,262144"])
 >>> args.output, args.sweep_rounds, args.max_batch_size, args.sweep_mib, args.py_spy
 ('benchmarks/results/cpu2-transport', 0, [65536, 262144], [1.0, 2.0, 4.0, 8.0, 16.0], None)
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from ...cliargs import add_list_option
+from ...cliargs import add_deprecated_alias, add_list_option
 from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``wrapper`` to the ``bench`` scenarios."""
     parser = scenario_parser(subparsers, "wrapper", description=_DESCRIPTION,
                              help="TritonModel vs coffea's triton_wrapper, transport-bound")
-    parser.add_argument("--out", dest="output", help=argparse.SUPPRESS)  # the old script's name
+    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     add_list_option(parser, "--max-batch-size", type=int, default=[65536, 262144],
                     help="the model's max_batch_size, one server each (default: 65536 262144: "
                          "TRITON-NOTES' config, and one where requests are capped by bytes only)")

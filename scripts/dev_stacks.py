@@ -13,8 +13,11 @@ nvidia-pytriton and numpy < 2):
   supported tritonclient (2.58.0) installed with the core; the model, routing, processor and
   bad-input suites run there.
 
-Installing the core must change none of coffea, numpy, awkward, dask, distributed, uproot (``pip
-freeze`` before and after). A venv is reused the same day (the stack is resolved once a day).
+The core is installed from the wheel ``pip wheel .`` builds from this checkout (built once per run),
+as a user installs a built wheel: so the stack runs also prove that the wheel installs into a clean
+venv beside coffea. Installing it must change none of coffea, numpy, awkward, dask, distributed,
+uproot (``pip freeze`` before and after). A venv is reused the same day (the stack is resolved once
+a day); a reused venv gets this run's wheel again (``--no-deps --force-reinstall``).
 ``DEV_STACKS=main`` (or ``main,oldest``...) picks the runs; test files given on the command line
 select the suites of each run (a run none of whose suites is selected is left out).
 
@@ -33,6 +36,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 from collections import deque
@@ -88,8 +92,19 @@ def _freeze(python: Path) -> dict[str, str]:
     return versions
 
 
-def build(root: Path, name: str) -> Path:
-    """The venv of stack ``name`` with coffea-sonic's core in it; raise if the core moved the stack."""
+def core_wheel(root: Path, python: Path, folder: Path) -> Path:
+    """The wheel ``pip wheel .`` builds from ``root`` (with build isolation, as a user's pip does),
+    written into ``folder``."""
+    _pip(python, "wheel", "--no-deps", "--quiet", "-w", str(folder), str(root))
+    wheels = sorted(folder.glob("coffea_sonic-*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"pip wheel {root} made {[w.name for w in wheels]}, not one wheel")
+    return wheels[0]
+
+
+def build(root: Path, name: str, wheel: Path) -> Path:
+    """The venv of stack ``name`` with coffea-sonic's core (``wheel``) in it; raise if the core
+    moved the stack."""
     stack, with_core, _ = STACKS[name]
     prefix = root / f".venv-{name}"
     python = prefix / "bin" / "python"
@@ -97,14 +112,15 @@ def build(root: Path, name: str) -> Path:
                          + (root / "pyproject.toml").read_bytes()).hexdigest()
     stamp = prefix / ".coffea-sonic-stack"
     if python.exists() and stamp.exists() and stamp.read_text() == key:
-        print(f"[{name}] reusing {prefix} (resolved today)", flush=True)
+        print(f"[{name}] reusing {prefix} (resolved today); installing {wheel.name}", flush=True)
+        _pip(python, "install", "--quiet", "--no-deps", "--force-reinstall", str(wheel))
         return python
     shutil.rmtree(prefix, ignore_errors=True)
     print(f"[{name}] creating {prefix}: pip install {' '.join(stack)}", flush=True)
     venv.EnvBuilder(with_pip=True).create(prefix)
     _pip(python, "install", "--quiet", *stack)
     before = _freeze(python)
-    _pip(python, "install", "--quiet", "-e", str(root), *with_core)  # the core: no extras
+    _pip(python, "install", "--quiet", str(wheel), *with_core)  # the core: no extras
     after = _freeze(python)
     print(f"[{name}] resolved: " + ", ".join(f"{p}=={after.get(p, '-')}" for p in SHOWN), flush=True)
     moved = [f"{p} {before.get(p)} -> {after.get(p)}" for p in UNCHANGED
@@ -207,13 +223,16 @@ def run_all(root: Path, python: Path, args: list[str], env: dict[str, str]) -> i
         started = time.monotonic()
         results.append(("main", *run_pytest(python, _main_arguments(args), root, env, "main"),
                         f"tests {time.monotonic() - started:.0f} s"))
+    wheels = Path(tempfile.mkdtemp(prefix="coffea-sonic-wheel-"))
+    wheel: Path | None = None
     for name, (_, _, suites) in STACKS.items():
         selected = [p for p in paths if p.split("::")[0] in suites] if paths else list(suites)
         if name not in wanted or not selected:
             continue
         started = time.monotonic()
         try:
-            stack_python = build(root, name)
+            wheel = wheel or core_wheel(root, python, wheels)
+            stack_python = build(root, name, wheel)
         except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
             print(error, flush=True)
             results.append((name, 1, {"failed": 1}, "venv failed"))
@@ -225,6 +244,7 @@ def run_all(root: Path, python: Path, args: list[str], env: dict[str, str]) -> i
         outcome = run_pytest(stack_python, [*options, *selected], root, stack_env, name)
         results.append((name, *outcome, f"venv {built - started:.0f} s, tests "
                                         f"{time.monotonic() - built:.0f} s"))
+    shutil.rmtree(wheels, ignore_errors=True)
     return _report(results, full=_is_full(options, paths))
 
 

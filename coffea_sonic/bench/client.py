@@ -17,7 +17,6 @@ done" moments, so warm-up never pollutes the numbers.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -26,7 +25,7 @@ import numpy as np
 
 from .. import zoo
 from ..errors import InferenceError
-from .clients import ClientPool
+from .clients import ClientPool, ready_then_start
 from .modes import RunnerSpec, make_runner
 from .probes import PeakRss
 
@@ -112,12 +111,7 @@ def run_client(job: ClientJob, on_ready: Callable[[], None] | None = None) -> di
 def _job_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     """A :class:`~coffea_sonic.bench.clients.ClientPool` task: one client of ``task["job"]``,
     timing from the pool's common start."""
-    def wait_for_start() -> None:
-        control.put(("ready", os.getpid()))
-        start_at = tasks.get()
-        time.sleep(max(0.0, start_at - time.time()))
-
-    return run_client(task["job"], on_ready=wait_for_start)
+    return run_client(task["job"], on_ready=lambda: ready_then_start(tasks, control))
 
 
 def run_clients(job: ClientJob, clients: int, *, on_start: Callable[[], None] | None = None,

@@ -6,9 +6,10 @@ task to ``procs`` of them, waits until each says it is ready (models loaded, con
 then gives all the same start time, so the measured window sees every client at full speed.
 
 ``run_task(task, tasks, control, cache)`` is the benchmark's own function (a module-level one, so
-it can be sent to spawned processes). It must put ``("ready", pid)`` on ``control`` when ready,
-then take the start time (a float) from ``tasks``, run until ``task["duration"]`` has passed and
-return a picklable result; ``cache`` lives as long as the process (clients, engines).
+it can be sent to spawned processes). When ready it calls :func:`ready_then_start` (which says so
+on ``control`` and waits for the common start time from ``tasks``), runs until
+``task["duration"]`` has passed and returns a picklable result; ``cache`` lives as long as the
+process (clients, engines).
 
 >>> ClientPool.__name__
 'ClientPool'
@@ -23,9 +24,18 @@ import queue as queues
 import time
 from typing import Any, Callable
 
-__all__ = ["ClientPool"]
+__all__ = ["ClientPool", "ready_then_start"]
 
 RunTask = Callable[[dict, Any, Any, dict], Any]
+
+
+def ready_then_start(tasks: Any, control: Any) -> float:
+    """In a client process: say it is ready, wait for the pool's common start; returns it."""
+    control.put(("ready", os.getpid()))
+    start_at = tasks.get()
+    while time.time() < start_at:
+        time.sleep(0.0005)
+    return start_at
 
 
 def _serve(run_task: RunTask, tasks: Any, control: Any) -> None:

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .clients import ClientPool
+from .clients import ClientPool, ready_then_start
 from .machine import machine_info
 
 __all__ = ["MODES", "PipelineConfig", "chunks", "run_pipeline", "table"]
@@ -90,10 +90,7 @@ def _run_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     # warm-up (connections, kernels) and each chunk's labels alone, which every answer under
     # load must repeat: wrong tensors handed between requests would show there, not in the rate
     alone = [np.asarray(run(rows, counts)) for rows, counts in parts]
-    control.put(("ready", os.getpid()))
-    start_at = tasks.get()
-    while time.time() < start_at:
-        time.sleep(0.0005)
+    start_at = ready_then_start(tasks, control)
     end = start_at + task["duration"]
     events = hits = same = done = 0
     last = start_at

@@ -25,12 +25,12 @@ measured.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import zoo
+from .clients import ready_then_start
 from .passthrough import PASSTHROUGH, passthrough_inputs
 
 __all__ = ["ReferenceConfig", "ReferenceRow", "ReferenceRun", "output_bytes", "tritonmodel_task"]
@@ -131,9 +131,7 @@ def tritonmodel_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
                                          **task.get("options", {}))
     for _ in range(3):  # connections, shared-memory regions, the server's first batches
         model(inputs)
-    control.put(("ready", os.getpid()))
-    start_at = tasks.get()
-    time.sleep(max(0.0, start_at - time.time()))
+    start_at = ready_then_start(tasks, control)
     calls, began = 0, time.perf_counter()
     while time.perf_counter() - began < task["duration"]:
         model(inputs)

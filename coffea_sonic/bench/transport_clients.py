@@ -28,7 +28,6 @@ TritonModel sends them.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -36,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .clients import ready_then_start
 from .modes import row_bytes as model_row_bytes
 from .slice_model import SINK_NAME
 
@@ -190,7 +190,5 @@ def transport_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
         inputs = {name: torch.from_numpy(array).cuda() for name, array in inputs.items()}
     for _ in range(2):  # connections, shared-memory regions, kernels
         client.submit(inputs).result()
-    control.put(("ready", os.getpid()))
-    start_at = tasks.get()
-    time.sleep(max(0.0, start_at - time.time()))
+    start_at = ready_then_start(tasks, control)
     return _timed_window(client, inputs, task, start_at)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 from coffea_sonic.bench.client import max_abs_difference
+from coffea_sonic.bench.clients import ready_then_start
 
 
 def _make_runner(task: dict, cache: dict):
@@ -104,10 +105,7 @@ def run_task(task: dict, tasks, control, cache: dict) -> dict:
     for _ in range(3):  # warm-up: connections, regions, kernels
         runner(inputs)
     before = _client_stats(client) if client is not None else {}
-    control.put(("ready", os.getpid()))
-    start_at = tasks.get()
-    while time.time() < start_at:
-        time.sleep(0.0005)
+    start_at = ready_then_start(tasks, control)
     end = start_at + task["duration"]
     done = 0
     last = start_at

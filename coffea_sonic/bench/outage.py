@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import signal
 import tempfile
 import threading
@@ -39,6 +38,7 @@ from ..model_options import DEFAULT_CONNECT_TIMEOUT_S
 from ..server import LocalTritonServer
 from ..server.launcher import free_port
 from .files import pyplot, save_figure
+from .machine import cpu_model
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def measure(events: int, output: str, progress: Any = None) -> dict[str, Any]:
     goal = 2 * healthy + DEFAULT_CONNECT_TIMEOUT_S
     record = {
         "benchmark": "outage", "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "load": os.getloadavg()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "load": os.getloadavg()},
         "command": f"coffea-sonic bench outage --events {events} -o {output}",
         "chunks": 16, "workers": 2, "kill_after_chunks": KILL_AFTER_CHUNKS,
         "runs": results, "killed_over_healthy": round(killed / healthy, 2),
@@ -139,16 +139,6 @@ def measure(events: int, output: str, progress: Any = None) -> dict[str, Any]:
     (output_dir / "outage.json").write_text(json.dumps(record, indent=1))
     _plot(results, goal, output_dir / "outage.png")
     return record
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _plot(results: dict[str, Any], goal: float, path: Path) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .clients import ClientPool, ready_then_start
+from .files import write_report
 from .machine import machine_info
 
 __all__ = ["MODES", "PipelineConfig", "chunks", "run_pipeline", "table"]
@@ -347,9 +348,12 @@ def add_ratios(records: list[dict]) -> None:
 
 def _write(report: dict, config: PipelineConfig, out: Path) -> str:
     """``pipeline-<device>.json`` and ``.md`` in ``out``; returns the table."""
-    stem = out / f"pipeline-{config.device}"
     report["served_stage_ms"] = served_stage_ms(os.environ.get("TRACKGNN_STAGE_TIMES"))
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    return write_report(report, out, f"pipeline-{config.device}",
+                        lambda report: _page(report, config))
+
+
+def _page(report: dict, config: PipelineConfig) -> str:
     text = table(report["records"], config.device, config.events)
     if report.get("direct_stage_ms"):
         text += ("\ndirect, ms per stage of one call: " + ", ".join(
@@ -357,7 +361,6 @@ def _write(report: dict, config: PipelineConfig, out: Path) -> str:
     if report["served_stage_ms"]:
         text += "\nserved, median ms per execute (stages with the device synchronised): " + \
             "; ".join(f"{stage}: {ms}" for stage, ms in report["served_stage_ms"].items()) + "\n"
-    stem.with_suffix(".md").write_text(text)
     return text
 
 

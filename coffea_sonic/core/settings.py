@@ -129,7 +129,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("config", None, "the endpoints file (TOML: [models], servers, any setting below)",
             sources=_ENV_ONLY, default_factory=lambda: str(config_file())),
     Setting("servers", None, "host:port list put in place of every declared URL's server"),
-    Setting("transport", "auto", "auto, grpc, shm or http: how TritonModel sends tensors"),
+    Setting("transport", "auto", "auto, grpc, shm, cuda or http: how TritonModel sends tensors"),
     Setting("fallback", "off", "off, local or cpu: where inference goes when every server fails"),
     Setting("shadow", 0.0, "fraction of served rows recomputed in-process and compared (0: off)"),
     Setting("shadow_dir", None, "folder where shadow validation's reports go (monitor --shadow)"),

@@ -93,9 +93,17 @@ def _freeze(python: Path) -> dict[str, str]:
 
 
 def core_wheel(root: Path, python: Path, folder: Path) -> Path:
-    """The wheel ``pip wheel .`` builds from ``root`` (with build isolation, as a user's pip does),
-    written into ``folder``."""
-    _pip(python, "wheel", "--no-deps", "--quiet", "-w", str(folder), str(root))
+    """The wheel ``pip wheel .`` builds from ``root``'s files as a fresh clone has them (tracked,
+    and new files git does not ignore), with build isolation as a user's pip does, written into
+    ``folder``. A copy, because setuptools' in-tree build/lib keeps modules deleted since."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+                            cwd=root, check=True, capture_output=True, text=True).stdout
+    clone = folder / "clone"
+    for relative in listed.splitlines():
+        if (root / relative).is_file():
+            (clone / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / relative, clone / relative)
+    _pip(python, "wheel", "--no-deps", "--quiet", "-w", str(folder), str(clone))
     wheels = sorted(folder.glob("coffea_sonic-*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"pip wheel {root} made {[w.name for w in wheels]}, not one wheel")

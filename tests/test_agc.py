@@ -20,7 +20,7 @@ from coffea.nanoevents import NanoAODSchema
 from coffea_sonic import LocalTritonServer, TritonModel
 from coffea_sonic.data.agc_sample import write_agc_sample
 from coffea_sonic.data.real import fetch_coffea_test_samples
-from coffea_sonic.examples.agc import MODEL_NAME, AgcProcessor
+from coffea_sonic.examples.agc import MODEL_NAME, AgcProcessor, agc_features, select
 from coffea_sonic.examples.agc_features import FEATURE_NAMES, features_from_arrays, permutations
 from coffea_sonic.zoo.train_agc_bdt import truth_labelled_permutations
 from coffea_sonic.zoo.trees import tree_file
@@ -218,7 +218,42 @@ def test_the_processor_runs_on_real_cms_nanoaod_where_few_events_pass(url):
     local = _run(_executor(processor.IterativeExecutor), fileset,
                  AgcProcessor(local_models=LOCAL))
     assert served["nevents"] == {"nano_dy": 40, "nano_dimuon": 40}
-    # Drell-Yan and dimuon data have no single-lepton four-jet events with two b tags
+    # of 40 Drell-Yan events 8 have one selected lepton and none four selected jets; of 40
+    # dimuon data events 6 have four jets and none one lepton: no event reaches a region
     assert served["selected"] == {"nano_dy": {"4j1b": 0, "4j2b": 0},
                                   "nano_dimuon": {"4j1b": 0, "4j2b": 0}}
     _assert_same_histograms(served, local)
+
+
+def test_even_events_are_scored_by_version_1_and_odd_ones_by_version_2(url):
+    """The train/test-clean rule: each event by the model not trained on its parity."""
+    rows, _, counts, numbers = truth_labelled_permutations(200, seed=12)
+    even = np.repeat(numbers % 2 == 0, counts)
+    assert even.any() and (~even).any()
+    served = AgcProcessor(url).score(rows, even)
+    trained_on_odd = xgboost.Booster(model_file=LOCAL[1]).inplace_predict(rows)
+    trained_on_even = xgboost.Booster(model_file=LOCAL[2]).inplace_predict(rows)
+    np.testing.assert_allclose(served[even], trained_on_odd[even], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(served[~even], trained_on_even[~even], rtol=0, atol=1e-6)
+    assert np.abs(trained_on_odd - trained_on_even).max() > 0.05  # two different models
+
+
+def test_real_cms_jets_make_features_the_server_scores_like_xgboost(url):
+    """The selection leaves no real event, so the features and scores are checked on the real
+    dimuon events with four selected jets, their leading muon standing in for the lepton."""
+    from coffea.nanoevents import NanoEventsFactory
+
+    paths = fetch_coffea_test_samples(REAL_NANOAOD_CACHE)
+    events = NanoEventsFactory.from_root({str(paths["nano_dimuon"]): "Events"},
+                                         schemaclass=QuietSchema, mode="eager").events()
+    selected = select(events, events.Jet)
+    keep = ak.to_numpy((ak.num(selected["jets"]) >= 4) & (ak.num(events.Muon) >= 1))
+    assert keep.sum() >= 3
+    rows, counts = agc_features(selected["jets"][keep], events.Electron[keep][:, :0],
+                                events.Muon[keep][:, :1])
+    assert set(counts.tolist()) <= {12, 60, 180} and len(rows) == counts.sum()
+    assert np.isfinite(rows).all() and (rows[:, 8:12] > 30).all()
+    even = np.repeat(ak.to_numpy(events.event[keep] % 2 == 0), counts)
+    served = AgcProcessor(url).score(rows, even)
+    local = AgcProcessor(local_models=LOCAL).score(rows, even)
+    np.testing.assert_allclose(served, local, rtol=0, atol=1e-6)

@@ -171,9 +171,12 @@ class DeprecatedAlias(argparse.Action):
 
 
 def warn_deprecated(parser: argparse.ArgumentParser, old: str, new: str) -> None:
-    """The one deprecation warning of the CLI: a :class:`FutureWarning` naming the new spelling."""
-    warnings.warn(f"{parser.prog}: {old} is deprecated and will be removed in the next release: "
-                  f"use {new}", FutureWarning, stacklevel=3)
+    """The one deprecation warning of the CLI: a :class:`FutureWarning` naming the new spelling,
+    shown as coming from the command (``coffea-sonic check:0: FutureWarning: ...``), not from
+    argparse's source."""
+    warnings.warn_explicit(f"{old} is deprecated and will be removed in the next release: "
+                           f"use {new}", FutureWarning, filename=parser.prog, lineno=0,
+                           module="coffea_sonic.cli")
 
 
 def add_deprecated_alias(parser: argparse.ArgumentParser | argparse._ArgumentGroup, old: str,
@@ -190,7 +193,7 @@ def add_deprecated_alias(parser: argparse.ArgumentParser | argparse._ArgumentGro
     ...     parser.parse_args(["--timeout", "3"])
     Namespace(timeout_s=3.0)
     >>> str(caught[0].message)
-    'check: --timeout is deprecated and will be removed in the next release: use --timeout-s'
+    '--timeout is deprecated and will be removed in the next release: use --timeout-s'
     """
     return parser.add_argument(old, action=DeprecatedAlias, dest=target.dest, target=target,
                                convert=convert)

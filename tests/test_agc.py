@@ -257,3 +257,14 @@ def test_real_cms_jets_make_features_the_server_scores_like_xgboost(url):
     served = AgcProcessor(url).score(rows, even)
     local = AgcProcessor(local_models=LOCAL).score(rows, even)
     np.testing.assert_allclose(served, local, rtol=0, atol=1e-6)
+
+
+def test_training_again_gives_the_committed_models(tmp_path):
+    from coffea_sonic.zoo.train_agc_bdt import main
+
+    main(tmp_path)
+    rows, _, _, _ = truth_labelled_permutations(300, seed=13)
+    for filename in ("agc_bdt_odd.json", "agc_bdt_even.json"):
+        again = xgboost.Booster(model_file=str(tmp_path / filename)).inplace_predict(rows)
+        committed = xgboost.Booster(model_file=str(ZOO / filename)).inplace_predict(rows)
+        np.testing.assert_allclose(again, committed, rtol=0, atol=1e-6, err_msg=filename)

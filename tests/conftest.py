@@ -192,3 +192,13 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "netlab: hosts in network namespaces (coffea_sonic.netlab; needs root, "
                    "skipped elsewhere)")
+
+
+@pytest.fixture(scope="module")
+def dask_two_workers():
+    """A Dask client of a LocalCluster with two single-threaded worker processes, on loopback."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        yield client

@@ -220,3 +220,29 @@ def assert_same_histograms(got: dict[str, Any], want: dict[str, Any]) -> None:
         for axis in histogram.axes:
             if axis.name != "dataset":
                 assert other.axes[axis.name] == axis, (name, axis.name)
+
+
+def every_parser(parser: Any, path: tuple[str, ...] = ()):
+    """``(subcommand path, parser)`` of ``parser`` and every subparser below it, depth first."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from every_parser(child, path + (name,))
+
+
+def stop_gracefully(process: Any, grace_s: float = 60.0) -> None:
+    """SIGTERM ``process`` (a ``subprocess.Popen``) if it still runs, SIGKILL it after
+    ``grace_s``; reaped either way."""
+    import signal
+    import subprocess
+
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -47,15 +47,6 @@ def sample(tmp_path_factory):
     return write_agc_sample(tmp_path_factory.mktemp("agc"), events=1500, files=2, seed=4)
 
 
-@pytest.fixture(scope="module")
-def dask_client():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        yield client
-
-
 def _executor(kind, **options):
     """An executor that runs each chunk once (coffea reruns failing chunks by default)."""
     if "retries" in {field.name for field in dataclasses.fields(kind)}:
@@ -181,9 +172,9 @@ def test_features_equal_a_straightforward_computation_on_a_few_events():
         start += count
 
 
-def test_served_histograms_under_dask_equal_local_xgboost(sample, url, dask_client,
+def test_served_histograms_under_dask_equal_local_xgboost(sample, url, dask_two_workers,
                                                           local_output):
-    served = _run(_executor(processor.DaskExecutor, client=dask_client), sample,
+    served = _run(_executor(processor.DaskExecutor, client=dask_two_workers), sample,
                   AgcProcessor(url))
     _assert_same_histograms(served, local_output)
     assert served["nevents"] == {"ttbar": 3000}

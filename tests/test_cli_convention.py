@@ -16,6 +16,7 @@ import uproot
 from coffea_sonic.cli import build_parser, main
 from coffea_sonic.cliargs import DEVICE_CHOICES, DeprecatedAlias
 from coffea_sonic.core.settings import SETTINGS
+from helpers import every_parser
 
 # Folders a command reads (or shares as a cache) rather than writes its results into.
 FOLDER_INPUTS = {
@@ -73,13 +74,6 @@ DEPRECATED = [
 ]
 
 
-def _every_parser(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, child in action.choices.items():
-                yield from _every_parser(child, path + (name,))
-
 
 def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """What ``--help`` shows: no help, no subcommands, no hidden old spellings, no added -v."""
@@ -94,19 +88,19 @@ def _name(action: argparse.Action) -> str:
 
 
 def _every_option():
-    for path, parser in _every_parser(build_parser()):
+    for path, parser in every_parser(build_parser()):
         for action in _options(parser):
             yield path, action
 
 
 def _leaf_commands():
-    return [(path, parser) for path, parser in _every_parser(build_parser())
+    return [(path, parser) for path, parser in every_parser(build_parser())
             if path and parser.get_default("func") is not None]
 
 
 def test_every_subcommand_has_help_text():
     missing = []
-    for path, parser in _every_parser(build_parser()):
+    for path, parser in every_parser(build_parser()):
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 helps = {choice.dest: choice.help for choice in action._choices_actions}
@@ -156,7 +150,7 @@ def test_tls_options_are_named_as_the_settings_are():
     setting_names = {setting.name for setting in SETTINGS}
     for path, action in _every_option():
         assert not any(flag.startswith("--ssl") for flag in action.option_strings), path
-    check = dict(_every_parser(build_parser()))[("check",)]
+    check = dict(every_parser(build_parser()))[("check",)]
     dests = {action.dest for action in _options(check)}
     tls = {"ca_file", "cert_file", "key_file", "server_name", "token_env", "token_file",
            "protocol_key_name", "protocol_key_env", "protocol_key_file"}
@@ -208,7 +202,7 @@ def test_an_old_spelling_parses_as_the_new_one_and_warns(old, new):
 
 def _path_and_flag(old: list[str], new: list[str]) -> tuple[tuple[str, ...], str]:
     """The subcommand ``old`` runs and the old option in it."""
-    parsers = dict(_every_parser(build_parser()))
+    parsers = dict(every_parser(build_parser()))
     path: tuple[str, ...] = ()
     for arg in old:
         if path + (arg,) not in parsers:
@@ -219,7 +213,7 @@ def _path_and_flag(old: list[str], new: list[str]) -> tuple[tuple[str, ...], str
 
 def test_every_old_spelling_is_tested():
     covered = {_path_and_flag(old, new) for old, new in DEPRECATED}
-    found = {(path, action.option_strings[0]) for path, parser in _every_parser(build_parser())
+    found = {(path, action.option_strings[0]) for path, parser in every_parser(build_parser())
              for action in parser._actions if isinstance(action, DeprecatedAlias)}
     assert found - covered == set(), "add these old spellings to DEPRECATED"
 

@@ -14,19 +14,13 @@ from coffea_sonic import __version__
 from coffea_sonic.bench.commands import register_all, scenario_names
 from coffea_sonic.cli import build_parser, main
 from coffea_sonic.cliargs import verbosity
+from helpers import every_parser
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     return next(action.choices for action in parser._actions
                 if isinstance(action, argparse._SubParsersAction))
 
-
-def _every_parser(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
-    yield path, parser
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, child in action.choices.items():
-                yield from _every_parser(child, path + (name,))
 
 
 def test_version_prints_the_package_version(capsys):
@@ -37,9 +31,9 @@ def test_version_prints_the_package_version(capsys):
 
 def test_every_subcommand_takes_v_after_its_name():
     parser = build_parser()
-    commands = [path for path, _ in _every_parser(parser) if path]
+    commands = [path for path, _ in every_parser(parser) if path]
     assert ("bench", "suite") in commands and ("models", "list") in commands
-    for path, sub in _every_parser(parser):
+    for path, sub in every_parser(parser):
         if path:
             assert any("-v" in action.option_strings for action in sub._actions), path
     assert verbosity(parser.parse_args(["models", "list", "-v"])) == 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +24,7 @@ from tritonclient.grpc import model_config_pb2
 
 from coffea_sonic.cli import main
 from coffea_sonic.server.model_check import validate_repository
-from helpers import wait_for
+from helpers import stop_gracefully, wait_for
 
 ROWS = np.random.default_rng(7).normal(size=(300, 6)).astype(np.float32)
 SCALE = np.random.default_rng(8).uniform(0.5, 2.0, size=(300, 1)).astype(np.float32)
@@ -104,13 +103,7 @@ def serving(repository: Path, *extra: str) -> Iterator[tuple[subprocess.Popen, l
             reader.join(10)
         yield process, lines
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_gracefully(process)
         reader.join(10)
 
 

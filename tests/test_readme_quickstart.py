@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import wait_for
+from helpers import stop_gracefully, wait_for
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BIN = Path(sys.executable).parent
@@ -80,13 +79,7 @@ def readme_server(newcomer_env, tmp_path) -> Iterator[str]:
         assert grpc, "".join(lines)
         yield grpc[0]
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_gracefully(process)
         reader.join(10)
         assert not reader.is_alive()
 

@@ -64,15 +64,6 @@ def sample(tmp_path_factory):
     return write_sample(tmp_path_factory.mktemp("sample"), events=800, files=1, seed=11)
 
 
-@pytest.fixture(scope="module")
-def dask_client():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        yield client
-
-
 def _url(server, transport: str) -> str:
     if transport == "http":
         return f"triton+http://{server.http_address}/jet_tagger"
@@ -96,15 +87,15 @@ def _run(sample, url, transport, client, repeats: bool):
 
 @pytest.mark.parametrize("transport", ["grpc", "shm", "http"])
 def test_weight_only_variations_send_no_request_and_fill_what_sending_them_fills(
-        server, sample, dask_client, transport, caplog):
+        server, sample, dask_two_workers, transport, caplog):
     url, wire = _url(server, transport), "auto" if transport == "http" else transport
     chunks = CHUNKS * len(sample)
     before = settled(lambda: _requests(server))
     with caplog.at_level(logging.INFO, logger="coffea_sonic"):
         deduplicated = assert_sent_over(transport, server,
-                                        lambda: _run(sample, url, wire, dask_client, repeats=True))
+                                        lambda: _run(sample, url, wire, dask_two_workers, repeats=True))
     sent = settled(lambda: _requests(server)) - before
-    every = _run(sample, url, wire, dask_client, repeats=False)
+    every = _run(sample, url, wire, dask_two_workers, repeats=False)
     sent_without = settled(lambda: _requests(server)) - before - sent
     # 2 distinct inputs per chunk (nominal, jes_up) instead of 5
     assert (sent, sent_without) == (2 * chunks, 5 * chunks), (sent, sent_without)

@@ -117,6 +117,19 @@ def test_dask_awkward_notebook_builds_without_requests_and_infers_every_jet(
     assert (tmp_path / "scores_dask_awkward.png").stat().st_size > 10_000
 
 
+def test_agc_notebook_serves_the_bdt_pair_and_equals_xgboost_in_process(tmp_path,
+                                                                        no_sonic_settings):
+    outputs = run_notebook("06_agc.ipynb", tmp_path, EVENTS=600, WORKDIR=str(tmp_path))
+    assert "started the embedded Triton server" in outputs
+    assert re.search(r"1200 events in [\d.]+ s; selected: \{'4j1b': \d+, '4j2b': [1-9]\d*\}",
+                     outputs), outputs
+    repeats = [int(n) for n in re.findall(r"(\d+) calls of the weight-only variations needed no "
+                                          r"request", outputs)]
+    assert len(repeats) == 2 and all(n > 0 for n in repeats), outputs
+    assert "served == local XGBoost: True" in outputs
+    assert (tmp_path / "top_mass.png").stat().st_size > 10_000
+
+
 def test_saved_notebooks_show_no_path_of_the_machine_that_ran_them_and_no_warning():
     """What a user reads before running anything: the outputs stored by scripts/save_notebooks.py
     name no folder of ours (a checkout, a venv, a temporary or home folder) and hold no stderr
@@ -135,5 +148,5 @@ def test_saved_notebooks_show_no_path_of_the_machine_that_ran_them_and_no_warnin
                     found.append(f"{path.name} cell {index}: stderr/error {text[:200]!r}")
                 found += [f"{path.name} cell {index}: {line.strip()}" for line in text.splitlines()
                           if machine_path.search(line)]
-    assert len(list(NOTEBOOKS.glob("*.ipynb"))) == 5
+    assert len(list(NOTEBOOKS.glob("*.ipynb"))) == 6
     assert not found, "\n".join(found[:20])

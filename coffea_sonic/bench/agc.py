@@ -36,11 +36,12 @@ from typing import Callable
 
 import numpy as np
 
-from .files import write_report
+from .files import pyplot, save_figure, write_report
 from .machine import machine_info
 from .reference_run import uptime_line
 
-__all__ = ["AgcBench", "JET_MULTIPLICITY", "agc_chunk", "markdown", "run_agc", "write_agc"]
+__all__ = ["AgcBench", "JET_MULTIPLICITY", "agc_chunk", "markdown", "plot_agc", "run_agc",
+           "write_agc"]
 
 MODEL = "reconstruction_bdt_xgb"
 #: Share of selected ttbar events with 4, 5 and >= 6 jets (permutations: 12, 60, 180).
@@ -57,6 +58,9 @@ class AgcBench:
     #: a folder with the AGC's own ``model_odd.json`` (version 1) and ``model_even.json``
     #: (version 2) to use instead of the zoo's pair (None: the zoo's)
     model_files: str | None = None
+    #: events of the synthetic AGC-like sample the whole analysis runs on (0: none), one
+    #: process (coffea's IterativeExecutor), served and with XGBoost in-process
+    end_to_end_events: int = 0
 
 
 def _files(config: AgcBench) -> dict[int, Path]:
@@ -179,9 +183,65 @@ def run_agc(config: AgcBench) -> dict:
     for case in report["cases"]:
         case["vs_local"] = case["events_per_s"] / local_rate
         case["events_per_s_per_core"] = case["events_per_s"] / case["client_cores"]
+    if config.end_to_end_events:
+        report["end_to_end"] = _end_to_end(config, files)
     report["uptime_after"] = uptime_line()
     report["client_cores_available"] = os.cpu_count()
     return report
+
+
+def _end_to_end(config: AgcBench, files: dict[int, Path]) -> list[dict]:
+    """The whole AGC analysis (selection, features, the ML step, histograms, systematics) in one
+    process on a synthetic sample: events/s served on each device and with XGBoost in-process;
+    the ML histograms of every case equal the local ones."""
+    from coffea import processor
+    from coffea.nanoevents import NanoAODSchema
+
+    from ..data.agc_sample import write_agc_sample
+    from ..examples.agc import AgcProcessor
+
+    schema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
+    sample = write_agc_sample(tempfile.mkdtemp(prefix="agc-e2e-"),
+                              events=config.end_to_end_events // 2, files=2, seed=5)
+    runnable = {name: {"files": {path: "Events" for path in paths}}
+                for name, paths in sample.items()}
+
+    def run(instance) -> tuple[float, dict]:
+        runner = processor.Runner(executor=processor.IterativeExecutor(status=False),
+                                  schema=schema, chunksize=20_000)
+        began = time.perf_counter()
+        output = runner(runnable, treename="Events", processor_instance=instance)
+        return config.end_to_end_events / (time.perf_counter() - began), output
+
+    rate, local = run(AgcProcessor(local_models={v: str(p) for v, p in files.items()}))
+    rows = [{"case": "AGC analysis, XGBoost in-process", "events_per_s": rate}]
+    for device in config.devices:
+        with _server(config, device, files) as server:
+            rate, served = run(AgcProcessor(f"triton+grpc://{server.grpc_address}"))
+        top = "mass_w1w2btophad"
+        if not np.array_equal(served["ml_hist_dict"][top].values(),
+                              local["ml_hist_dict"][top].values()):
+            raise AssertionError(f"served on {device}: the top-mass histogram differs from local")
+        rows.append({"case": f"AGC analysis, served ({device.upper()})", "events_per_s": rate})
+    for row in rows:
+        row["events_per_s_per_core"] = row["events_per_s"]  # one process
+    return rows
+
+
+def plot_agc(reports: list[dict], path: str | Path) -> Path:
+    """Events/s of each case, one panel per report (machine)."""
+    plt = pyplot()
+    figure, axes = plt.subplots(1, len(reports), figsize=(6 * len(reports), 3.2), squeeze=False)
+    for axis, report in zip(axes[0], reports):
+        cases = report["cases"] + report.get("end_to_end", [])
+        names = [case["case"] for case in cases][::-1]
+        axis.barh(names, [case["events_per_s"] for case in cases][::-1], color="tab:blue")
+        m = report["machine"]
+        axis.set_title(f"{', '.join(m.get('gpus') or []) or 'no GPU'}, {m['cpu_cores']} cores "
+                       f"({m['date'][:10]})", fontsize=8)
+        axis.set_xlabel("events/s")
+        axis.tick_params(labelsize=7)
+    return save_figure(figure, path, "AGC ML step: local XGBoost, served, the AGC's client")
 
 
 def markdown(report: dict) -> str:
@@ -195,9 +255,14 @@ def markdown(report: dict) -> str:
     for case in report["cases"]:
         lines.append(f"| {case['case']} | {case['events_per_s']:,.0f} | "
                      f"{case['events_per_s_per_core']:,.0f} | {case['vs_local']:.2f}x |")
+    for row in report.get("end_to_end", []):
+        lines.append(f"| {row['case']} | {row['events_per_s']:,.0f} | "
+                     f"{row['events_per_s_per_core']:,.0f} | - |")
     return "\n".join(lines) + "\n"
 
 
 def write_agc(report: dict, out: str) -> str:
-    """agc.json and agc.md in ``out``; returns the table."""
-    return write_report(report, out, "agc", markdown)
+    """agc.json, agc.md and agc.png in ``out``; returns the table."""
+    table = write_report(report, out, "agc", markdown)
+    plot_agc([report], Path(out) / "agc.png")
+    return table

@@ -37,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              help="the AGC's ML step: local XGBoost, served (CPU/GPU), the AGC's "
                                   "own client")
     add_numbers(parser, [("--events", int, 20_000, "events per chunk"),
-                         ("--seconds", float, 5.0, "seconds per case")])
+                         ("--seconds", float, 5.0, "seconds per case"),
+                         ("--end-to-end-events", int, 0,
+                          "also run the whole AGC analysis (AgcProcessor, one process) on a "
+                          "synthetic sample of this many events, served and in-process (0: no)")])
     add_list_option(parser, "--devices", default=["cpu"], choices=["cpu", "gpu"],
                     metavar="DEVICE",
                     help="where the embedded server runs the BDTs (default: cpu; gpu: XGBoost "
@@ -54,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
     from ..agc import AgcBench, run_agc, write_agc
 
     config = AgcBench(events=args.events, seconds=args.seconds, devices=list(args.devices),
-                      model_files=args.model_files)
+                      model_files=args.model_files, end_to_end_events=args.end_to_end_events)
     print(write_agc(run_agc(config), args.output))
     return 0

@@ -29,3 +29,14 @@ def test_bench_agc_scores_local_served_and_the_agc_client_alike(tmp_path, model_
     assert Path(report["models"]["1"]).name == ("model_odd.json" if model_files
                                                 else "agc_bdt_odd.json")
     assert "| AGC client (tritonclient, CPU server) |" in (tmp_path / "agc.md").read_text()
+
+
+def test_bench_agc_end_to_end_runs_the_whole_analysis_served_and_in_process(tmp_path):
+    argv = ["--events", "200", "--seconds", "0.1", "--end-to-end-events", "400",
+            "-o", str(tmp_path)]
+    assert run_scenario("agc", argv) == 0
+    report = json.loads((tmp_path / "agc.json").read_text())
+    assert [row["case"] for row in report["end_to_end"]] == [
+        "AGC analysis, XGBoost in-process", "AGC analysis, served (CPU)"]
+    assert all(row["events_per_s"] > 0 for row in report["end_to_end"])
+    assert (tmp_path / "agc.png").stat().st_size > 10_000

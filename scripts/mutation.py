@@ -8,9 +8,10 @@ Survivors fall in three groups:
 
 * ``equivalent``: listed in ``scripts/mutation_equivalent.toml`` with why no test can tell it
   from the original;
-* ``not_reached``: its line never runs under the in-process tests; only tests that need a Triton
-  server or Dask workers reach it, and those run the code in other processes that never see the
-  mutant, so such a survivor is reported apart, never counted as killed;
+* ``not_reached``: its statement never runs under the in-process tests (or it is listed under
+  ``[[server_only]]`` in that file); only tests that need a Triton server or Dask workers reach
+  it, and those run the code in other processes that never see the mutant, so such a survivor is
+  reported apart, never counted as killed;
 * ``survived``: a test is missing.
 
 How it runs: the tool is this file, which needs nothing beyond the project's own ``.venv``
@@ -89,6 +90,8 @@ class Mutant:
     where: str
     source: str
     mutation: str
+    #: first line of the statement holding the mutant (what the line tracer sees run)
+    statement_line: int = 0
     status: str = ""
     reason: str = ""
 
@@ -205,13 +208,22 @@ def list_mutants(key: str) -> list[Mutant]:
     lines = text.splitlines()
     tree = ast.parse(text)
     names = _qualnames(tree)
+    statement_of: dict[int, int] = {}
+    for statement in ast.walk(tree):
+        if isinstance(statement, ast.stmt):
+            for sub in ast.walk(statement):
+                statement_of.setdefault(id(sub), statement.lineno)
+    for statement in sorted((n for n in ast.walk(tree) if isinstance(n, ast.stmt)),
+                            key=lambda n: n.lineno):
+        for sub in ast.walk(statement):  # the innermost statement wins
+            statement_of[id(sub)] = statement.lineno
     mutants = []
     for index, (_order, node, mutation) in enumerate(_points(tree)):
         where = names.get(id(node), "<module>")
         if any(where == p or where.startswith(p + ".") for p in left_out):
             continue
         mutants.append(Mutant(key, index, node.lineno, where, lines[node.lineno - 1].strip(),
-                              mutation))
+                              mutation, statement_of.get(id(node), node.lineno)))
     return mutants
 
 
@@ -318,12 +330,16 @@ def _wait_all(running: dict[int, tuple[Mutant, float]], limit_s: float, block: b
     return done
 
 
-def load_equivalent() -> dict[tuple[str, str, str, str], str]:
+def load_equivalent() -> dict[tuple[str, str, str, str], tuple[str, str]]:
+    """(module, where, source line, mutation) -> (status, reason) from EQUIVALENT_FILE:
+    ``[[equivalent]]`` entries (no test can tell them apart) and ``[[server_only]]`` entries
+    (only a test with a real server could kill them: reported apart, not counted as killed)."""
     if not EQUIVALENT_FILE.exists():
         return {}
     data = tomllib.loads(EQUIVALENT_FILE.read_text())
-    return {(e["module"], e["where"], e["source"], e["mutation"]): e["reason"]
-            for e in data.get("equivalent", [])}
+    return {(e["module"], e["where"], e["source"], e["mutation"]): (status, e["reason"])
+            for table, status in (("equivalent", "equivalent"), ("server_only", "not_reached"))
+            for e in data.get(table, [])}
 
 
 def run_module(key: str, jobs: int, equivalent: dict) -> list[Mutant]:
@@ -351,10 +367,10 @@ def run_module(key: str, jobs: int, equivalent: dict) -> list[Mutant]:
             if code == -999:
                 mutant.status, mutant.reason = "killed", "timed out"
             elif code == 0:
-                why = equivalent.get((key, mutant.where, mutant.source, mutant.mutation))
-                if why:
-                    mutant.status, mutant.reason = "equivalent", why
-                elif mutant.line not in reached:
+                listed = equivalent.get((key, mutant.where, mutant.source, mutant.mutation))
+                if listed:
+                    mutant.status, mutant.reason = listed
+                elif mutant.statement_line not in reached:
                     mutant.status = "not_reached"
                     mutant.reason = "line not run in-process; only server/Dask tests reach it"
                 else:
@@ -390,7 +406,7 @@ def markdown(rows: list[dict], results: list[Mutant], command: str) -> str:
     if left:
         out += ["", "Survivors:", ""]
         out += [f"- {m.module}:{m.line} `{m.where}` `{m.source}` ({m.mutation}): {m.status}"
-                for m in left]
+                + (f" ({m.reason})" if m.reason else "") for m in left]
     return "\n".join(out) + "\n"
 
 

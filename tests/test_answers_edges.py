@@ -83,7 +83,7 @@ def test_preallocation_needs_batching_known_dims_and_fixed_width_types():
 def test_pieces_are_joined_in_input_order_without_their_padding():
     info = _info(TensorInfo("y", "FP32", (1,)))
     first = {"y": np.array([[0.0], [1.0], [-1.0]], np.float32)}  # one padding row
-    second = {"y": np.array([[2.0], [3.0]], np.float32)}
+    second = {"y": np.array([[2.0], [3.0], [-1.0]], np.float32)}
     out = assemble("m", info, 4, [(0, 2), (2, 4)], [first, second], None)
     assert out["y"].ravel().tolist() == [0.0, 1.0, 2.0, 3.0]
 

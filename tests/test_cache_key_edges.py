@@ -77,3 +77,37 @@ def test_a_key_tells_apart_names_dtypes_shapes_rows_and_counts():
     assert block_key({"x": x}, 1, 3) != base
     assert block_key({"x": np.zeros((0, 3))}, 0, 0) == block_key({"x": np.zeros((0, 3))}, 0, 0)
     assert call_key({"x": x}, np.array([1, 3])) != call_key({"x": x}, np.array([2, 2]))
+
+
+def test_fingerprints_read_the_first_64_bytes_of_wide_and_odd_rows():
+    wide = np.arange(5 * 20, dtype=np.float32).reshape(5, 20)  # 80 bytes a row: 8 words used
+    assert row_fingerprints({"w": wide}, 5).tolist() == [
+        12200107093641328230, 6540965207303376295, 16918268901408182229, 1201576777680884186,
+        3402711593192995628]
+    odd = np.arange(45, dtype=np.uint8).reshape(5, 9)  # 9 bytes a row: padded to 16
+    assert row_fingerprints({"n": odd}, 5).tolist() == [
+        14767814682479719328, 2983868618111990420, 8262149702890922767, 5362562321300795020,
+        1742229145905988897]
+    assert block_key(_inputs(), 1, 11) == "cbe4b1cec926bacdc30ddbcb0c32b83c"
+
+
+def test_block_size_aims_at_32_kib_of_input():
+    from coffea_sonic.cache.key import TARGET_BLOCK_BYTES
+    assert TARGET_BLOCK_BYTES == 32 * 1024
+    # 64.05 bytes a row: 511.6 rows make 32 KiB, so the power of two below is 256
+    assert aim_rows({"x": np.zeros((1, 6405), np.uint8)}, 100) == 256
+    assert aim_rows({"x": np.zeros((1, 256), np.uint8)}, 0) == 128
+
+
+def test_a_long_run_without_cuts_is_split_at_the_maximum_before_the_next_cut():
+    # fingerprints of rows of 0.0 never end a block at target 16; rows of 9.0 do
+    rows = np.array([0.0] * 200 + [9.0] + [0.0] * 50, np.float32).repeat(2).reshape(-1, 2)
+    assert content_blocks({"x": rows}, 251, target_rows=16) == [(0, 128), (128, 201), (201, 251)]
+
+
+def test_the_minimum_block_is_a_whole_number_of_rows_and_blocks_are_never_empty():
+    same = {"x": np.full((10, 2), 209.0, np.float32)}  # every row is a cut at target 40
+    assert content_blocks(same, 10, target_rows=40) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    for value in range(40):
+        blocks = content_blocks({"x": np.full((1000, 2), value, np.float32)}, 1000, target_rows=16)
+        assert all(stop > start for start, stop in blocks)

@@ -33,7 +33,11 @@ def _call(counts, info: ModelInfo | None = None) -> RaggedCall:
     (_info(ragged_inputs=("x__counts",)), "declares no ragged input"),
     (_info(inputs=(X, XC, TensorInfo("z", "FP32", (-1,)), TensorInfo("z__counts", "INT64", (-1,))),
            ragged_inputs=("x", "x__counts", "z", "z__counts")),
-     "expected exactly one counts input 'x__counts' or 'z__counts'"),
+     "expected exactly one counts input 'x__counts' or 'z__counts' \\(TYPE_INT64, dims \\[-1\\]\\) "
+     "for its ragged inputs \\['x', 'z'\\], it declares \\['x__counts', 'z__counts'\\]; a ragged model "
+     "declares .*ragged_model_config writes one"),
+    (_info(inputs=(X, XC, TensorInfo("z__counts", "INT64", (-1,))),
+           ragged_inputs=("x", "x__counts", "z__counts")), "also declares \\['z__counts'\\]"),
     (_info(inputs=(X, TensorInfo("x__counts", "INT32", (-1,)))), "declares INT32\\[-1\\]"),
     (_info(inputs=(X, TensorInfo("x__counts", "INT64", (2,)))), "declares INT64\\[2\\]"),
     (_info(inputs=(X, XC, TensorInfo("w", "FP32", (1,)))), "also declares \\['w'\\]"),
@@ -69,7 +73,8 @@ def test_a_models_declaration_is_read_once_and_the_memo_stays_small():
 
 
 def test_a_plain_call_to_a_model_that_needs_counts_is_refused():
-    with pytest.raises(InputValidationError, match="call model\\(inputs, counts=rows_per_event\\)"):
+    with pytest.raises(InputValidationError, match="takes ragged inputs \\['x'\\] with per-event counts "
+                                                   "\\['x__counts'\\]: call model\\(inputs, counts=rows_per_event\\)"):
         check_plain_call(_info(), {"x": np.zeros((1, 3))})
     check_plain_call(_info(), {"x": np.zeros((1, 3)), "x__counts": np.zeros((1, 1))})
     check_plain_call(_info(), [np.zeros(3)])  # type: ignore[arg-type]
@@ -200,3 +205,32 @@ def test_groups_are_joined_in_event_order_and_split_back_per_event():
         call.assemble([(0, 1), (1, 3)], [first])
     with pytest.raises(InferenceError, match="assembled 2 rows of output 'y', expected 5"):
         call.assemble([(0, 1)], [first])
+
+
+def test_signatures_cannot_change_and_calls_compare_by_identity():
+    import dataclasses
+
+    sig = signature(_info())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sig.counts = None  # type: ignore[misc]
+    call = _call([1, 2])
+    assert {call: 1}[call] == 1 and call != _call([1, 2])
+    assert HARD_REQUEST_LIMIT == 2 ** 31 - 1 - 2 ** 20
+
+
+def test_int64_counts_are_used_without_a_copy():
+    counts = np.array([1, 2], np.int64)
+    assert np.shares_memory(_call(counts).counts, counts)
+
+
+def test_a_single_event_over_the_cap_is_one_group_and_one_at_the_cap_is_not_logged(caplog):
+    assert _call([9]).plan(20) == [(0, 1, 0)]
+    with caplog.at_level(logging.INFO, logger="coffea_sonic.ragged"):
+        assert _call([1, 3, 1]).plan(20) == [(0, 1, 0), (1, 2, 0), (2, 3, 0)]
+    assert "over the request cap" not in caplog.text
+
+
+def test_empty_outputs_make_variable_dims_zero():
+    call = _call([1], _info(outputs=(TensorInfo("y", "FP32", (-1, -1)), TensorInfo("e", "FP32", (-1, 2)))))
+    out = call.empty_outputs()
+    assert out["y"].shape == (0, 0) and out["e"].shape == (0, 0, 2)

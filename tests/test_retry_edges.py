@@ -91,3 +91,23 @@ def test_the_timer_runs_callbacks_in_due_order_and_survives_a_failing_one():
     call_later(0.1, record("soon"))
     assert done.wait(30), f"timer ran only {order}"
     assert order == ["fail", "soon", "late"]
+
+
+def test_the_timer_is_one_daemon_thread_that_ends_when_idle():
+    import time
+
+    from coffea_sonic import retry
+
+    scheduler = retry._schedulers.get("timer", retry._Scheduler)
+    ran = threading.Event()
+    call_later(0.3, ran.set)
+    call_later(0.2, lambda: None)
+    timers = [t for t in threading.enumerate() if t.name == "coffea-sonic-retry"]
+    assert len(timers) == 1 and timers[0].daemon
+    assert ran.wait(30)
+    timers[0].join(timeout=60)  # idle for 5 s, it ends
+    assert not timers[0].is_alive() and scheduler._thread is None
+    scheduled = time.monotonic()
+    ran.clear()
+    call_later(1.5, ran.set)
+    assert ran.wait(30) and time.monotonic() - scheduled >= 1.5  # never early

@@ -141,3 +141,15 @@ def test_one_router_per_servers_and_settings_until_cleared():
     clear_routers()
     assert get_router(servers, policy=POLICY, connect_timeout_s=0.1) is not first
     clear_routers()
+
+
+def test_a_busy_server_backs_off_by_its_failures_so_far():
+    policy = RetryPolicy(jitter=0.0, initial_backoff_s=1.0, multiplier=2.0, max_backoff_s=100.0)
+    router = Router([ServerSettings("127.0.0.1:1")], policy=policy, connect_timeout_s=0.1)
+    (endpoint,) = router.endpoints
+    endpoint.served = {"m": ("1",)}
+    for failures, pause in ((0, 1.0), (2, 4.0)):
+        endpoint.consecutive_failures = failures
+        before = time.monotonic()
+        router.release(router.acquire("m", "1"), "busy", "overloaded")
+        assert before + pause <= endpoint.busy_until <= time.monotonic() + pause

@@ -80,3 +80,12 @@ def test_a_server_that_forgets_regions_with_shared_memory_off_is_not_probed_agai
         choice.region_forgotten("unknown region")
     assert choice.reprobes == MAX_REPROBES + 1 and choice.shm_off == "off"
     assert MAX_REPROBES == 3
+
+
+def test_a_choice_once_made_is_kept_and_gpu_models_over_grpc_never_try_cuda():
+    choice = ServerTransports(REMOTE)
+    choice.data_transport()
+    kept = ServerTransports(ServerSettings("192.0.2.2:8001"), "grpc").plain
+    choice.data = kept
+    assert choice.data_transport() is kept and choice.data_transport(gpu_model=True) is kept
+    assert choice.kind(gpu_model=True) == "grpc" and choice.cuda_off == "" and choice.cuda is None

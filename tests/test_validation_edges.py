@@ -179,3 +179,34 @@ def test_empty_outputs_have_the_declared_types_and_no_rows():
     assert batching["y"].shape == (0, 0, 2) and batching["y"].dtype == np.int64
     plain = empty_outputs(_info(X3, max_batch_size=0, outputs=outputs))
     assert plain["y"].shape == (0, 2) and plain["z"].shape == (0, 4)
+
+
+def test_fixed_zero_dims_are_shown_as_numbers_and_free_ones_as_stars():
+    info = _info(TensorInfo("x", "FP32", (0, -1)))
+    with pytest.raises(InputValidationError, match="declares x \\[N, 0, \\*\\] FP32$"):
+        validate_inputs(info, {})
+    plain = _info(TensorInfo("x", "FP32", (0, -1)), max_batch_size=0)
+    with pytest.raises(InputValidationError, match="declares x \\[0, \\*\\] FP32$"):
+        validate_inputs(plain, {})
+
+
+def test_zero_byte_rows_count_as_one_byte_when_planning():
+    info = _info(TensorInfo("x", "FP32", (0,)), max_batch_size=100)
+    assert plan_pieces(info, {"x": np.zeros((10, 0), np.float32)}, 10, 5) == [(0, 5, 0), (5, 10, 0)]
+
+
+def test_a_leading_dim_of_one_or_zero_or_free_is_not_a_fixed_request_size():
+    one = _info(TensorInfo("x", "FP32", (1, 2)), max_batch_size=0)
+    assert plan_pieces(one, {"x": np.zeros((3, 2), np.float32)}, 3, 1 << 20) == [
+        (0, 1, 0), (1, 2, 0), (2, 3, 0)]
+    zero = _info(TensorInfo("x", "FP32", (0, 2)), max_batch_size=0)
+    assert plan_pieces(zero, {"x": np.zeros((3, 2), np.float32)}, 3, 1 << 20) == [(0, 3, 0)]
+    free = _info(TensorInfo("x", "FP32", (-1, 2)), max_batch_size=0)
+    assert plan_pieces(free, {"x": np.zeros((10, 2), np.float32)}, 10, 56) == [(0, 5, 0), (5, 10, 0)]
+
+
+def test_a_fixed_request_of_exactly_the_grpc_limit_is_allowed():
+    size = 2 ** 31 - 1 - (1 << 20)
+    info = _info(TensorInfo("x", "UINT8", (1, size)), max_batch_size=0)
+    arrays = {"x": np.broadcast_to(np.zeros(1, np.uint8), (1, size))}
+    assert plan_pieces(info, arrays, 1, 1 << 20) == [(0, 1, 0)]

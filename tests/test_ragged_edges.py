@@ -234,3 +234,11 @@ def test_empty_outputs_make_variable_dims_zero():
     call = _call([1], _info(outputs=(TensorInfo("y", "FP32", (-1, -1)), TensorInfo("e", "FP32", (-1, 2)))))
     out = call.empty_outputs()
     assert out["y"].shape == (0, 0) and out["e"].shape == (0, 0, 2)
+
+
+def test_balanced_groups_cut_nearest_the_equal_shares():
+    assert _call([4, 3, 1, 5, 0, 0, 0, 8, 0]).plan(120) == [(0, 4, 0), (4, 9, 0)]
+    assert _call([1, 7, 8, 1, 2, 8, 6]).plan(55) == [(0, 2, 0), (2, 3, 0), (3, 5, 0), (5, 6, 0),
+                                                     (6, 7, 0)]
+    assert _call([8, 7, 8, 3, 1, 0, 1]).plan(25) == [(0, 1, 0), (1, 2, 0), (2, 3, 0), (3, 4, 0),
+                                                     (4, 5, 0), (5, 7, 0)]

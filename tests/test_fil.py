@@ -107,6 +107,17 @@ def repository(tmp_path_factory, trees):
     repo = tmp_path_factory.mktemp("fil_repository")
     _write(repo, "reconstruction_bdt_xgb", _agc_config(), {
         1: ("xgboost.model", AGC / "model_odd.json"), 2: ("xgboost.model", AGC / "model_even.json")})
+    # the same repository as XGBoost >= 2.1 writes it (UBJSON in xgboost.model), and with the JSON
+    # files under FIL's xgboost_json name and type
+    ubjson = {}
+    for version, source in ((1, "model_odd.json"), (2, "model_even.json")):
+        xgboost.Booster(model_file=str(AGC / source)).save_model(folder / f"agc_{version}.ubj")
+        ubjson[version] = ("xgboost.model", folder / f"agc_{version}.ubj")
+    _write(repo, "agc_ubjson", _agc_config().replace("reconstruction_bdt_xgb", "agc_ubjson"),
+           ubjson)
+    _write(repo, "agc_json", _agc_config().replace("reconstruction_bdt_xgb", "agc_json").replace(
+        'string_value: "xgboost" }', 'string_value: "xgboost_json" }'), {
+        1: ("xgboost.json", AGC / "model_odd.json"), 2: ("xgboost.json", AGC / "model_even.json")})
     _write(repo, "xgb_json", fil_config("xgb_json", "xgboost_json", is_classifier="true",
                                         predict_proba="true"),
            {1: ("xgboost.json", folder / "binary.json")})
@@ -227,12 +238,14 @@ def test_the_agc_repository_is_served_as_published_each_version_answering_like_i
         server, transport):
     rows = _rows(3, features=20, count=2000)
     for version, trained_on in ((1, "model_odd.json"), (2, "model_even.json")):
-        answer = _ask(server, transport, "reconstruction_bdt_xgb", rows, version)["output__0"]
         booster = xgboost.Booster(model_file=str(AGC / trained_on))
         positive = booster.inplace_predict(rows)  # what XGBClassifier.predict_proba[:, 1] gives
-        assert answer.shape == (2000, 2) and answer.dtype == np.float32
-        np.testing.assert_allclose(answer[:, 1], positive, rtol=0, atol=1e-6)
-        np.testing.assert_allclose(answer[:, 0], 1.0 - positive, rtol=0, atol=1e-6)
+        for model in ("reconstruction_bdt_xgb", "agc_ubjson", "agc_json"):
+            answer = _ask(server, transport, model, rows, version)["output__0"]
+            assert answer.shape == (2000, 2) and answer.dtype == np.float32, model
+            np.testing.assert_allclose(answer[:, 1], positive, rtol=0, atol=1e-6, err_msg=model)
+            np.testing.assert_allclose(answer[:, 0], 1.0 - positive, rtol=0, atol=1e-6,
+                                       err_msg=model)
     odd, even = (_ask(server, "grpc", "reconstruction_bdt_xgb", rows[:50], v)["output__0"]
                  for v in (1, 2))
     assert np.abs(odd - even).max() > 0.05, "the two versions must be different models"
@@ -443,3 +456,32 @@ def test_models_validate_reports_a_fil_model_s_problems_as_the_official_containe
         "refuses it too)",
         "bdt version 2: model file: expected 2/xgboost.json, found only ['model.json'] (put the "
         "model file there, or set default_model_filename)"], problems
+
+
+def test_the_agc_s_own_client_code_path_gets_what_local_xgboost_gives(server):
+    """``get_inference_results_triton`` at the pinned AGC commit, against our server: the model's
+    metadata, InferInput with the served dtype, model_version per parity, column 1."""
+    import tritonclient.grpc as grpcclient
+
+    rows = _rows(9, features=20, count=3000).astype(np.float64)  # the AGC's features are float64
+    even = np.arange(len(rows)) % 2 == 0
+    client = grpcclient.InferenceServerClient(server.grpc_address)
+    try:
+        metadata = client.get_model_metadata("reconstruction_bdt_xgb", "2")
+        input_name, dtype = metadata.inputs[0].name, metadata.inputs[0].datatype
+        output_name = metadata.outputs[0].name
+        assert (input_name, dtype, output_name) == ("input__0", "FP32", "output__0")
+        results = np.zeros(len(rows))
+        for mask, version in ((even, "2"), (~even, "1")):
+            inputs = [grpcclient.InferInput(input_name, rows[mask].shape, dtype)]
+            inputs[0].set_data_from_numpy(rows[mask].astype(np.float32))
+            results[mask] = client.infer(model_name="reconstruction_bdt_xgb", model_version=version,
+                                         inputs=inputs,
+                                         outputs=[grpcclient.InferRequestedOutput(output_name)]
+                                         ).as_numpy(output_name)[:, 1]
+    finally:
+        client.close()
+    for mask, source in ((even, "model_even.json"), (~even, "model_odd.json")):
+        local = xgboost.Booster(model_file=str(AGC / source)).inplace_predict(
+            rows[mask].astype(np.float32))
+        np.testing.assert_allclose(results[mask], local, atol=1e-6)

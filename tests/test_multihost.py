@@ -58,13 +58,30 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
                         files=2, seed=19)
 
 
-@pytest.fixture(scope="module")
-def single_host(sample: dict[str, list[str]]) -> dict[str, Any]:
+def _on_one_host(sample: dict[str, list[str]]) -> dict[str, Any]:
     """The example analysis on one host: an embedded server, coffea's iterative executor."""
     with LocalTritonServer(models=list(DEMO_MODELS), device="cpu") as server:
         analysis = JetTaggingProcessor(f"triton+grpc://{server.grpc_address}", physics=True)
         return _runner(processor.IterativeExecutor(status=False))(
             _runnable(sample), treename="Events", processor_instance=analysis)
+
+
+@pytest.fixture(scope="module")
+def single_host(sample: dict[str, list[str]]) -> dict[str, Any]:
+    return _on_one_host(sample)
+
+
+@pytest.fixture(scope="module")
+def long_sample(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Three times the sample: a run long enough that a fault struck at its start leaves the
+    gateway's health checks time to act while it goes on."""
+    return write_sample(tmp_path_factory.mktemp("multihost-long-sample"),
+                        events=3 * EVENTS_PER_DATASET, files=2, seed=23)
+
+
+@pytest.fixture(scope="module")
+def long_single_host(long_sample: dict[str, list[str]]) -> dict[str, Any]:
+    return _on_one_host(long_sample)
 
 
 @pytest.fixture(scope="module")
@@ -317,8 +334,8 @@ def test_the_analysis_across_hosts_gives_the_single_host_histograms(
 
 
 def test_a_server_hosts_link_cut_mid_run_and_restored_loses_nothing(
-        facility: Facility, dask_client: Any, sample: dict[str, list[str]],
-        single_host: dict[str, Any]):
+        facility: Facility, dask_client: Any, long_sample: dict[str, list[str]],
+        long_single_host: dict[str, Any]):
     gpu1, first = facility.host("gpu1"), facility.tritons[0]
     down_before = _marked_down(facility, "triton1")
 
@@ -334,16 +351,17 @@ def test_a_server_hosts_link_cut_mid_run_and_restored_loses_nothing(
                 and fault.answered_since_strike(1) > 2 * CHUNKSIZE)
 
     with _Fault(facility, cut, lambda: facility.lab.restore(gpu1), undo_when=failed_over) as fault:
-        result, _ = _run_across(facility, dask_client, sample)
+        result, _ = _run_across(facility, dask_client, long_sample)
     assert fault.struck.is_set(), "the run ended before gpu1's link could be cut"
     assert fault.at_strike[0] is None and fault.at_undo[0] is None, "gpu1 answered while cut"
     assert fault.undone_on_condition, (
         f"the run ended before the gateway marked gpu1 down ({_gateway_servers(facility)}) and "
         f"gpu2 answered the run's rows (rows by server at the cut {fault.at_strike}, at the end "
         f"{fault.at_undo})")
-    _assert_nothing_lost(result, single_host)
-    # the cut struck the run: a call caught on gpu1 was reset by the gateway and sent again
-    assert _total(result["inference"]).retries > 0, _total(result["inference"])
+    # the cut struck the run (above: the gateway marked gpu1 down while gpu2 answered the run's
+    # rows); whether a call was on gpu1's link at that moment (then reset and sent again) depends
+    # on where the workers were, so retries are not asserted
+    _assert_nothing_lost(result, long_single_host)
     # back on the network, gpu1 answers and the gateway takes it back into the rotation
     wait_for(first.ready, 60, "gpu1 to answer again after its link came back")
     wait_for(lambda: _gateway_servers(facility)["triton1"]["status"] == "UP", 60,

@@ -93,7 +93,9 @@ class RetryPolicy:
 # -- a per-process timer for retries (one thread, not one per retry) ---------------------------------
 
 class _Scheduler:
-    def __init__(self) -> None:
+    def __init__(self, idle_s: float = 5.0) -> None:
+        #: how long the thread waits with nothing scheduled before it ends
+        self.idle_s = idle_s
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._counter = itertools.count()
         self._condition = threading.Condition()
@@ -115,7 +117,7 @@ class _Scheduler:
                 while True:
                     if not self._heap:
                         # idle: let the thread end instead of lingering in every worker
-                        if not self._condition.wait(timeout=5.0) and not self._heap:
+                        if not self._condition.wait(timeout=self.idle_s) and not self._heap:
                             self._thread = None
                             return
                         continue

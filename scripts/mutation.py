@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     for key in keys:
         results += run_module(key, args.jobs, equivalent)
     rows = summarize(results)
-    command = "python3 scripts/mutation.py" + ("" if argv is None and len(sys.argv) == 1
+    command = ".venv/bin/python scripts/mutation.py" + ("" if argv is None and len(sys.argv) == 1
                                                else " " + " ".join(sys.argv[1:]))
     text = markdown(rows, results, command) + f"\nWall time: {time.monotonic() - started:.0f} s\n"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -111,3 +111,33 @@ def test_the_timer_is_one_daemon_thread_that_ends_when_idle():
     ran.clear()
     call_later(1.5, ran.set)
     assert ran.wait(30) and time.monotonic() - scheduled >= 1.5  # never early
+
+
+def test_a_callback_due_in_under_a_second_never_runs_early():
+    import time
+
+    ran_at: list[float] = []
+    ran = threading.Event()
+    scheduled = time.monotonic()
+    call_later(0.8, lambda: (ran_at.append(time.monotonic()), ran.set()))
+    assert ran.wait(30)
+    assert ran_at[0] - scheduled >= 0.8
+
+
+def test_an_idle_timer_that_finds_work_when_its_wait_ends_runs_it_instead_of_ending():
+    from coffea_sonic import retry
+
+    scheduler = retry._Scheduler(idle_s=0.3)
+    first, second = threading.Event(), threading.Event()
+    scheduler.call_later(0.0, first.set)
+    assert first.wait(30)
+    thread = scheduler._thread
+    # work that arrives without a wake-up (as when it lands at the moment the idle wait times
+    # out): the timer must see it when the wait ends, not end with it pending
+    with scheduler._condition:
+        while not scheduler._condition._waiters:  # the thread is in its idle wait
+            scheduler._condition.wait(timeout=0.01)
+        scheduler._heap.append((0.0, -1, second.set))
+    assert second.wait(30), "the timer ended with a callback pending"
+    thread.join(timeout=30)
+    assert not thread.is_alive() and scheduler._thread is None

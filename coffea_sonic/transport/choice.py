@@ -131,12 +131,15 @@ class ServerTransports:
             why = f"{why}; probed again: {detail}"
         self.disable_shm(why)
 
+    def _cuda_decided(self) -> bool:
+        return self.cuda is not None or bool(self.cuda_off)
+
     def _cuda_transport(self) -> Transport | None:
         """The CUDA shared-memory transport, or None where it does not work."""
-        if self.cuda is not None or self.cuda_off:
+        if self._cuda_decided():
             return self.cuda
         with self._lock:
-            if self.cuda is not None or self.cuda_off:
+            if self._cuda_decided():  # another thread probed while this one waited
                 return self.cuda
             why = ""
             try:

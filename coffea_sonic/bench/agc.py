@@ -37,8 +37,7 @@ from typing import Callable
 import numpy as np
 
 from .files import pyplot, save_figure, write_report
-from .machine import machine_info
-from .reference_run import uptime_line
+from .machine import machine_info, uptime_line
 
 __all__ = ["AgcBench", "JET_MULTIPLICITY", "agc_chunk", "markdown", "plot_agc", "run_agc",
            "write_agc"]

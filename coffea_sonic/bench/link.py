@@ -35,9 +35,8 @@ from typing import Iterator
 import numpy as np
 
 from .files import write_report
-from .machine import machine_info
+from .machine import machine_info, uptime_line
 from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
-from .reference_run import uptime_line
 
 __all__ = ["LinkBench", "call_phases", "compressibility", "markdown", "parse_links", "run_link",
            "write_link"]

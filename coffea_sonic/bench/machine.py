@@ -101,3 +101,15 @@ def machine_label(info: dict) -> str:
         name = info["gpus"][0].split(",")[0].strip().lower()
         return "-".join(part for part in name.replace("_", " ").split() if part)
     return f"cpu{info.get('cpu_cores', 0)}"
+
+
+def uptime_line() -> str:
+    """``uptime``'s line (the machine's load beside a result), or "" where it cannot run.
+
+    >>> isinstance(uptime_line(), str)
+    True
+    """
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except OSError:
+        return ""

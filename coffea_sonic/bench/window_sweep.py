@@ -25,10 +25,9 @@ from pathlib import Path
 
 from .clients import ClientPool
 from .files import write_report
-from .machine import machine_info
+from .machine import machine_info, uptime_line
 from .passthrough import PASSTHROUGH, write_passthrough
 from .reference import tritonmodel_task
-from .reference_run import uptime_line
 
 __all__ = ["WindowSweep", "markdown", "run_sweep", "write_sweep"]
 

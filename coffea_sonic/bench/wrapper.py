@@ -1,60 +1,58 @@
 """TritonModel against coffea's ``triton_wrapper`` on a transport-bound model, all in one run.
 
-``coffea-sonic bench wrapper`` runs it (:mod:`coffea_sonic.bench.commands.wrapper`). The model
-(``slice16``, Triton's python backend) returns the first 2 of 16 float32 inputs per row, so a
-call's time is the transport's: client encoding, the wire or shared memory, Triton's copies into
-and out of the python backend, and decoding. Every call sends ``rows`` rows (200 000: 12.8 MB
-in, 1.6 MB out) to an embedded :class:`~coffea_sonic.server.LocalTritonServer` on loopback, one
-server per ``max_batch_size`` of the model.
-
-Clients, each at its defaults (the only argument given is the transport):
-
-==================  ==============================================================================
-``coffea-wrapper``  ``coffea.ml_tools.triton_wrapper(...).numpy_call`` (``ssl=False``: the server
-                    speaks plain gRPC); it pads every request to the batch size it resolves from the
-                    server's config and sends one request at a time
-``grpc``            ``TritonModel(url, transport="grpc")``
-``shm``             ``TritonModel(url, transport="shm")``
-``auto (default)``  ``TritonModel(url)`` (what a user gets; shared memory on this host)
-``http``            ``TritonModel(http_url, transport="http")`` (``triton+http://`` the HTTP port)
-==================  ==============================================================================
-
-They take turns call by call (:mod:`.wrapper_clients`), so a change in the machine's load hits
-all alike; each ratio is from this one run. Then, for the profile: Triton's statistics around
-every timed call; the client-side steps of one 4 MiB request in isolation
-(:func:`~.wrapper_profile.client_steps`); one request at a time (:func:`serial_breakdown`); a
-sweep of ``max_request_bytes`` x ``max_in_flight`` (:func:`sweep`); with py-spy, a sampling
-profile of each client's calling thread (:mod:`.wrapper_profile`). :func:`write_wrapper` writes
-results.json, results.md and wrapper_vs_tritonmodel.png (:mod:`.wrapper_report`).
+``coffea-sonic bench wrapper`` runs it. The ``slice16`` model (python backend) returns the first
+2 of 16 float32 inputs per row, so a call's time is the transport's. Per ``max_batch_size`` one
+embedded CPU server; the clients at their defaults (``coffea-wrapper``: ``numpy_call``, one padded
+request at a time; TritonModel over ``grpc``, ``shm``, ``auto (default)``, ``http``) take turns
+call by call, Triton's counters read around every call. Then :func:`serial_breakdown`,
+:func:`client_steps`, :func:`sweep` and, with py-spy, a profile of each client's calling thread
+(``python -m coffea_sonic.bench.wrapper`` is the sampled child).
 
 >>> WrapperBench().max_batch_sizes
 [65536, 262144]
+>>> row = summarize("grpc", Timings([0.5, 0.25, 1.0]), Timings([1.0, 1.0, 1.0]), rows=100)
+>>> row["rows_per_s_median"], row["ratio_to_wrapper"], row["ratio_to_wrapper_paired_median"]
+(200.0, 2.0, 2.0)
 """
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
+import json
 import logging
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
+import timeit
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from ..errors import ConfigurationError
 from .machine import cpu_model, package_versions
-from .wrapper_clients import (FEATURES, KEPT, MODEL, STAT_KEYS, Client, check_outputs,
-                              round_robin, slice_inputs, summarize, tritonmodel_client,
-                              wrapper_client, write_repository)
+from .modes import coffea_wrapper_class
+from .slice_model import write_slice_model
 
-__all__ = ["WrapperBench", "run_wrapper", "serial_breakdown", "sweep"]
+__all__ = ["Timings", "WrapperBench", "client_steps", "main_thread_profile", "require_py_spy",
+           "run_wrapper", "serial_breakdown", "slice_inputs", "summarize", "sweep"]
 
 logger = logging.getLogger(__name__)
 
 MiB = 1 << 20
+MODEL = "slice16"
+FEATURES, KEPT = 16, 2
+#: Triton's per-model counters read around every call (``success``: receive to response)
+STAT_KEYS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
+#: the clients py-spy samples
+PROFILED_CLIENTS = ("coffea-wrapper", "grpc", "shm")
 
 
 @dataclass
@@ -74,14 +72,135 @@ class WrapperBench:
     profile_seconds: float = 12.0
 
 
-def environment() -> dict[str, Any]:
-    """Date, machine, versions and the load average before the run."""
-    versions = package_versions(("coffea", "tritonclient", "numpy"))
-    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
-            "python": sys.version.split()[0], **{k: v or "?" for k, v in versions.items()},
-            "command": " ".join(sys.argv),
-            "load_before": ", ".join(f"{x:.2f}" for x in os.getloadavg())}
+def slice_inputs(rows: int) -> dict[str, np.ndarray]:
+    """``{"x": rows x 16 float32}``, the same every run (the answer is ``x[:, :2]``).
+
+    >>> slice_inputs(4)["x"].shape
+    (4, 16)
+    """
+    return {"x": np.random.default_rng(0).standard_normal((rows, FEATURES)).astype(np.float32)}
+
+
+def _repository(dest: Path, max_batch_size: int, dynamic_batching: bool) -> Path:
+    # Triton completes a dynamic batcher's preferred batch to max_batch_size: the wrapper's size
+    return write_slice_model(dest, MODEL, ("x", [FEATURES]), ("y", [KEPT]), instances=1,
+                             max_batch=max_batch_size,
+                             queue_delay_us=100 if dynamic_batching else None)
+
+
+@dataclass
+class _Client:
+    """One way of calling the model: ``call(inputs) -> outputs`` plus what it sends per call."""
+
+    name: str
+    call: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+    describe: Callable[[], dict[str, Any]] = dict
+    close: Callable[[], None] = lambda: None
+    error: str | None = None
+
+
+def _wrapper_client(address: str, rows: int) -> _Client:
+    wrapper = coffea_wrapper_class()(f"triton+grpc://{address}/{MODEL}/1",
+                                     client_args={"ssl": False})
+
+    def describe() -> dict[str, Any]:
+        batch = wrapper.batch_size
+        requests = -(-rows // batch)
+        return {"requests_per_call": requests, "rows_per_request": batch,
+                "bytes_sent_per_call": requests * batch * FEATURES * 4, "in_flight": 1}
+
+    def close() -> None:
+        if getattr(wrapper, "_client", None) is not None:
+            wrapper._client.close()
+
+    return _Client("coffea-wrapper", lambda inputs: wrapper.numpy_call(["y"], inputs), describe,
+                   close)
+
+
+def _tritonmodel_client(name: str, url: str, **options: Any) -> _Client:
+    """``TritonModel(url, **options)``; one that cannot work is a client with its error."""
+    from ..model import TritonModel
+
+    try:
+        model = TritonModel(url, **options)
+        model.info  # metadata and transport now: a failure here, not in a timed call
+        model.transport_kind
+    except Exception as error:  # noqa: BLE001 - recorded in the results as not measured
+        return _Client(name, lambda inputs: {}, error=f"{type(error).__name__}: {error}")
+
+    def describe() -> dict[str, Any]:
+        stats = model.stats
+        calls = max(stats.calls, 1)
+        return {"requests_per_call": stats.requests / calls,
+                "bytes_sent_per_call": stats.bytes_sent / calls,
+                "rows_per_request": stats.rows / max(stats.requests, 1),
+                "in_flight": model.max_in_flight, "max_request_bytes": model.max_request_bytes,
+                "transport_kind": model.transport_kind,
+                "retries": stats.retries, "failed_requests": stats.failed_requests}
+
+    return _Client(name, model, describe, model.close)
+
+
+def _server_counters(stats_client: Any) -> dict[str, float]:
+    model = stats_client.get_inference_statistics(MODEL, as_json=True)["model_stats"][0]
+    inference = model["inference_stats"]
+    counters = {f"{key}_ns": float(inference[key].get("ns", 0)) for key in STAT_KEYS}
+    counters["requests"] = float(inference["success"].get("count", 0))
+    counters["executions"] = float(model.get("execution_count", 0))
+    counters["rows"] = float(model.get("inference_count", 0))
+    return counters
+
+
+@dataclass
+class Timings:
+    """Seconds of every timed call of one client, and the server's work during them."""
+
+    seconds: list[float] = field(default_factory=list)
+    server: dict[str, float] = field(default_factory=dict)
+
+
+def _round_robin(clients: list[_Client], inputs: dict[str, np.ndarray], rounds: int,
+                 stats_client: Any | None) -> dict[str, Timings]:
+    """``rounds`` calls of every client taking turns, the order rotated each round."""
+    timings = {client.name: Timings() for client in clients}
+    for index in range(rounds):
+        shift = index % len(clients)
+        for client in clients[shift:] + clients[:shift]:
+            before = _server_counters(stats_client) if stats_client is not None else None
+            began = time.perf_counter()
+            client.call(inputs)
+            timing = timings[client.name]
+            timing.seconds.append(time.perf_counter() - began)
+            if before is not None:
+                for key, value in _server_counters(stats_client).items():
+                    timing.server[key] = timing.server.get(key, 0.0) + value - before[key]
+    return timings
+
+
+def summarize(name: str, timing: Timings, wrapper: Timings | None, rows: int) -> dict[str, Any]:
+    """Median rows/s, spread, Triton's side per call, and the ratio to the wrapper (of medians,
+    and paired per round: the same round's calls saw about the same machine load)."""
+    rates = [rows / seconds for seconds in timing.seconds]
+    summary: dict[str, Any] = {
+        "client": name, "calls": len(rates), "rows_per_s_median": statistics.median(rates),
+        "rows_per_s_p25": float(np.percentile(rates, 25)),
+        "rows_per_s_p75": float(np.percentile(rates, 75)),
+        "ms_per_call_median": 1e3 * statistics.median(timing.seconds)}
+    if wrapper is not None:
+        reference = statistics.median(rows / s for s in wrapper.seconds)
+        summary["ratio_to_wrapper"] = summary["rows_per_s_median"] / reference
+        summary["ratio_to_wrapper_paired_median"] = statistics.median(
+            w / s for s, w in zip(timing.seconds, wrapper.seconds))
+    server, calls = timing.server, len(timing.seconds)
+    if server and calls:
+        executions = server.get("executions")
+        summary["server"] = {
+            "requests_per_call": server.get("requests", 0.0) / calls,
+            "avg_batch_rows": server["rows"] / executions if executions else None,
+            "request_ms_per_call": server["success_ns"] / 1e6 / calls,
+            **{f"{key}_ms_per_call": server[f"{key}_ns"] / 1e6 / calls
+               for key in STAT_KEYS if key != "success"}}
+    return summary
 
 
 def serial_breakdown(url: str, inputs: dict[str, np.ndarray], stats_client: Any,
@@ -89,12 +208,12 @@ def serial_breakdown(url: str, inputs: dict[str, np.ndarray], stats_client: Any,
     """With one request in flight, wall time = client + wire + server exactly (no overlap)."""
     breakdown: dict[str, Any] = {}
     for transport in ("grpc", "shm"):
-        client = tritonmodel_client(transport, url, transport=transport, max_in_flight=1)
+        client = _tritonmodel_client(transport, url, transport=transport, max_in_flight=1)
         if client.error:
             breakdown[transport] = client.error
             continue
         client.call(inputs)  # warm
-        timing = round_robin([client], inputs, calls, stats_client)[transport]
+        timing = _round_robin([client], inputs, calls, stats_client)[transport]
         per_call = {key: timing.server[f"{key}_ns"] / 1e6 / calls for key in STAT_KEYS}
         breakdown[transport] = {
             "wall_ms_per_call": 1e3 * statistics.median(timing.seconds),
@@ -109,32 +228,25 @@ def serial_breakdown(url: str, inputs: dict[str, np.ndarray], stats_client: Any,
     return breakdown
 
 
-def _sweep_clients(urls: dict[str, str], inputs: dict[str, np.ndarray], config: WrapperBench
-                   ) -> tuple[list[Client], dict[str, tuple[str, float, int]]]:
-    """A warm TritonModel client per (transport, size, window) of the sweep that can work."""
+def sweep(urls: dict[str, str], inputs: dict[str, np.ndarray],
+          config: WrapperBench) -> list[dict[str, Any]]:
+    """rows/s for every (transport, max_request_bytes, max_in_flight), taking turns per round;
+    ``urls``: the model's URL per protocol (``grpc``, ``http``)."""
     clients, settings = [], {}
     for transport in ("grpc", "shm", "http"):
-        url = urls["http" if transport == "http" else "grpc"]
         for size in config.sweep_mib:
             for window in config.sweep_in_flight:
                 name = f"{transport} {size:g} MiB x{window}"
-                client = tritonmodel_client(name, url, transport=transport,
-                                            max_request_bytes=int(size * MiB), max_in_flight=window)
+                client = _tritonmodel_client(
+                    name, urls["http" if transport == "http" else "grpc"], transport=transport,
+                    max_request_bytes=int(size * MiB), max_in_flight=window)
                 if client.error:
                     logger.warning("sweep: %s not measured: %s", name, client.error)
                     continue
                 client.call(inputs)  # warm (shm regions sized, channel open)
                 clients.append(client)
                 settings[name] = (transport, size, window)
-    return clients, settings
-
-
-def sweep(urls: dict[str, str], inputs: dict[str, np.ndarray],
-          config: WrapperBench) -> list[dict[str, Any]]:
-    """rows/s for every (transport, max_request_bytes, max_in_flight), taking turns per round;
-    ``urls``: the model's URL per protocol (``grpc``, ``http``)."""
-    clients, settings = _sweep_clients(urls, inputs, config)
-    timings = round_robin(clients, inputs, config.sweep_rounds, None)
+    timings = _round_robin(clients, inputs, config.sweep_rounds, None)
     records = []
     for client in clients:
         transport, size, window = settings[client.name]
@@ -148,79 +260,77 @@ def sweep(urls: dict[str, str], inputs: dict[str, np.ndarray],
     return records
 
 
-def _clients(server: Any, rows: int) -> list[Client]:
-    url = server.url(MODEL)
-    http_url = f"triton+http://{server.http_address}/{MODEL}"
-    return [wrapper_client(server.grpc_address, rows),
-            tritonmodel_client("grpc", url, transport="grpc"),
-            tritonmodel_client("shm", url, transport="shm"),
-            tritonmodel_client("auto (default)", url),
-            tritonmodel_client("http", http_url, transport="http")]
-
-
-def compare(clients: list[Client], inputs: dict[str, np.ndarray], rounds: int,
-            stats_client: Any) -> dict[str, Any]:
-    """Check every client's answer, then time them round-robin; the comparison rows (a client
-    that cannot work is a row with its error) and every call's seconds."""
+def _compare(clients: list[_Client], inputs: dict[str, np.ndarray], rounds: int,
+             stats_client: Any) -> dict[str, Any]:
+    """Check every client's answer, then time them round-robin; a client that cannot work is a
+    row with its error."""
     usable = [client for client in clients if client.error is None]
-    for client in clients:
-        if client.error:
-            logger.warning("%s not measured: %s", client.name, client.error)
     for client in usable:  # warm-up, and proof that every client gets the right answer
-        check_outputs(client, inputs)
+        got, expected = client.call(inputs)["y"], inputs["x"][:, :KEPT]
+        if got.shape != expected.shape or not np.array_equal(got, expected):
+            raise AssertionError(f"{client.name}: wrong outputs (shape {got.shape}, "
+                                 f"expected {expected.shape})")
         client.call(inputs)
-    timings = round_robin(usable, inputs, rounds, stats_client)
-    wrapper = timings.get("coffea-wrapper")
-    rows = len(inputs["x"])
+    timings = _round_robin(usable, inputs, rounds, stats_client)
     comparison = []
     for client in clients:
         if client.error:
+            logger.warning("%s not measured: %s", client.name, client.error)
             comparison.append({"client": client.name, "error": client.error})
             continue
-        row = summarize(client.name, timings[client.name],
-                        wrapper if client.name != "coffea-wrapper" else None, rows)
+        wrapper = timings["coffea-wrapper"] if client.name != "coffea-wrapper" else None
+        row = summarize(client.name, timings[client.name], wrapper, len(inputs["x"]))
         comparison.append({**row, "sent": client.describe()})
         client.close()
     return {"comparison": comparison,
             "timings_s": {name: timing.seconds for name, timing in timings.items()}}
 
 
-def measure_config(config: WrapperBench, max_batch_size: int, inputs: dict[str, np.ndarray],
-                   workdir: Path, with_sweep: bool) -> dict[str, Any]:
+def _measure_config(config: WrapperBench, max_batch_size: int, inputs: dict[str, np.ndarray],
+                    workdir: Path, with_sweep: bool) -> dict[str, Any]:
     """Everything measured against one server config: comparison, serial breakdown, sweep."""
     import tritonclient.grpc as grpcclient
 
     from ..server import LocalTritonServer
 
-    repository = write_repository(workdir / f"models-{max_batch_size}", max_batch_size,
-                                  config.dynamic_batching)
+    repository = _repository(workdir / f"models-{max_batch_size}", max_batch_size,
+                             config.dynamic_batching)
     run: dict[str, Any] = {"config": {"max_batch_size": max_batch_size,
                                       "dynamic_batching": config.dynamic_batching,
                                       "rounds": config.rounds, "server_instances": 1}}
     with LocalTritonServer(repository=repository, device="cpu") as server:
         stats_client = grpcclient.InferenceServerClient(server.grpc_address)
+        urls = {"grpc": server.url(MODEL),
+                "http": f"triton+http://{server.http_address}/{MODEL}"}
+        clients = [_wrapper_client(server.grpc_address, config.rows),
+                   _tritonmodel_client("grpc", urls["grpc"], transport="grpc"),
+                   _tritonmodel_client("shm", urls["grpc"], transport="shm"),
+                   _tritonmodel_client("auto (default)", urls["grpc"]),
+                   _tritonmodel_client("http", urls["http"], transport="http")]
         try:
-            logger.info("max_batch_size %d: %d calls per client, round-robin", max_batch_size,
-                        config.rounds)
-            run.update(compare(_clients(server, config.rows), inputs, config.rounds,
-                               stats_client))
+            logger.info("max_batch_size %d: %d calls per client", max_batch_size, config.rounds)
+            run.update(_compare(clients, inputs, config.rounds, stats_client))
             run["serial_breakdown"] = serial_breakdown(
-                server.url(MODEL), inputs, stats_client, max(5, config.rounds // 3))
+                urls["grpc"], inputs, stats_client, max(5, config.rounds // 3))
             if with_sweep and config.sweep_rounds > 0:
-                urls = {"grpc": server.url(MODEL),
-                        "http": f"triton+http://{server.http_address}/{MODEL}"}
                 run["sweep"] = sweep(urls, inputs, config)
         finally:
             stats_client.close()
     return run
 
 
+def _load() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def run_wrapper(config: WrapperBench) -> dict[str, Any]:
     """Every server config of ``config``, the client-side steps and (with py-spy) the profiles."""
-    from .wrapper_profile import client_steps, require_py_spy, sampling_profiles
-
     py_spy = require_py_spy(config.py_spy) if config.py_spy else None
-    env = environment()
+    versions = package_versions(("coffea", "tritonclient", "numpy"))
+    env = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
+           "python": sys.version.split()[0], **{k: v or "?" for k, v in versions.items()},
+           "command": " ".join(sys.argv), "load_before": _load()}
     inputs = slice_inputs(config.rows)
     workdir = Path(tempfile.mkdtemp(prefix="wrapper-vs-tritonmodel-"))
     largest = max(config.max_batch_sizes)
@@ -228,11 +338,157 @@ def run_wrapper(config: WrapperBench) -> dict[str, Any]:
         "environment": env,
         "workload": {"rows": config.rows, "features": FEATURES, "outputs": KEPT, "model": MODEL},
         "client_steps": client_steps(inputs, 4 * MiB // (FEATURES * 4), repeats=15),
-        "runs": [measure_config(config, size, inputs, workdir, with_sweep=size == largest)
+        "runs": [_measure_config(config, size, inputs, workdir, with_sweep=size == largest)
                  for size in config.max_batch_sizes]}
     if py_spy:
         logger.info("sampling profiles with %s", py_spy)
-        results["profiles"] = sampling_profiles(py_spy, min(config.max_batch_sizes),
-                                                config.profile_seconds, config.rows)
-    env["load_after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        results["profiles"] = {
+            name: _profile_one(py_spy, name, min(config.max_batch_sizes),
+                               config.profile_seconds, config.rows)
+            for name in PROFILED_CLIENTS}
+    env["load_after"] = _load()
     return results
+
+
+def _wrapper_encode(x: np.ndarray) -> Any:
+    """numpy_call's per-request work: resize (pads to the batch size; a copy), astype (a second
+    copy even for float32), set_data_from_numpy (tobytes: a third), the protobuf request."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc._utils import _get_inference_request
+
+    tensor = grpcclient.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(np.resize(x, x.shape).astype(np.float32))
+    return _get_inference_request(
+        model_name=MODEL, inputs=[tensor], model_version="1", request_id="",
+        outputs=[grpcclient.InferRequestedOutput("y")], sequence_id=0, sequence_start=False,
+        sequence_end=False, priority=0, timeout=None, parameters=None)
+
+
+def client_steps(inputs: dict[str, np.ndarray], piece_rows: int, repeats: int) -> dict[str, Any]:
+    """Milliseconds of each client-side step for one ``piece_rows``-row request in isolation
+    (best of ``repeats``): TritonModel's gRPC encoding and decoding against the wrapper's.
+
+    >>> steps = client_steps(slice_inputs(1000), piece_rows=1000, repeats=1)
+    >>> steps["piece_bytes"], steps["request_wire_bytes"] > steps["piece_bytes"]
+    (64000, True)
+    """
+    from tritonclient.grpc import service_pb2
+
+    from ..transport.grpc.codec import decode_response, encode_framed, encode_request
+
+    x = inputs["x"][:piece_rows]
+    request = encode_request(MODEL, "1", {"x": x})
+    wire = request.SerializeToString()
+    response = service_pb2.ModelInferResponse(model_name=MODEL, model_version="1")
+    response.outputs.add(name="y", datatype="FP32", shape=[len(x), KEPT])
+    response.raw_output_contents.append(x[:, :KEPT].copy().tobytes())
+    steps = {"memcpy_once_ms": x.copy, "tobytes_ms": x.tobytes,
+             "tritonmodel_encode_framed_ms": lambda: encode_framed(MODEL, "1", {"x": x}),
+             "protobuf_encode_request_ms": lambda: encode_request(MODEL, "1", {"x": x}),
+             "protobuf_serialize_ms": request.SerializeToString,
+             "server_like_parse_ms": lambda: service_pb2.ModelInferRequest.FromString(wire),
+             "tritonmodel_decode_response_ms": lambda: decode_response(response),
+             "wrapper_encode_request_ms": lambda: _wrapper_encode(x),
+             "wrapper_serialize_ms": _wrapper_encode(x).SerializeToString}
+    return {"piece_rows": len(x), "piece_bytes": int(x.nbytes), "request_wire_bytes": len(wire),
+            **{name: 1e3 * min(timeit.repeat(step, number=1, repeat=repeats))
+               for name, step in steps.items()}}
+
+
+def require_py_spy(path: str) -> str:
+    """The py-spy binary ``path`` names (a path or a command on PATH), or ConfigurationError
+    saying how to install it (it is not a dependency).
+
+    >>> require_py_spy("/nonexistent/py-spy")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    coffea_sonic.errors.ConfigurationError: py-spy not found at '/nonexistent/py-spy' ...
+    """
+    found = shutil.which(path)
+    if found is None:
+        raise ConfigurationError(
+            f"py-spy not found at {path!r} (it is not a dependency of coffea-sonic): install it "
+            "with `python -m venv /tmp/tools && /tmp/tools/bin/pip install py-spy` and pass "
+            "--py-spy /tmp/tools/bin/py-spy, or leave --py-spy out")
+    return found
+
+
+def main_thread_profile(raw: str, top: int) -> dict[str, Any]:
+    """Share of the calling thread's samples per function (self and inclusive) from py-spy's
+    raw output (``stack;frames count`` per line).
+
+    >>> main_thread_profile("MainThread;a (x.py:1);b (x.py:2) 3\\nother;c (y.py:1) 5", top=2)
+    {'samples': 3, 'self': [('b (x.py:2)', 1.0)], 'inclusive': [('a (x.py:1)', 1.0), ('b (x.py:2)', 1.0)]}
+    """
+    self_counts: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if "MainThread" not in frames[0]:
+            continue  # the caller's thread: where a call's wall time goes
+        total += int(count)
+        names = [re.sub(r" \(/.*?(site-packages|coffea_sonic)/", " (", frame)
+                 for frame in frames[1:]]
+        if names:
+            self_counts[names[-1]] += int(count)
+        for name in dict.fromkeys(names):
+            inclusive[name] += int(count)
+    return {"samples": total,
+            **{key: [(name, round(n / max(total, 1), 3)) for name, n in counter.most_common(top)]
+               for key, counter in (("self", self_counts), ("inclusive", inclusive))}}
+
+
+def _loop_for_profile(client_name: str, max_batch_size: int, rows: int, seconds: float,
+                      ready: Path) -> None:
+    """The sampled child: its own server, one client called in a loop for ``seconds``; writes
+    ``ready`` when warm, then the milliseconds per call into it."""
+    from ..server import LocalTritonServer
+
+    workdir = Path(tempfile.mkdtemp(prefix="wrapper-vs-tritonmodel-profile-"))
+    inputs = slice_inputs(rows)
+    with LocalTritonServer(repository=_repository(workdir / "models", max_batch_size, True),
+                           device="cpu") as server:
+        client = (_wrapper_client(server.grpc_address, rows) if client_name == "coffea-wrapper"
+                  else _tritonmodel_client(client_name, server.url(MODEL), transport=client_name))
+        for _ in range(3):
+            client.call(inputs)
+        ready.write_text("ready")
+        began, calls = time.monotonic(), 0
+        while time.monotonic() - began < seconds:
+            client.call(inputs)
+            calls += 1
+        ready.write_text(json.dumps({"ms_per_call": 1e3 * (time.monotonic() - began) / calls}))
+        client.close()
+
+
+def _profile_one(py_spy: str, client_name: str, max_batch_size: int, seconds: float,
+                 rows: int) -> dict[str, Any]:
+    """py-spy on a child process calling ``client_name`` in a loop (it starts its own server)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        ready, raw = Path(scratch) / "ready", Path(scratch) / "profile.raw"
+        child = subprocess.Popen([sys.executable, "-m", __name__, client_name,
+                                  str(max_batch_size), str(rows), str(seconds + 10), str(ready)])
+        try:
+            deadline = time.monotonic() + 120
+            while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)  # the child starts its own server first
+            if not ready.exists():
+                raise RuntimeError(f"the profiled {client_name} client did not start "
+                                   f"(exit code {child.poll()})")
+            subprocess.run([py_spy, "record", "-p", str(child.pid), "-d", str(int(seconds)),
+                            "-r", "250", "--threads", "--idle", "--nonblocking",
+                            "--format", "raw", "-o", str(raw)],
+                           check=True, capture_output=True, timeout=seconds + 60)
+            child.wait(timeout=seconds + 60)
+            return {**json.loads(ready.read_text()),
+                    **main_thread_profile(raw.read_text(), top=20)}
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+if __name__ == "__main__":  # the child py-spy samples: CLIENT MAX_BATCH_SIZE ROWS SECONDS READY
+    _client, _batch, _rows, _seconds, _ready = sys.argv[1:6]
+    _loop_for_profile(_client, int(_batch), int(_rows), float(_seconds), Path(_ready))

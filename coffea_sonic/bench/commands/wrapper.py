@@ -20,11 +20,10 @@ _DESCRIPTION = """\
 The transport-bound slice16 model (python backend: 16 FP32 per row in, the first 2 back) on an
 embedded CPU server, one server per --max-batch-size. coffea's triton_wrapper (numpy_call, one
 padded request at a time) and TritonModel over grpc, shm, auto (the default) and http take turns
-call by call, --rows rows per call; the ratios to the wrapper are from this one run. Then Triton's
-time per call, one request in flight (where a call's time goes), the client-side encoding steps
-of one 4 MiB request, a max_request_bytes x max_in_flight sweep on the largest max_batch_size and,
-with --py-spy, a sampling profile of each client's calling thread. Writes results.json,
-results.md and wrapper_vs_tritonmodel.png into -o DIR.
+call by call, --rows rows per call. Then Triton's time per call, one request in flight, the
+client-side encoding steps of one 4 MiB request, a max_request_bytes x max_in_flight sweep on the
+largest max_batch_size and, with --py-spy, a sampling profile of each client's calling thread.
+Writes results.json, results.md and wrapper_vs_tritonmodel.png into -o DIR.
 
 py-spy is not a dependency: python -m venv /tmp/tools && /tmp/tools/bin/pip install py-spy
 
@@ -41,8 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              help="TritonModel vs coffea's triton_wrapper, transport-bound")
     add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     add_list_option(parser, "--max-batch-size", type=int, default=[65536, 262144],
-                    help="the model's max_batch_size, one server each (default: 65536 262144: "
-                         "TRITON-NOTES' config, and one where requests are capped by bytes only)")
+                    help="the model's max_batch_size, one server each (default: 65536 262144)")
     parser.add_argument("--no-dynamic-batching", action="store_true",
                         help="no dynamic_batching block in the model config")
     add_numbers(parser, [("--rows", int, 200_000, "rows per call"),
@@ -54,8 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_list_option(parser, "--sweep-in-flight", type=int, default=[1, 2, 4, 8],
                     help="max_in_flight of the sweep (default: 1 2 4 8)")
     parser.add_argument("--py-spy", metavar="PATH",
-                        help="py-spy binary: also sample where each client's calling thread "
-                             "spends its time (wrapper, grpc, shm; smallest max_batch_size)")
+                        help="py-spy binary: also sample each client's calling thread")
     parser.set_defaults(func=run)
     return parser
 

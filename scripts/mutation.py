@@ -418,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants run at once")
     parser.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    parser.add_argument("--update", action="store_true",
+                        help="keep the other modules' results of the last run in --out")
     args = parser.parse_args(argv)
     keys = [k.strip() for k in args.modules.split(",") if k.strip()]
     unknown = [k for k in keys if k not in MODULES]
@@ -437,9 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Mutant] = []
     for key in keys:
         results += run_module(key, args.jobs, equivalent)
-    rows = summarize(results)
     command = ".venv/bin/python scripts/mutation.py" + ("" if argv is None and len(sys.argv) == 1
-                                               else " " + " ".join(sys.argv[1:]))
+                                                        else " " + " ".join(sys.argv[1:]))
+    if args.update and (args.out / "mutation.json").exists():
+        last = json.loads((args.out / "mutation.json").read_text())
+        kept = [Mutant(**m) for m in last["mutants"] if m["module"] not in keys]
+        results = sorted(kept + results, key=lambda m: list(MODULES).index(m.module))
+        command = f"{last['command']}`, then `{command}"
+    rows = summarize(results)
     text = markdown(rows, results, command) + f"\nWall time: {time.monotonic() - started:.0f} s\n"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mutation.md").write_text(text)

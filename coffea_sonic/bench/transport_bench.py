@@ -1,46 +1,62 @@
 """Rows/s and GB/s of tensor payload per transport, client processes and server, one run.
 
-``coffea-sonic bench transport`` runs it (:mod:`coffea_sonic.bench.commands.transport`). One real
-tritonserver (the embedded one, or the GPU machine's through the ``TRITON*`` environment of
-``triton-gpu-env.sh``) serves the zoo models of the plan (python backend, the package's
-model.py) and ``payload_sink`` (:func:`~coffea_sonic.bench.slice_model.write_payload_sink`:
-emtrk_cnn's input, one float back, no compute: a request's time is the transport's). Every entry
-of the plan (:class:`Entry`: kind, model, rows per request, client processes, requests in flight
-per process) gets one window of ``duration`` seconds: ``procs`` spawned client processes
-(:mod:`.transport_clients`) start together and send back to back; rows/s = rows answered inside
-the window, summed; GB/s = input bytes of those rows. Around each served window: Triton's
-statistics (queue, compute input / infer / output per request, average batch, busy fraction;
-:func:`~coffea_sonic.bench.probes.server_profile`) and GPU utilisation (``nvidia-smi``,
-:class:`~coffea_sonic.bench.probes.GpuUtilisation`).
+``coffea-sonic bench transport`` runs it. One real tritonserver (the embedded one, or the GPU
+machine's through ``triton-gpu-env.sh``) serves the plan's zoo models (python backend) and
+``payload_sink`` (emtrk_cnn's input, one float back, no compute: a request's time is the
+transport's). Every :class:`Entry` of the plan gets one window of ``duration`` seconds: ``procs``
+spawned client processes (:class:`~coffea_sonic.bench.clients.ClientPool`) start together and send
+``rows``-row requests back to back, ``in_flight`` outstanding; rows/s counts the rows answered
+inside the window, GB/s their input bytes, beside Triton's statistics and GPU utilisation. The
+kinds (:data:`KINDS`): stock ``tritonclient.grpc`` ``infer`` (the baseline, one request at a
+time), the transports a worker opens (grpc, http, shm, cuda with inputs on the GPU) and the
+in-process engine (local). :func:`write_transport_report` writes ``results-TAG.json``, ``.md`` and
+``transport-TAG.png``; :func:`replot` redraws them from a written JSON.
 
 >>> [entry.kind for entry in PLANS["quick"]]
 ['local', 'tritonclient', 'grpc', 'http', 'shm', 'shm']
 >>> TransportBench(plan="quick", kinds=("tritonclient",)).entries()  # it blocks: 1 in flight
 [Entry(kind='tritonclient', model='payload_sink', rows=512, procs=1, in_flight=1)]
->>> TransportBench(plan="quick", kinds=("grpc", "shm")).entries()[0]
-Entry(kind='grpc', model='payload_sink', rows=2048, procs=1, in_flight=2)
+>>> row_bytes(SINK_NAME), label({"kind": "grpc", "rows": 512, "procs": 2, "in_flight": 4})
+(9216, 'grpc 512 rows, 2 x 4')
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import sys
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-from .clients import ClientPool
-from .machine import machine_info
-from .reference_run import uptime_line
+import numpy as np
+
+from .clients import ClientPool, ready_then_start
+from .files import pyplot, save_figure, write_report
+from .machine import machine_info, machine_label, uptime_line
+from .modes import row_bytes as model_row_bytes
+from .report import format_rate
 from .slice_model import SINK_NAME, write_payload_sink
-from .transport_clients import row_bytes, transport_task
 
-__all__ = ["Entry", "PLANS", "TransportBench", "run_transport_bench"]
+__all__ = ["Entry", "KINDS", "PLANS", "TransportBench", "label", "markdown", "replot", "row_bytes",
+           "run_transport_bench", "table_row", "transport_task", "write_transport_report"]
 
 logger = logging.getLogger(__name__)
+
+#: what each kind is
+KINDS: dict[str, str] = {
+    "tritonclient": "stock tritonclient.grpc infer()",
+    "grpc": "GrpcTransport", "http": "HttpTransport", "shm": "SystemShmTransport",
+    "cuda": "CudaShmTransport (inputs on the GPU)", "local": "in-process engine"}
+#: kinds that need a GPU (left out of a run on a CPU server)
+GPU_KINDS = ("cuda",)
+#: kinds that answer in the calling thread: one request at a time whatever ``in_flight`` says
+BLOCKING_KINDS = ("tritonclient", "local")
 
 
 class Entry(NamedTuple):
@@ -94,15 +110,10 @@ PLANS: dict[str, list[Entry]] = {
     ],
 }
 
-#: kinds that need a GPU (left out of a run on a CPU server)
-GPU_KINDS = ("cuda",)
-#: kinds that answer in the calling thread: one request at a time whatever ``in_flight`` says
-BLOCKING_KINDS = ("tritonclient", "local")
-
 
 @dataclass
 class TransportBench:
-    """The run: a plan (or one's kinds), the server's device and knobs, the window length."""
+    """The run: a plan (or some of its kinds), the server's device and knobs, the window length."""
 
     plan: str = "cpu"
     #: keep only these kinds of the plan (empty: all)
@@ -115,16 +126,6 @@ class TransportBench:
     staging: str = "pinned"
     gpu_inputs: bool = False
 
-    def resolved_device(self) -> str:
-        from ..server.launcher import gpu_available
-
-        return self.device or ("gpu" if gpu_available() else "cpu")
-
-    def resolved_instances(self, device: str) -> int:
-        from ..server.launcher import GPU_INSTANCES
-
-        return self.instances or (GPU_INSTANCES if device == "gpu" else 1)
-
     def entries(self, device: str = "cpu") -> list[Entry]:
         """The plan's entries this run measures (GPU kinds only on a GPU)."""
         if self.plan not in PLANS:
@@ -135,40 +136,116 @@ class TransportBench:
                 and (device == "gpu" or entry.kind not in GPU_KINDS)]
 
 
-def write_bench_repository(root: Path, models: list[str], device: str, instances: int,
-                           config: TransportBench) -> Path:
-    """The zoo ``models`` (python backend, the package's model.py) and ``payload_sink``."""
-    from ..server import write_repository
-
-    if models:
-        write_repository(root, models, backend="python", device=device, instances=instances,
-                         staging=config.staging,
-                         gpu_input_tensors=config.gpu_inputs and device == "gpu")
-    return write_payload_sink(root, instances=2)
+def _inputs_model(model: str) -> str:
+    return "emtrk_cnn" if model == SINK_NAME else model  # the sink takes emtrk_cnn's rows
 
 
-class _Window:
-    """One entry on the running server: its client processes, statistics and GPU samples."""
+def row_bytes(model: str) -> int:
+    """Input bytes of one row of ``model`` (the sink's are emtrk_cnn's)."""
+    return model_row_bytes(_inputs_model(model))
 
-    def __init__(self, server: Any, device: str, duration: float, gpu: Any) -> None:
-        from .probes import statistics_transport
 
-        self.server, self.device, self.duration, self.gpu = server, device, duration, gpu
-        self.statistics = statistics_transport(server.grpc_address)
+def _finished(value: Any) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
-    def measure(self, pool: ClientPool, entry: Entry) -> dict:
-        """The record of ``entry`` (RuntimeError if a client process died or hung)."""
-        from .probes import run_gpu_mean, server_profile, server_statistics
 
-        task = {**entry._asdict(), "duration": self.duration, "device": self.device,
-                "grpc": self.server.grpc_address, "http": self.server.http_address}
-        served = entry.kind != "local"
-        before = server_statistics(self.statistics, entry.model) if served else None
-        start, results = pool.run(task, entry.procs)
-        after = server_statistics(self.statistics, entry.model) if served else None
-        return _record(entry, results, self.duration,
-                       gpu_util=run_gpu_mean(self.gpu, start, start + self.duration),
-                       server=server_profile(before, after, self.duration) if served else {})
+def _stock_client(model: str, address: str, specs: tuple) -> Callable[[dict], Future]:
+    """``tritonclient.grpc``'s blocking ``infer``: answers in the calling thread."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(address)
+
+    def submit(inputs: dict) -> Future:
+        tensors = []
+        for name, array in inputs.items():
+            tensor = grpcclient.InferInput(name, list(array.shape), "FP32")
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        answer = client.infer(model, tensors)
+        return _finished({spec.name: answer.as_numpy(spec.name) for spec in specs})
+
+    return submit
+
+
+def _make_client(task: dict) -> tuple[Callable[[dict], Future], Any]:
+    """``submit(inputs) -> Future`` of ``task["kind"]`` for ``task["model"]``, and the transport
+    behind it (None for the blocking kinds)."""
+    from .. import zoo
+    from ..core.tensors import TensorInfo
+
+    kind, model = task["kind"], task["model"]
+    specs = ((TensorInfo("first", "FP32", (1,)),) if model == SINK_NAME
+             else zoo.declared_info(model).outputs)
+    if kind == "tritonclient":
+        return _stock_client(model, task["grpc"], specs), None
+    if kind == "local":
+        from ..engines import CpuEngine, GpuEngine
+
+        if model == SINK_NAME:
+            raise ValueError(f"{SINK_NAME} is a server-side model: no in-process engine runs it")
+        engine = GpuEngine(model) if task["device"] == "gpu" else CpuEngine(model)
+        return (lambda inputs: _finished(engine(inputs))), None
+    if kind not in KINDS:
+        raise ValueError(f"transport kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    from ..core.endpoint import ServerSettings
+    from ..transport.base import InferRequest
+    from ..transport.registry import open_transport
+
+    transport = open_transport(ServerSettings(task["http"], protocol="http") if kind == "http"
+                               else ServerSettings(task["grpc"]), kind)
+
+    def submit(inputs: dict) -> Future:
+        rows = int(next(iter(inputs.values())).shape[0])
+        return transport.submit(InferRequest(model, "", inputs, specs, rows=rows, timeout_s=120))
+
+    return submit, transport
+
+
+def _timed_window(submit: Callable[[dict], Future], inputs: dict, task: dict,
+                  start_at: float) -> dict:
+    """Requests back to back with ``in_flight`` outstanding until ``start_at + duration``."""
+    end = start_at + task["duration"]
+    pending: deque = deque()
+    requests, submit_s, latencies = 0, 0.0, []
+    while True:
+        now = time.time()
+        if now >= end and not pending:
+            break
+        if now < end and len(pending) < task["in_flight"]:
+            began = time.perf_counter()
+            pending.append((submit(inputs), now))
+            submit_s += time.perf_counter() - began
+            continue
+        handle, sent = pending.popleft()
+        handle.result()
+        finished = time.time()
+        if finished <= end:
+            requests += 1
+            latencies.append(finished - sent)
+    return {"rows": requests * task["rows"], "requests": requests, "submit_s": submit_s,
+            "latency_ms_p50": 1e3 * float(np.median(latencies)) if latencies else None}
+
+
+def transport_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
+    """A client process' window (see :class:`~coffea_sonic.bench.clients.ClientPool`)."""
+    from .. import zoo
+
+    key = (task["kind"], task["model"], task["grpc"])
+    if key not in cache:
+        cache[key] = _make_client(task)
+    submit, transport = cache[key]
+    inputs: Any = zoo.example_inputs(_inputs_model(task["model"]), task["rows"], seed=1)
+    if task["kind"] == "cuda":
+        import torch
+
+        inputs = {name: torch.from_numpy(array).cuda() for name, array in inputs.items()}
+    for _ in range(2):  # connections, shared-memory regions, kernels
+        submit(inputs).result()
+    start_at = ready_then_start(tasks, control)
+    return {**_timed_window(submit, inputs, task, start_at),
+            "stats": dict(getattr(transport, "stats", {}) or {})}
 
 
 def _record(entry: Entry, results: list[dict], duration: float, **measured: Any) -> dict:
@@ -187,24 +264,42 @@ def _record(entry: Entry, results: list[dict], duration: float, **measured: Any)
             **measured}
 
 
-def _measure_all(server: Any, entries: list[Entry], device: str, config: TransportBench,
+def _measure(pool: ClientPool, server: Any, entry: Entry, device: str, duration: float,
+             gpu: Any, statistics: Any) -> dict:
+    """The record of ``entry`` (RuntimeError if a client process died or hung)."""
+    from .probes import run_gpu_mean, server_profile, server_statistics
+
+    task = {**entry._asdict(), "duration": duration, "device": device,
+            "grpc": server.grpc_address, "http": server.http_address}
+    if entry.kind == "local":
+        start, results = pool.run(task, entry.procs)
+        return _record(entry, results, duration, server={},
+                       gpu_util=run_gpu_mean(gpu, start, start + duration))
+    before = server_statistics(statistics, entry.model)
+    start, results = pool.run(task, entry.procs)
+    after = server_statistics(statistics, entry.model)
+    return _record(entry, results, duration, gpu_util=run_gpu_mean(gpu, start, start + duration),
+                   server=server_profile(before, after, duration))
+
+
+def _measure_all(server: Any, entries: list[Entry], device: str, duration: float,
                  records: list[dict]) -> None:
     """Every entry once on ``server``; a crashed client pool is replaced and the run goes on."""
-    from .probes import GpuUtilisation
+    from .probes import GpuUtilisation, statistics_transport
 
-    pool_size = max(entry.procs for entry in entries)
-    pool = ClientPool(pool_size, transport_task)
+    statistics = statistics_transport(server.grpc_address)
+    size = max(entry.procs for entry in entries)
+    pool = ClientPool(size, transport_task)
     try:
         with GpuUtilisation() as gpu:
-            window = _Window(server, device, config.duration, gpu)
             for entry in entries:
                 try:
-                    record = window.measure(pool, entry)
+                    record = _measure(pool, server, entry, device, duration, gpu, statistics)
                 except RuntimeError as error:
                     logger.error("%s: %s", entry, error)
                     record = {**entry._asdict(), "errors": [str(error)]}
                     pool.close()
-                    pool = ClientPool(pool_size, transport_task)
+                    pool = ClientPool(size, transport_task)
                 records.append(record)
                 logger.info("%s: %s rows/s, %s GB/s", entry, record.get("rows_per_s"),
                             record.get("gb_per_s"))
@@ -214,10 +309,11 @@ def _measure_all(server: Any, entries: list[Entry], device: str, config: Transpo
 
 def run_transport_bench(config: TransportBench) -> dict:
     """Start the server, measure every entry of the plan, return the report (JSON-ready)."""
-    from ..server import LocalTritonServer
+    from ..server import LocalTritonServer, write_repository
+    from ..server.launcher import GPU_INSTANCES, gpu_available
 
-    device = config.resolved_device()
-    instances = config.resolved_instances(device)
+    device = config.device or ("gpu" if gpu_available() else "cpu")
+    instances = config.instances or (GPU_INSTANCES if device == "gpu" else 1)
     entries = config.entries(device)
     if not entries:
         raise ValueError(f"plan {config.plan!r} has no entry of kinds {list(config.kinds)}")
@@ -228,12 +324,125 @@ def run_transport_bench(config: TransportBench) -> dict:
     models = sorted({entry.model for entry in entries} - {SINK_NAME})
     scratch = Path(tempfile.mkdtemp(prefix="bench-transport-"))
     try:
-        repository = write_bench_repository(scratch, models, device, instances, config)
-        began = time.time()
+        if models:
+            write_repository(scratch, models, backend="python", device=device,
+                             instances=instances, staging=config.staging,
+                             gpu_input_tensors=config.gpu_inputs and device == "gpu")
+        repository = write_payload_sink(scratch, instances=2)
         with LocalTritonServer(repository=repository, device=device) as server:
-            logger.info("server ready in %.1f s (%s)", time.time() - began, server.grpc_address)
-            _measure_all(server, entries, device, config, records)
+            _measure_all(server, entries, device, config.duration, records)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     report["uptime_after"] = uptime_line()
     return report
+
+
+def _kind(record: dict) -> str:
+    return f"{record['phase']}: {record['kind']}" if record.get("phase") else record["kind"]
+
+
+def label(record: dict) -> str:
+    """``kind rows x procs x in-flight`` (with an older study's phase in front)."""
+    return f"{_kind(record)} {record['rows']} rows, {record['procs']} x {record['in_flight']}"
+
+
+def _round(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def table_row(record: dict) -> str:
+    """One markdown row: rates, client and server times of a window.
+
+    >>> table_row({"kind": "shm", "model": "payload_sink", "rows": 2048, "procs": 1,
+    ...     "in_flight": 2, "rows_per_s": 390000, "gb_per_s": 3.594, "client_submit_ms": 1.2,
+    ...     "latency_ms_p50": 5.0, "gpu_util": None, "server": {"queue_ms": 0.1,
+    ...     "compute_input_ms": 2.0, "compute_infer_ms": 1.0, "compute_output_ms": 0.1,
+    ...     "avg_batch": 2048.0}})
+    '| shm | payload_sink | 2048 | 1 x 2 | 390 k | 3.594 | – | 1.2 | 5 | 0.1 / 2 / 1 / 0.1 | 2048.0 |'
+    """
+    server = record.get("server") or {}
+    profile = " / ".join(_round(server.get(f"{part}_ms")) for part in
+                         ("queue", "compute_input", "compute_infer", "compute_output"))
+    return (f"| {_kind(record)} | {record['model']} | {record['rows']} | {record['procs']} x "
+            f"{record['in_flight']} | {format_rate(record['rows_per_s'])} | {record['gb_per_s']} | "
+            f"{_round(record.get('gpu_util'))} | {_round(record.get('client_submit_ms'))} | "
+            f"{_round(record.get('latency_ms_p50'))} | {profile if server else '–'} | "
+            f"{server.get('avg_batch', '–')} |")
+
+
+def _where(report: dict) -> str:
+    machine = report.get("machine", {})
+    return (f"{machine_label(machine)} ({machine.get('cpu_model', '?')}, "
+            f"{machine.get('cpu_cores', '?')} cores), {machine.get('date', '')[:10]}")
+
+
+def markdown(report: dict) -> str:
+    """The machine, load, command and one row per window (failed windows with their error)."""
+    header = ("| transport | model | rows/request | procs x in flight | rows/s | GB/s | GPU % | "
+              "client submit ms | p50 ms | server queue / in / infer / out ms | avg batch |")
+    lines = [f"# Transports: rows/s and GB/s per window, {_where(report)}", "",
+             f"device {report.get('device')}, {report.get('instances')} model instance(s), "
+             f"staging {report.get('staging')}, "
+             f"{report.get('duration', report.get('duration_s'))} s per window", "",
+             f"load: before `{report.get('uptime_before', '')}`, after "
+             f"`{report.get('uptime_after', '')}`", "",
+             f"command: `{report.get('command', '')}`", "", header,
+             "|" + "---|" * (header.count(" | ") + 1)]
+    for record in report["records"]:
+        if record.get("rows_per_s"):
+            lines.append(table_row(record))
+        elif record.get("errors"):
+            lines.append(f"| {record.get('kind')} | {record.get('model')} | {record.get('rows')} |"
+                         f" ERROR: {'; '.join(record['errors'])[:300]} |")
+    return "\n".join(lines) + "\n"
+
+
+def _panel(axis: Any, records: list[dict], model: str) -> None:
+    """Bars of one model's windows: GB/s for the sink, else rows/s (x in-process)."""
+    mine = [record for record in records if record["model"] == model]
+    sink = model == SINK_NAME
+    values = [record["gb_per_s"] if sink else record["rows_per_s"] for record in mine]
+    axis.barh(range(len(mine)), values,
+              color=["#b0b0b0" if r["kind"] in BLOCKING_KINDS else "#3b75af" for r in mine])
+    for index, record in enumerate(mine):
+        local = next((other["rows_per_s"] for other in records if other["kind"] == "local"
+                      and (other["model"], other["rows"]) == (model, record["rows"])), None)
+        text = f"{record['gb_per_s']:.2f} GB/s" if sink else format_rate(record["rows_per_s"])
+        if local and record["kind"] != "local":
+            text += f", {record['rows_per_s'] / local:.2f}x in-process"
+        if record.get("gpu_util") is not None:
+            text += f", GPU {record['gpu_util']:.0f}%"
+        axis.text(values[index], index, " " + text, va="center", fontsize=7)
+    axis.set_yticks(range(len(mine)), [label(record) for record in mine], fontsize=7)
+    axis.invert_yaxis()
+    axis.margins(x=0.3)  # room for the labels right of the bars
+    axis.set_xlabel("tensor payload GB/s (transport-bound model)" if sink else "rows/s")
+    axis.set_title(model, fontsize=9)
+
+
+def _write(report: dict, output: Path, tag: str) -> dict[str, Path]:
+    """``results-TAG.md`` and ``transport-TAG.png``: one panel per model of the windows."""
+    output.mkdir(parents=True, exist_ok=True)
+    (output / f"results-{tag}.md").write_text(markdown(report))
+    # an older study's ``verify`` rows and failed windows have no rate
+    records = [record for record in report["records"] if record.get("rows_per_s")]
+    models = sorted({record["model"] for record in records}, key=lambda m: (m != SINK_NAME, m))
+    figure, axes = pyplot().subplots(len(models) or 1, 1, squeeze=False,
+                                     figsize=(9, 1.2 + 0.35 * max(len(records), 2)))
+    for axis, model in zip(axes[:, 0], models):
+        _panel(axis, records, model)
+    return {"markdown": output / f"results-{tag}.md",
+            "figure": save_figure(figure, output / f"transport-{tag}.png",
+                                  f"{_where(report)}; device {report.get('device')}")}
+
+
+def write_transport_report(report: dict, output: str | Path, tag: str) -> dict[str, Path]:
+    """``results-TAG.json``, ``results-TAG.md`` and ``transport-TAG.png`` in ``output``."""
+    write_report(report, output, f"results-{tag}", markdown)
+    return {"json": Path(output) / f"results-{tag}.json", **_write(report, Path(output), tag)}
+
+
+def replot(source: str | Path, output: str | Path) -> dict[str, Path]:
+    """The table and figure of a written ``results-TAG.json``, into ``output`` (same TAG)."""
+    report = json.loads(Path(source).read_text())
+    return _write(report, Path(output), Path(source).stem.removeprefix("results-"))

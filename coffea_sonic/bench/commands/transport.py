@@ -11,8 +11,7 @@
 
 The choices are the bench's own (listed here so that registering imports nothing heavy):
 
->>> from coffea_sonic.bench.transport_bench import PLANS
->>> from coffea_sonic.bench.transport_clients import KINDS
+>>> from coffea_sonic.bench.transport_bench import KINDS, PLANS
 >>> sorted(PLANS) == list(_PLANS) and sorted(KINDS) == sorted(_KINDS)
 True
 """
@@ -74,13 +73,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Measure (or re-draw), write, print the table; exit 1 if a window failed."""
-    from ..transport_bench import TransportBench, run_transport_bench
-    from ..transport_report import markdown, replot, write_transport_report
+    from ..transport_bench import (TransportBench, markdown, replot, run_transport_bench,
+                                   write_transport_report)
 
     if args.replot:
         print_written(replot(args.replot, args.output))
         return 0
-    config = TransportBench(plan=args.plan, kinds=tuple(args.transports), device=None if args.device == "auto" else args.device,
+    config = TransportBench(plan=args.plan, kinds=tuple(args.transports),
+                            device=None if args.device == "auto" else args.device,
                             duration=args.duration_s, instances=args.instances,
                             staging=args.staging, gpu_inputs=args.gpu_inputs)
     report = run_transport_bench(config)

@@ -7,8 +7,7 @@ import json
 import pytest
 
 from coffea_sonic.bench.perf_analyzer import PerfAnalyzerUnavailable, install
-from coffea_sonic.bench.reference import ReferenceConfig
-from coffea_sonic.bench.reference_run import run_reference_bench
+from coffea_sonic.bench.reference import ReferenceConfig, run_reference_bench
 
 
 def _short(transports: tuple[str, ...]) -> ReferenceConfig:

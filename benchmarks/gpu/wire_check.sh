@@ -48,7 +48,7 @@ echo "cores: $(nproc); date: $(date -u +%FT%TZ)"
 quiet="RuntimeWarning\|warnings.warn"
 reference() {  # timeout_s transports window_s concurrency... (the CLI wants awkward, not carried)
   timeout "$1" python3 -c "import sys, logging; logging.basicConfig(level=logging.INFO)
-from coffea_sonic.bench.reference_run import run_reference_command as run
+from coffea_sonic.bench.reference import run_reference_command as run
 sys.exit(run(['emtrk_cnn'], sys.argv[1].split(','), False, '$OUT/reference', None, '${REF_DEVICE:-gpu}',
              batches=[2048], concurrency=[int(c) for c in sys.argv[2:]], window_s=$3))" "$2" "${@:4}" \
     2>&1 | grep --line-buffered -v "$quiet" | tee "$OUT/reference-log.txt" | tail -12

@@ -1,14 +1,12 @@
 """NVIDIA's ``perf_analyzer``, installed on demand into a cache folder, and one measurement with it.
 
-perf_analyzer is the C++ load generator Triton's own team benchmarks with: the reference row of
-``coffea-sonic bench reference``. It ships only as a binary inside the ``tritonclient==2.41.0``
-manylinux wheel (newer tritonclient wheels and the ``perf-analyzer`` name on the index do not
-carry it); installing that wheel would replace the client's tritonclient, so the binary is taken
-out of it instead. It needs ``libb64.so.0d`` (Debian ``libb64-0d``) and ``libcudart.so.12`` (the
-``nvidia-cuda-runtime-cu12`` wheel) beside it, even without a GPU. :func:`install` fetches all
-three with pip and apt (as ``scripts/slurm/start.sh`` fetches SLURM) into
-``$COFFEA_SONIC_CACHE/perf_analyzer-2.41.0``; a folder holding the three files can be given with
-``$COFFEA_SONIC_PERF_ANALYZER`` (a machine without a package index: carry the folder there).
+perf_analyzer (Triton's C++ load generator) is the reference row of ``coffea-sonic bench
+reference``. It ships only inside the ``tritonclient==2.41.0`` manylinux wheel, so the binary is
+taken out of it (installing the wheel would replace the client's tritonclient); it needs
+``libb64.so.0d`` (Debian ``libb64-0d``) and ``libcudart.so.12`` (``nvidia-cuda-runtime-cu12``)
+beside it, even without a GPU. :func:`install` fetches the three with pip and apt into
+``$COFFEA_SONIC_CACHE/perf_analyzer-2.41.0``; ``$COFFEA_SONIC_PERF_ANALYZER`` names a folder
+holding them instead (a machine without a package index).
 
 >>> parse_throughput("Concurrency: 4, throughput: 1.14075e+07 infer/sec, latency 22887 usec")
 (11407500.0, 22887.0)
@@ -70,11 +68,7 @@ class PerfPoint:
 
 @dataclass(frozen=True)
 class PerfAnalyzer:
-    """The perf_analyzer binary and the folder of the libraries it needs.
-
-    ``measure`` runs it once against a server: ``protocol`` grpc or http, ``shared_memory``
-    none, system or cuda (with ``output_bytes`` per request for the output regions).
-    """
+    """The perf_analyzer binary and the folder of the libraries it needs."""
 
     binary: Path
     library_dir: Path
@@ -85,49 +79,34 @@ class PerfAnalyzer:
             p for p in (str(self.library_dir), env.get("LD_LIBRARY_PATH", "")) if p)
         return env
 
-    def command(self, model: str, address: str, protocol: str, batch: int, concurrency: int,
-                shared_memory: str = "none", output_bytes: int = 0,
-                window_ms: int = 2500, stability: int = 30) -> list[str]:
-        """The command line (stabilisation: 3 windows within ``stability`` % of each other, up to
-        10 windows)."""
-        command = [str(self.binary), "-m", model, "-u", address, "-i", protocol,
-                   "-b", str(batch), "--concurrency-range", str(concurrency),
-                   "-p", str(window_ms), "-r", "10", "-s", str(stability)]
-        if shared_memory != "none":
-            command += ["--shared-memory", shared_memory,
-                        "--output-shared-memory-size", str(max(output_bytes, 1024))]
-        return command
-
     def measure(self, model: str, address: str, protocol: str, batch: int, concurrency: int,
                 shared_memory: str = "none", output_bytes: int = 0, window_ms: int = 2500,
                 timeout_s: float = 180.0) -> PerfPoint:
-        """One point; a failure (refused, timed out) comes back as ``error``. A point that does
-        not stabilise within 30 % (a machine others load) is measured again within 100 %."""
-        point = self._measure(model, address, protocol, batch, concurrency, shared_memory,
-                              output_bytes, window_ms, 30, timeout_s)
-        if "stable measurement" in point.error:
-            point = self._measure(model, address, protocol, batch, concurrency, shared_memory,
-                                  output_bytes, window_ms, 100, timeout_s)
+        """One point against a server (``protocol`` grpc or http, ``shared_memory`` none, system
+        or cuda, ``output_bytes`` per request for the output regions); a failure comes back as
+        ``error``. Stable means 3 windows within 30 % of each other (up to 10 windows); a point
+        that is not (a machine others load) is measured again within 100 %."""
+        for stability in (30, 100):
+            command = [str(self.binary), "-m", model, "-u", address, "-i", protocol,
+                       "-b", str(batch), "--concurrency-range", str(concurrency),
+                       "-p", str(window_ms), "-r", "10", "-s", str(stability)]
+            if shared_memory != "none":
+                command += ["--shared-memory", shared_memory,
+                            "--output-shared-memory-size", str(max(output_bytes, 1024))]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True,
+                                      timeout=timeout_s, env=self.environment())
+            except subprocess.TimeoutExpired:
+                return PerfPoint(batch, concurrency, 0.0, error=f"no result within {timeout_s:g} s")
+            rows, latency = parse_throughput(done.stdout) or (0.0, 0.0)
+            error = ""
+            if done.returncode != 0 or not rows:
+                tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+                error = f"exit {done.returncode}: " + " | ".join(tail)[:400]
+            point = PerfPoint(batch, concurrency, rows, latency, error=error, stability=stability)
+            if "stable measurement" not in error:
+                return point
         return point
-
-    def _measure(self, model: str, address: str, protocol: str, batch: int, concurrency: int,
-                 shared_memory: str, output_bytes: int, window_ms: int, stability: int,
-                 timeout_s: float) -> PerfPoint:
-        command = self.command(model, address, protocol, batch, concurrency, shared_memory,
-                               output_bytes, window_ms, stability)
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                  env=self.environment())
-        except subprocess.TimeoutExpired:
-            return PerfPoint(batch, concurrency, 0.0, error=f"no result within {timeout_s:g} s")
-        parsed = parse_throughput(done.stdout)
-        if done.returncode != 0 or parsed is None:
-            tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
-            return PerfPoint(batch, concurrency, parsed[0] if parsed else 0.0,
-                             parsed[1] if parsed else 0.0,
-                             error=f"exit {done.returncode}: " + " | ".join(tail)[:400],
-                             stability=stability)
-        return PerfPoint(batch, concurrency, parsed[0], parsed[1], stability=stability)
 
 
 def cache_folder() -> Path:

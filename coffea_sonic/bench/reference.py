@@ -1,43 +1,50 @@
 """TritonModel at its defaults beside NVIDIA's perf_analyzer, per model and transport, one run.
 
-For each model and transport the bench measures perf_analyzer (:mod:`.perf_analyzer`) over a small
-batch x concurrency grid and keeps its best rate, and a default :class:`~coffea_sonic.TritonModel`
-in one client process calling the model on ``call_rows``-row chunks back to back (transport forced,
-everything else at its default). The two alternate, one TritonModel window after each perf_analyzer
-point, so both see the same load on a shared machine; the ratio is TritonModel's best window over
-perf_analyzer's best point (a best of as many tries on each side).
+``coffea-sonic bench reference`` runs it. Per model and transport: perf_analyzer
+(:mod:`.perf_analyzer`, installed on demand) over a small batch x concurrency grid, and a default
+:class:`~coffea_sonic.TritonModel` in one client process calling ``call_rows``-row chunks back to
+back (transport forced, all else at its default). They alternate, a TritonModel window after each
+perf_analyzer point, so both see the same load; the ratio is TritonModel's best window over
+perf_analyzer's best point. Transports: ``grpc``, ``http``, ``shm`` (``--shared-memory system``),
+``cuda`` (GPU machines). perf_analyzer writes its inputs into the shared regions once; TritonModel
+starts from host arrays each call, as a user's chunk does. Where perf_analyzer cannot be had, the
+rows say why and TritonModel is still measured. Per model a server is started (the embedded one;
+``passthrough`` from its own repository) unless ``server`` names one serving every model.
+Writes results.json, results.md and reference.png.
 
-Transports: ``grpc`` and ``http`` (perf_analyzer ``-i grpc|http``), ``shm`` (system shared memory:
-``-i grpc --shared-memory system``), ``cuda`` (``--shared-memory cuda``; GPU machines). perf_analyzer
-writes its inputs into the shared regions once and reuses them; TritonModel starts from host arrays
-each call, as a user's chunk does, so its shared-memory rows include that copy.
-
-Where perf_analyzer cannot be installed or run, the rows carry the reason and TritonModel is still
-measured.
-
->>> config = ReferenceConfig()
->>> config.grid("passthrough")[:2]
-[(16384, 1), (16384, 2)]
->>> config.call_rows_for("emtrk_cnn")
-2048
+>>> config = reference_config(None, ["grpc"], quick=True)
+>>> config.grid("passthrough"), config.call_rows_for("emtrk_cnn")
+([(65536, 1), (65536, 2)], 2048)
+>>> markdown_table([{"model": "m", "transport": "grpc", "call_rows": 8, "tm_best": 2e6,
+...     "tm_transport_used": "grpc", "pa_best": {"rows_per_s": 4e6, "batch": 8, "concurrency": 2},
+...     "ratio": 0.5, "pa_error": "", "tm_error": ""}]).splitlines()[2]
+'| m | grpc | 8 | 2.00 M | 4.00 M (b 8, c 2) | **0.50x** |'
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 from .. import zoo
-from .clients import ready_then_start
-from .passthrough import PASSTHROUGH, passthrough_inputs
+from .clients import ClientPool, ready_then_start
+from .files import pyplot, save_figure, write_report
+from .machine import machine_info, uptime_line
+from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
+from .perf_analyzer import PerfAnalyzerUnavailable, install
 
-__all__ = ["ReferenceConfig", "ReferenceRow", "ReferenceRun", "output_bytes", "tritonmodel_task"]
+__all__ = ["ReferenceConfig", "markdown_table", "reference_config", "run_reference_bench",
+           "run_reference_command", "tritonmodel_task"]
 
 logger = logging.getLogger(__name__)
 
-#: perf_analyzer's flags for each transport kind of TritonModel.
+#: perf_analyzer's (protocol, shared memory) for each transport kind of TritonModel
 PA_TRANSPORTS: dict[str, tuple[str, str]] = {
     "grpc": ("grpc", "none"), "http": ("http", "none"), "shm": ("grpc", "system"),
     "cuda": ("grpc", "cuda")}
@@ -68,49 +75,33 @@ class ReferenceConfig:
         return [(b, c) for b in batches for c in self.concurrencies]
 
 
-@dataclass
-class ReferenceRow:
-    """One model x transport: perf_analyzer's points and best, TritonModel's windows, the ratio."""
+def reference_config(models: list[str] | None, transports: list[str] | None,
+                     quick: bool = False, batches: list[int] | None = None,
+                     concurrency: list[int] | None = None,
+                     window_s: float | None = None) -> ReferenceConfig:
+    """The run the command line asks for (``quick``: one batch, concurrency 1 and 2, 3 s windows).
 
-    model: str
-    transport: str
-    call_rows: int
-    pa_points: list[dict] = field(default_factory=list)
-    pa_best: dict | None = None
-    pa_error: str = ""
-    tm_windows: list[float] = field(default_factory=list)
-    tm_transport_used: str = ""
-    tm_error: str = ""
-
-    @property
-    def tm_best(self) -> float:
-        return max(self.tm_windows, default=0.0)
-
-    @property
-    def ratio(self) -> float | None:
-        if not self.pa_best or not self.pa_best["rows_per_s"] or not self.tm_windows or \
-                self.tm_error:
-            return None
-        return self.tm_best / self.pa_best["rows_per_s"]
-
-    def to_dict(self) -> dict:
-        record = asdict(self)
-        record.update(tm_best=self.tm_best, ratio=self.ratio)
-        return record
-
-
-def model_inputs(model: str, rows: int) -> dict:
-    """The chunk TritonModel sends: the passthrough's floats or the zoo's example inputs."""
-    if model == PASSTHROUGH:
-        return passthrough_inputs(rows)
-    return zoo.example_inputs(model, rows)
+    >>> reference_config(["emtrk_cnn"], None, batches=[2048], concurrency=[1, 8]).grid("emtrk_cnn")
+    [(2048, 1), (2048, 8)]
+    """
+    config = ReferenceConfig()
+    config.models = tuple(models) if models else config.models
+    config.transports = tuple(transports) if transports else config.transports
+    if quick:
+        config.concurrencies = (1, 2)
+        config.batches = {name: sizes[-1:] for name, sizes in config.batches.items()}
+        config.window_s = 3.0
+    if batches:
+        config.batches = {name: tuple(batches) for name in config.models}
+    config.concurrencies = tuple(concurrency) if concurrency else config.concurrencies
+    config.window_s = window_s or config.window_s
+    return config
 
 
 def tritonmodel_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     """A client process' window (see :class:`~coffea_sonic.bench.clients.ClientPool`): calls of
     ``task["rows"]`` rows back to back on a default TritonModel for ``task["duration"]`` s."""
     from ..model import TritonModel
-
     from ..routing import clear_routers
     from ..transport.registry import close_all_transports
     from ..transport.shm.select import forget_probes
@@ -125,13 +116,14 @@ def tritonmodel_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     forget_probes()
     key = (task["model"], task["rows"])
     if key not in cache:
-        cache[key] = model_inputs(task["model"], task["rows"])
+        cache[key] = (passthrough_inputs(task["rows"]) if task["model"] == PASSTHROUGH
+                      else zoo.example_inputs(task["model"], task["rows"]))
     inputs = cache[key]
     model = cache["model"] = TritonModel(task["url"], transport=task["transport"],
                                          **task.get("options", {}))
     for _ in range(3):  # connections, shared-memory regions, the server's first batches
         model(inputs)
-    start_at = ready_then_start(tasks, control)
+    ready_then_start(tasks, control)
     calls, began = 0, time.perf_counter()
     while time.perf_counter() - began < task["duration"]:
         model(inputs)
@@ -141,64 +133,178 @@ def tritonmodel_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
             "transport_used": model.transport_kind}
 
 
-def output_bytes(model: Any, batch: int) -> int:
-    """Bytes of one perf_analyzer request's outputs (its output shared-memory regions' size)."""
-    import math
+def _measure_row(config: ReferenceConfig, pool: ClientPool, analyzer: Any, analyzer_error: str,
+                 model: str, transport: str, addresses: tuple[str, str],
+                 output_bytes: Any) -> dict:
+    """One model x transport: a TritonModel window first and after every perf_analyzer point."""
+    grpc_address, http_address = addresses
+    row: dict[str, Any] = {"model": model, "transport": transport,
+                           "call_rows": config.call_rows_for(model), "pa_points": [],
+                           "pa_best": None, "pa_error": "", "tm_windows": [],
+                           "tm_transport_used": "", "tm_error": ""}
+    url = (f"triton+http://{http_address}/{model}" if transport == "http"
+           else f"triton+grpc://{grpc_address}/{model}")
+    task = {"url": url, "transport": transport, "rows": row["call_rows"], "model": model,
+            "duration": config.window_s}
 
+    def window() -> None:
+        (result,) = pool.run(task, 1)[1]
+        if "error" in result:
+            row["tm_error"] = result["error"]
+        else:
+            row["tm_windows"].append(result["rows_per_s"])
+            row["tm_transport_used"] = result["transport_used"]
+
+    window()
+    protocol, shared = PA_TRANSPORTS[transport]
+    for batch, concurrency in config.grid(model) if analyzer is not None else ():
+        point = analyzer.measure(model, http_address if protocol == "http" else grpc_address,
+                                 protocol, batch, concurrency, shared, output_bytes(batch),
+                                 config.pa_window_ms)
+        row["pa_points"].append(asdict(point))
+        logger.info("%s %s perf_analyzer b=%d c=%d: %.3g rows/s %s", model, transport, batch,
+                    concurrency, point.rows_per_s, point.error)
+        if not row["tm_error"]:
+            window()
+    if analyzer is None:
+        row["pa_error"] = analyzer_error
+        if not row["tm_error"]:
+            window()
+    good = [p for p in row["pa_points"] if p["rows_per_s"] > 0]
+    row["pa_best"] = max(good, key=lambda p: p["rows_per_s"], default=None)
+    if not good and row["pa_points"]:
+        row["pa_error"] = "; ".join(sorted({p["error"] for p in row["pa_points"]}))[:600]
+    row["tm_best"] = max(row["tm_windows"], default=0.0)
+    row["ratio"] = (row["tm_best"] / row["pa_best"]["rows_per_s"]
+                    if row["pa_best"] and row["tm_windows"] and not row["tm_error"] else None)
+    return row
+
+
+def _output_bytes(model: Any, batch: int) -> int:
+    """Bytes of one perf_analyzer request's outputs (its output shared-memory regions' size)."""
     import numpy as np
 
-    info = model.info
     return sum(batch * math.prod(max(d, 1) for d in tensor.dims) * np.dtype(tensor.dtype).itemsize
-               for tensor in info.outputs)
+               for tensor in model.info.outputs)
 
 
-class ReferenceRun:
-    """Measures :class:`ReferenceRow` s against a server at ``address`` (``host:port`` of gRPC;
-    ``http_address`` for perf_analyzer's HTTP rows). ``analyzer`` is None where perf_analyzer
-    could not be had (``analyzer_error`` says why)."""
+def _rate(value: float | None) -> str:
+    return f"{value / 1e6:.2f} M" if value else "–"
 
-    def __init__(self, config: ReferenceConfig, pool: Any, analyzer: Any,
-                 analyzer_error: str = "") -> None:
-        self.config = config
-        self.pool = pool
-        self.analyzer = analyzer
-        self.analyzer_error = analyzer_error
 
-    def _window(self, row: ReferenceRow, url: str) -> None:
-        task = {"url": url, "transport": row.transport, "rows": row.call_rows,
-                "model": row.model, "duration": self.config.window_s}
-        _, results = self.pool.run(task, 1)
-        if "error" in results[0]:
-            row.tm_error = results[0]["error"]
-            return
-        row.tm_windows.append(results[0]["rows_per_s"])
-        row.tm_transport_used = results[0]["transport_used"]
+def markdown_table(rows: list[dict]) -> str:
+    """The report's table: TritonModel's best window, perf_analyzer's best point, the ratio."""
+    lines = ["| model | transport | rows per call | TritonModel (rows/s) | perf_analyzer best "
+             "(rows/s) | ratio |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        best = row["pa_best"]
+        pa = (f"{_rate(best['rows_per_s'])} (b {best['batch']}, c {best['concurrency']})"
+              if best else f"– ({row['pa_error'][:80]})")
+        tm = _rate(row["tm_best"]) if not row["tm_error"] else f"– ({row['tm_error'][:80]})"
+        if row["tm_transport_used"] and row["tm_transport_used"] != row["transport"]:
+            tm += f" (used {row['tm_transport_used']})"
+        ratio = f"**{row['ratio']:.2f}x**" if row["ratio"] is not None else "–"
+        lines.append(f"| {row['model']} | {row['transport']} | {row['call_rows']} | {tm} | "
+                     f"{pa} | {ratio} |")
+    return "\n".join(lines)
 
-    def measure(self, model: str, transport: str, grpc_address: str, http_address: str,
-                output_bytes: Any) -> ReferenceRow:
-        """One row: a TritonModel window after every perf_analyzer point (at least two)."""
-        row = ReferenceRow(model, transport, self.config.call_rows_for(model))
-        url = f"triton+grpc://{grpc_address}/{model}"
-        if transport == "http":
-            url = f"triton+http://{http_address}/{model}"
-        self._window(row, url)
-        protocol, shared = PA_TRANSPORTS[transport]
-        address = http_address if protocol == "http" else grpc_address
-        for batch, concurrency in self.config.grid(model):
-            if self.analyzer is None:
-                row.pa_error = self.analyzer_error
-                break
-            point = self.analyzer.measure(model, address, protocol, batch, concurrency, shared,
-                                          output_bytes(batch), self.config.pa_window_ms)
-            row.pa_points.append(asdict(point))
-            logger.info("%s %s perf_analyzer b=%d c=%d: %.3g rows/s %s", model, transport, batch,
-                        concurrency, point.rows_per_s, point.error)
-            if not row.tm_error:
-                self._window(row, url)
-        if self.analyzer is None and not row.tm_error:
-            self._window(row, url)
-        good = [p for p in row.pa_points if p["rows_per_s"] > 0]
-        row.pa_best = max(good, key=lambda p: p["rows_per_s"], default=None)
-        if not good and row.pa_points:
-            row.pa_error = "; ".join(sorted({p["error"] for p in row.pa_points}))[:600]
-        return row
+
+def _title(results: dict) -> str:
+    machine = results["machine"]
+    return (f"{machine.get('cpu_model', '')}, {machine.get('cpu_cores')} cores"
+            f"{', ' + machine['gpus'][0] if machine.get('gpus') else ''}, {machine['date']}")
+
+
+def _page(results: dict) -> str:
+    text = [f"# TritonModel at defaults vs perf_analyzer ({_title(results)})", "",
+            f"load: before `{results['uptime_before']}`, after `{results.get('uptime_after', '')}`",
+            "", markdown_table(results["rows"]), ""]
+    if results.get("perf_analyzer_error"):
+        text += [f"perf_analyzer not run: {results['perf_analyzer_error']}", ""]
+    return "\n".join(text)
+
+
+def _write(results: dict, output: Path) -> None:
+    """results.json, results.md and (with rows) reference.png: best rates side by side."""
+    write_report(results, output, "results", _page)
+    rows = results["rows"]
+    if not rows:
+        return
+    figure, axis = pyplot().subplots(figsize=(max(5, 1.4 * len(rows)), 4))
+    xs = range(len(rows))
+    axis.bar([x - 0.2 for x in xs], [(r["pa_best"] or {}).get("rows_per_s", 0) / 1e6 for r in rows],
+             0.4, label="perf_analyzer best")
+    axis.bar([x + 0.2 for x in xs], [r["tm_best"] / 1e6 for r in rows], 0.4,
+             label="TritonModel at defaults")
+    for x, row in zip(xs, rows):
+        if row["ratio"] is not None:
+            axis.annotate(f"{row['ratio']:.2f}x", (x + 0.2, row["tm_best"] / 1e6),
+                          ha="center", va="bottom", fontsize=8)
+    axis.set_xticks(list(xs), [f"{row['model']}\n{row['transport']}" for row in rows], fontsize=8)
+    axis.set_ylabel("M rows/s")
+    axis.set_title(_title(results), fontsize=9)
+    axis.legend(fontsize=8)
+    save_figure(figure, output / "reference.png")
+
+
+@contextlib.contextmanager
+def _served(model: str, server: str | None, device: str) -> Iterator[tuple[str, str]]:
+    """(gRPC address, HTTP address) of a server with ``model``: ``server`` or one started here."""
+    from ..server.launcher import LocalTritonServer
+
+    if server is not None:
+        grpc_address, _, http_address = server.partition(",")
+        yield grpc_address, http_address
+        return
+    if model == PASSTHROUGH:
+        repository = write_passthrough(Path(tempfile.mkdtemp(prefix="coffea-sonic-passthrough-")))
+        started = LocalTritonServer(repository=repository, device="cpu")
+    else:
+        started = LocalTritonServer(models=[model], device=device)
+    with started:
+        yield started.grpc_address, started.http_address
+
+
+def run_reference_bench(config: ReferenceConfig, output_dir: str | Path, server: str | None = None,
+                        device: str = "auto") -> dict:
+    """Measure every model x transport of ``config``; write and return the results."""
+    from ..model import TritonModel
+
+    output = Path(output_dir)
+    results: dict[str, Any] = {"machine": machine_info(), "uptime_before": uptime_line(),
+                               "config": config.__dict__, "rows": []}
+    try:
+        analyzer, error = install(), ""
+    except PerfAnalyzerUnavailable as unavailable:
+        analyzer, error = None, str(unavailable)
+        logger.warning("perf_analyzer rows left out: %s", error)
+    results["perf_analyzer_error"] = error
+    pool = ClientPool(1, tritonmodel_task)
+    try:
+        for model in config.models:
+            with _served(model, server, device) as addresses:
+                probe = TritonModel(f"triton+grpc://{addresses[0]}/{model}", transport="grpc")
+                for transport in config.transports:
+                    results["rows"].append(_measure_row(
+                        config, pool, analyzer, error, model, transport, addresses,
+                        lambda batch, probe=probe: _output_bytes(probe, batch)))
+                    _write(results, output)
+                probe.close()
+    finally:
+        pool.close()
+    results["uptime_after"] = uptime_line()
+    _write(results, output)
+    return results
+
+
+def run_reference_command(models: list[str] | None, transports: list[str] | None, quick: bool,
+                          output: str, server: str | None, device: str | None,
+                          **grid: Any) -> int:
+    """``coffea-sonic bench reference``: print the table and where the files are."""
+    config = reference_config(models, transports, quick, **grid)
+    results = run_reference_bench(config, output, server=server, device=device or "auto")
+    print(markdown_table(results["rows"]))
+    if results["perf_analyzer_error"]:
+        print(f"perf_analyzer not run: {results['perf_analyzer_error']}")
+    print(f"  results: {Path(output) / 'results.json'}, results.md, reference.png")
+    return 0

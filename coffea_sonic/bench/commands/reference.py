@@ -1,9 +1,5 @@
-"""``coffea-sonic bench reference``: a default TritonModel beside NVIDIA's perf_analyzer.
-
-Per model and transport: perf_analyzer's best rate over a small batch x concurrency grid, a default
-TritonModel's rate (transport forced, all else at its defaults) and the ratio, from one run
-(:mod:`coffea_sonic.bench.reference`). perf_analyzer is installed on demand into the cache folder;
-where it cannot be had or run, the table says why and TritonModel is still measured.
+"""``coffea-sonic bench reference``: a default TritonModel beside NVIDIA's perf_analyzer
+(:mod:`coffea_sonic.bench.reference`).
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
@@ -59,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Print the table; results.json, results.md and reference.png in ``--output``."""
-    from ..reference_run import run_reference_command
+    from ..reference import run_reference_command
 
     return run_reference_command(args.models, args.transports, args.quick, args.output,
                                  args.server, args.device, batches=args.batches,

@@ -24,7 +24,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from .core.tensors import ModelInfo
-from .validation import piece_arrays
+from .validation import check_finite_rows, piece_arrays
 
 __all__ = ["Call", "CallControl", "InferenceHandle", "Piece", "Window", "piece_tensors"]
 
@@ -111,6 +111,9 @@ class Call:
     chunk: str = ""
     #: per-call metadata for the call hooks (:class:`~coffea_sonic.dispatch.CallHooks`)
     context: dict[str, Any] = field(default_factory=dict)
+    #: the NaN/inf policy still to apply, to each piece's rows as it is made ("pass": the
+    #: whole call was looked at when it was validated, or is not to be)
+    nonfinite: str = "pass"
 
 
 class InferenceHandle:
@@ -228,9 +231,20 @@ class Window:
         return int(self._limit)
 
 
-def piece_tensors(piece: Piece) -> dict[str, np.ndarray]:
-    """The input tensors of ``piece``: its rows (plus padding), or its group of ragged events."""
+def check_piece(piece: Piece) -> None:
+    """Apply the call's NaN/inf policy still pending to ``piece``'s rows (raises
+    ``InputValidationError`` naming the model and tensor, which fails the whole call)."""
     call = piece.call
+    if call.nonfinite != "pass" and call.ragged is None:
+        check_finite_rows(call.info.name, call.arrays, piece.start, piece.stop,
+                          call.nonfinite)  # type: ignore[arg-type]
+
+
+def piece_tensors(piece: Piece) -> dict[str, np.ndarray]:
+    """The input tensors of ``piece``: its rows (plus padding), or its group of ragged events;
+    its rows are checked first (:func:`check_piece`)."""
+    call = piece.call
+    check_piece(piece)
     if call.ragged is not None:
         return call.ragged.tensors(piece.start, piece.stop)
     return piece_arrays(call.arrays, piece.start, piece.stop, piece.pad)

@@ -75,7 +75,7 @@ from . import incidents
 from . import ragged as ragged_module
 from . import unserved
 from .answers import assemble, check_outputs, check_version, preallocate
-from .calls import Call, InferenceHandle, Piece, Window, piece_tensors
+from .calls import Call, InferenceHandle, Piece, Window, check_piece, piece_tensors
 from .core.tensors import ModelInfo
 from .errors import InferenceError
 from .hooks import CallHooks, PieceAnswer
@@ -151,29 +151,35 @@ class CallRunner:
     def submit(self, info: ModelInfo, inputs: Mapping[str, Any], counts: Any,
                caller_waits: bool) -> InferenceHandle:
         """Validate ``inputs`` (:meth:`validate`), count the call and send it (:meth:`send`)."""
-        arrays, rows, ragged = self.validate(info, inputs, counts)
+        arrays, rows, ragged = self.validate(info, inputs, counts, per_piece=True)
         self.count(calls=1)
-        return self.send(info, arrays, rows, ragged, caller_waits)
+        return self.send(info, arrays, rows, ragged, caller_waits, per_piece=True)
 
-    def validate(self, info: ModelInfo, inputs: Mapping[str, Any], counts: Any
-                 ) -> tuple[dict[str, np.ndarray], int, Any]:
+    def validate(self, info: ModelInfo, inputs: Mapping[str, Any], counts: Any, *,
+                 per_piece: bool = False) -> tuple[dict[str, np.ndarray], int, Any]:
         """``(arrays, rows, ragged)``: the call's inputs checked against ``info`` (``counts``
-        given: a ragged call, :class:`~coffea_sonic.ragged.RaggedCall`, whose rows are events)."""
+        given: a ragged call, :class:`~coffea_sonic.ragged.RaggedCall`, whose rows are events).
+        ``per_piece``: a plain call's NaN/inf policy is left to :meth:`send` with ``per_piece``,
+        which applies it to each request's rows as it is made."""
         if counts is None:
             ragged_module.check_plain_call(info, inputs)
-            arrays, rows = validate_inputs(info, inputs, self.owner.nonfinite)
+            arrays, rows = validate_inputs(info, inputs,
+                                           "pass" if per_piece else self.owner.nonfinite)
             return arrays, rows, None
         ragged = ragged_module.RaggedCall.build(info, inputs, counts, self.owner.nonfinite)
         return ragged.arrays, ragged.events, ragged
 
     def send(self, info: ModelInfo, arrays: dict[str, np.ndarray], rows: int, ragged: Any,
-             caller_waits: bool) -> InferenceHandle:
+             caller_waits: bool, *, per_piece: bool = False) -> InferenceHandle:
         """Split validated ``arrays`` into requests and start sending them; the call's handle.
         ``caller_waits``: the calling thread only waits for the answer, so a one-request call
-        may be sent and answered in it (no hand-off to other threads)."""
+        may be sent and answered in it (no hand-off to other threads). ``per_piece``: the
+        model's NaN/inf policy is applied to each request's rows as it is made (the first
+        request goes out before the rest is looked at); one that fails fails the call."""
         call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=self, info=info,
                     ragged=ragged, caller=threading.get_ident() if caller_waits else None,
-                    chunk=incidents.current_chunk())
+                    chunk=incidents.current_chunk(),
+                    nonfinite=self.owner.nonfinite if per_piece and ragged is None else "pass")
         if rows == 0:
             call.outputs = empty_outputs(info) if ragged is None else ragged.empty_outputs()
             call.done.set()
@@ -263,6 +269,7 @@ class CallRunner:
             produced = hook.lookup(piece)
             if produced is not None:
                 try:
+                    check_piece(piece)  # an answered piece's inputs obey the policy too
                     self._accept(piece, produced, "hook", self.version)
                 except Exception as error:  # noqa: BLE001 - the call must learn about it
                     self.fail(piece.call, error)

@@ -385,7 +385,10 @@ class TritonModel:
         """Validate the call; answer what the inference cache holds and send the rest."""
         info = classified(self.info, self.classification)
         runtime = self._get_runtime()
-        arrays, rows, ragged = runtime.validate(info, inputs, counts)
+        # a cached call is looked at whole (its cached rows are never sent); otherwise each
+        # request's rows are checked for NaN/inf as it is made, so the first one goes out at once
+        per_piece = self.cache is None
+        arrays, rows, ragged = runtime.validate(info, inputs, counts, per_piece=per_piece)
         runtime.count(calls=1)
         if self.cache is not None and rows and runtime.version and cacheable(info, arrays):
             return infer_cached(
@@ -393,7 +396,7 @@ class TritonModel:
                 None if ragged is None else ragged.counts,
                 lambda sub, sub_rows: runtime.send(info, sub, sub_rows, ragged, caller_waits),
                 runtime.count)
-        return runtime.send(info, arrays, rows, ragged, caller_waits)
+        return runtime.send(info, arrays, rows, ragged, caller_waits, per_piece=per_piece)
 
     # -- server-side statistics -------------------------------------------------------------------
 

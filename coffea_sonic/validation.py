@@ -10,7 +10,10 @@ the model, the tensor, what was expected and what was given, instead of a server
 * NaN/inf policy (``nonfinite``): ``"warn"`` (the default of :class:`~coffea_sonic.model.TritonModel`)
   sends them as they are and logs a WARNING the first time a model's tensor holds any in this
   process (then that tensor is not looked at again); ``"pass"`` sends them without looking (the
-  model decides, as it would in-process); ``"raise"`` rejects inputs holding any.
+  model decides, as it would in-process); ``"raise"`` rejects inputs holding any. A call split
+  into requests looks at each request's rows as it is made (:func:`check_finite_rows`), so the
+  first request goes out before the rest of the call is summed; an error in any of them fails
+  the whole call, with the same message as a check of the whole call.
 
 >>> import numpy as np
 >>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
@@ -33,8 +36,8 @@ import numpy as np
 from .errors import ConfigurationError, InputValidationError
 from .core.tensors import ModelInfo, TensorInfo
 
-__all__ = ["GRPC_MESSAGE_LIMIT", "NONFINITE_POLICIES", "NonFinitePolicy", "empty_outputs",
-           "plan_pieces", "validate_inputs"]
+__all__ = ["GRPC_MESSAGE_LIMIT", "NONFINITE_POLICIES", "NonFinitePolicy", "check_finite_rows",
+           "empty_outputs", "plan_pieces", "validate_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +163,30 @@ def _check_finite(model: str, tensor: str, array: np.ndarray, nonfinite: str) ->
                    "as they are (the model decides, as it would in-process). Said once per model "
                    "and tensor; nonfinite='raise' rejects them, 'pass' stops looking",
                    model, tensor, bad, array.size)
+
+
+def check_finite_rows(model: str, arrays: Mapping[str, np.ndarray], start: int, stop: int,
+                      nonfinite: NonFinitePolicy) -> None:
+    """Apply ``nonfinite`` to rows ``start:stop`` of a call's validated ``arrays``; where they
+    hold NaN/inf, the whole call's values are counted for the message (as
+    :func:`validate_inputs` would have said).
+
+    >>> x = np.array([[1.0, 2.0], [np.nan, 3.0], [np.inf, 4.0]], np.float32)
+    >>> check_finite_rows("m", {"x": x}, 0, 1, "raise")  # the first row is clean
+    >>> check_finite_rows("m", {"x": x}, 1, 3, "raise")
+    Traceback (most recent call last):
+    ...
+    coffea_sonic.errors.InputValidationError: model 'm' input 'x': 2 NaN/inf values of 6 and nonfinite='raise'; clean them (e.g. np.nan_to_num) or use nonfinite='warn'
+    """
+    if nonfinite == "pass":
+        return
+    for name, array in arrays.items():
+        if array.dtype.kind != "f" or (nonfinite == "warn" and (model, name) in _warned_nonfinite):
+            continue
+        with np.errstate(all="ignore"):
+            if np.isfinite(array[start:stop].sum()):
+                continue
+        _check_finite(model, name, array, nonfinite)
 
 
 def _row_bytes(arrays: Mapping[str, np.ndarray], rows: int) -> int:

@@ -144,6 +144,39 @@ def test_nan_and_inf_pass_through_by_default_like_in_process(jet_model):
     assert "2 NaN/inf" in text and "'features'" in text
 
 
+@pytest.mark.usefixtures("each_transport")
+def test_nan_in_a_later_request_fails_the_whole_call_with_the_whole_calls_count(jet_model):
+    features = _features(400)  # four requests of 100 rows; the first ones go out clean
+    features[390, 0], features[399, 5] = np.nan, -np.inf
+    strict = TritonModel(jet_model.url, nonfinite="raise",
+                         max_request_bytes=100 * features[0].nbytes)
+    handle = strict.infer_async({"features": features})
+    text = _message(InputValidationError, handle.result)
+    assert "'jet_tagger'" in text and "'features'" in text
+    assert f"2 NaN/inf values of {features.size}" in text
+    assert strict.stats.requests <= 3  # the request holding them was never sent
+    features[390, 0], features[399, 5] = 0.0, 0.0
+    assert strict({"features": features})["probs"].shape == (400, 3)
+
+
+@pytest.mark.usefixtures("each_transport")
+def test_nan_in_a_later_request_is_warned_about_with_the_whole_calls_count(jet_model, caplog):
+    from coffea_sonic import validation
+
+    validation._warned_nonfinite.discard(("jet_tagger", "features"))
+    features = _features(400)
+    features[350, 1], features[399, 2] = np.nan, np.inf
+    model = TritonModel(jet_model.url, max_request_bytes=100 * features[0].nbytes)
+    with caplog.at_level("WARNING", logger="coffea_sonic.validation"):
+        probs = model({"features": features})["probs"]
+    validation._warned_nonfinite.discard(("jet_tagger", "features"))
+    assert probs.shape == (400, 3)
+    local = reference_engine("jet_tagger", threads=1)({"features": features})["probs"]
+    np.testing.assert_allclose(probs, local, atol=1e-5, equal_nan=True)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "coffea_sonic.validation"]
+    assert len(warnings) == 1 and f"holds 2 NaN/inf values of {features.size}" in warnings[0]
+
+
 def test_events_with_zero_objects_give_empty_typed_outputs(offline):
     jet_model = offline("jet_tagger")
     jets_per_event = ak.Array([[], [], []])  # three events without a single jet

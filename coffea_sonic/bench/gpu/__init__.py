@@ -6,8 +6,6 @@ call after setting up the GPU machine (prologue.sh):
 
 * :mod:`~coffea_sonic.bench.gpu.defaults_sweep`: served vs in-process throughput at the
   defaults, and the sweeps that chose them (``--plan smoke --device cpu`` runs anywhere);
-* :mod:`~coffea_sonic.bench.gpu.network_check`: the e2e analysis with its server behind a shaped
-  link (root; ``--device cpu`` runs without a GPU);
 * :mod:`~coffea_sonic.bench.gpu.serve_check`: ``coffea-sonic serve`` end to end, engines compared
   (``--device cpu`` runs without a GPU);
 * :mod:`~coffea_sonic.bench.gpu.shadow_tolerance`: served-vs-reference divergence per zoo model
@@ -24,4 +22,4 @@ True
 from __future__ import annotations
 
 #: the runnable modules (``python -m coffea_sonic.bench.gpu.NAME``)
-MODULES = ("defaults_sweep", "network_check", "serve_check", "shadow_tolerance")
+MODULES = ("defaults_sweep", "serve_check", "shadow_tolerance")

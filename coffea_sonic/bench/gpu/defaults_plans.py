@@ -1,17 +1,27 @@
-"""The plans of :mod:`coffea_sonic.bench.gpu.defaults_sweep`: which server configurations it
-starts and which client runs it measures against each (see that module for what each plan asks).
+"""The plans of :mod:`coffea_sonic.bench.gpu.defaults_sweep` (which server configurations it
+starts and which client runs it measures against each) and what each of its client processes
+runs (:func:`run_task`, handed to :class:`~coffea_sonic.bench.clients.ClientPool`): a loop on
+fixed chunks through ``TritonModel``, an in-process engine or ``CudaShmTransport``.
 
 >>> [server.name for server in plan_smoke()]
 ['in-process', 'defaults', '2 instances, queue delay 0']
 >>> _t("emtrk_cnn", 8, 4.5, 2, "grpc").client
 {'max_request_bytes': 4718592, 'max_in_flight': 2, 'transport': 'grpc'}
+>>> _client_stats(None)["requests"]
+0
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+
+from coffea_sonic.bench.client import max_abs_difference
+from coffea_sonic.bench.clients import ready_then_start
 
 MiB = 1 << 20
 #: Rows per chunk, per model (the workloads the defaults were chosen for).
@@ -51,14 +61,6 @@ def _t(model: str, procs: int, mrb_mib: float | None = None, mif: int | None = N
     if transport is not None:
         client["transport"] = transport
     return Run("triton", model, procs, client)
-
-
-def _grpc(procs: int, mrb: float | None = None, mif: int | None = None,
-          connections: int = 1) -> Run:
-    """emtrk_cnn over gRPC (forced) from ``procs`` processes, ``connections`` per server."""
-    run = _t("emtrk_cnn", procs, mrb, mif, "grpc")
-    run.client["connections"] = connections
-    return run
 
 
 def _grid(procs: int, cells: list[tuple[float, int]], transport: str = "shm") -> list[Run]:
@@ -145,22 +147,6 @@ def plan_sweep2() -> list[Server]:
     ]
 
 
-def plan_cuda() -> list[Server]:
-    """CUDA shared memory from host arrays, the chunk sent as 1, 2 or 4 pieces in flight."""
-    gpu_in = {"gpu_input_tensors": True, "copy_threads": 4}
-
-    def cuda(model, procs, pieces):
-        return Run("cuda-host", model, procs, {"pieces": pieces})
-
-    return [
-        Server("in-process", runs=[Run("local", "emtrk_cnn"), Run("local", "jet_tagger")]),
-        Server("4 instances, GPU inputs, copy_threads 4", 4, gpu_in, runs=[
-            cuda("emtrk_cnn", 1, 1), cuda("emtrk_cnn", 1, 2), cuda("emtrk_cnn", 1, 4),
-            cuda("emtrk_cnn", 8, 2), cuda("emtrk_cnn", 8, 4), cuda("jet_tagger", 8, 1),
-            _t("emtrk_cnn", 1, 2.25, 8)]),
-    ]
-
-
 def plan_one() -> list[Server]:
     """One client process, default server: the request size and window of the default client
     (CUDA memory where the client has CUDA) against smaller pieces in flight."""
@@ -193,60 +179,104 @@ def plan_gpus() -> list[Server]:
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 
-def plan_wire() -> list[Server]:
-    """The gRPC path and one process: the default client beside gRPC forced with 1, 2
-    and 4 connections per server, smaller requests, 8 processes, and CUDA memory with the chunk
-    in 2 or 4 pieces (the next piece's host-to-device copy overlapping the current request)."""
-    def grpc(procs: int, connections: int, mrb: float | None = None, mif: int | None = None):
-        run = _t("emtrk_cnn", procs, mrb, mif, "grpc")
-        run.client["connections"] = connections
-        return run
-
-    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
-            Server("defaults", default=True, runs=[
-                Run("verify", "emtrk_cnn"), Run("triton", "emtrk_cnn", 1),
-                _t("emtrk_cnn", 1, 10, 2), _t("emtrk_cnn", 1, 5, 4),
-                grpc(1, 1), grpc(1, 2), grpc(1, 4), grpc(1, 4, 2.25, 8), grpc(1, 2, 9, 2),
-                Run("triton", "emtrk_cnn", 8), grpc(8, 1), grpc(8, 2), grpc(8, 4),
-                _t("emtrk_cnn", 1, transport="shm"), _t("emtrk_cnn", 8, transport="shm")]),
-            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+PLANS = {"final": plan_final, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep,
+         "sweep2": plan_sweep2, "smoke": plan_smoke}
 
 
-def plan_wire2() -> list[Server]:
-    """The gRPC default (2 MiB x 4) beside other request sizes and windows, 1 and 8 processes."""
-    grpc = _grpc
-    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
-            Server("defaults", default=True, runs=[
-                grpc(1), grpc(1, 2, 8), grpc(1, 2.25, 8), grpc(1, 1, 8), grpc(1, 2, 8, 4),
-                grpc(8), grpc(8, 2, 8), grpc(8, 9, 2), grpc(8, 32, 1), Run("triton", "emtrk_cnn", 1)]),
-            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+def _make_runner(task: dict, cache: dict):
+    from coffea_sonic import zoo
+
+    kind, model = task["kind"], task["model"]
+    if kind == "local":
+        key = ("local", model, task["device"])
+        if key not in cache:
+            from coffea_sonic.engines import CpuEngine, GpuEngine
+
+            cache[key] = GpuEngine(model) if task["device"] == "gpu" else CpuEngine(model)
+        return cache[key], None
+    if kind == "triton":
+        from coffea_sonic import TritonModel
+
+        client = TritonModel(task["url"], timeout_s=120, **task["client"])
+        return client, client
+    if kind == "cuda-host":
+        from coffea_sonic.transport.shm import CudaShmTransport
+
+        key = ("cuda", task["grpc"])
+        if key not in cache:
+            cache[key] = CudaShmTransport(task["grpc"])
+        transport = cache[key]
+        from coffea_sonic.transport.base import InferRequest
+
+        outputs = zoo.declared_info(model).outputs
+
+        def call(inputs):  # host arrays in, host arrays out, the whole chunk in one request
+            rows = len(next(iter(inputs.values())))
+            return transport.submit(InferRequest(model, "", inputs, outputs, rows=rows,
+                                                 timeout_s=120)).result().outputs
+
+        return call, None
+    raise ValueError(f"unknown run kind {kind!r}")
 
 
-def plan_accept() -> list[Server]:
-    """The one-process rows of the acceptance list: the default client (CUDA memory), gRPC forced
-    at its default, at 2.25 MiB x 8 over 4 connections (best one-process row so far) and at a
-    candidate default between the two (4.5 MiB x 4, 4 connections), the last and the default
-    from 8 processes too (a gRPC default must keep 8 processes >= 0.85x)."""
-    grpc = _grpc
-    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
-            Server("defaults", default=True, runs=[
-                Run("verify", "emtrk_cnn"), Run("triton", "emtrk_cnn", 1), grpc(1),
-                grpc(1, 2.25, 8, 4), grpc(1, 4.5, 4, 4), grpc(8), grpc(8, 4.5, 4, 4)]),
-            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+def _client_stats(client) -> dict:
+    stats = getattr(client, "stats", None)
+    return {name: getattr(stats, name, 0) for name in ("requests", "latency_s", "wait_s", "retries",
+                                                       "failed_requests", "fallback_rows")}
 
 
-def plan_share() -> list[Server]:
-    """gRPC forced, at its defaults (requests sized by the process's share of the server's work:
-    coffea_sonic.sizing) beside the fixed shared shape (9 MiB x 2), from 1 and from 8 processes;
-    the default client (CUDA memory) from 1."""
-    grpc = _grpc
-    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
-            Server("defaults", default=True, runs=[
-                Run("verify", "emtrk_cnn"), Run("triton", "emtrk_cnn", 1),
-                grpc(1), grpc(1, 9, 2), grpc(8), grpc(8, 9, 2), grpc(1)]),
-            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
+def _verify(task: dict, cache: dict) -> dict:
+    """max |served - in-process| on one chunk (TritonModel at the run's options vs the engine)."""
+    from coffea_sonic import TritonModel, zoo
+
+    inputs = zoo.example_inputs(task["model"], task["rows"], seed=99)
+    local, _ = _make_runner(dict(task, kind="local"), cache)
+    reference = local(inputs)
+    client = TritonModel(task["url"], timeout_s=120, **task["client"])
+    served = client(inputs)
+    client.close()
+    return {"max_abs_diff": max_abs_difference(served, reference)}
 
 
-PLANS = {"accept": plan_accept, "share": plan_share, "final": plan_final, "wire": plan_wire, "wire2": plan_wire2,
-         "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep, "sweep2": plan_sweep2,
-         "cuda": plan_cuda, "smoke": plan_smoke}
+def run_task(task: dict, tasks, control, cache: dict) -> dict:
+    from coffea_sonic import zoo
+
+    rows = task["rows"]
+    if task["kind"] == "verify":
+        result = _verify(task, cache)
+        control.put(("ready", os.getpid()))
+        tasks.get()
+        return result
+    inputs = zoo.example_inputs(task["model"], rows, seed=1 + task["index"])
+    runner, client = _make_runner(task, cache)
+    for _ in range(3):  # warm-up: connections, regions, kernels
+        runner(inputs)
+    before = _client_stats(client) if client is not None else {}
+    start_at = ready_then_start(tasks, control)
+    end = start_at + task["duration"]
+    done = 0
+    last = start_at
+    latencies = []
+    while time.time() < end:
+        began = time.perf_counter()
+        runner(inputs)
+        latencies.append(time.perf_counter() - began)
+        done += rows
+        last = time.time()
+    result = {"rows": done, "elapsed_s": last - start_at,
+              "rows_per_s": done / (last - start_at) if done else 0.0,
+              "chunk_ms_p50": 1e3 * float(np.median(latencies)) if latencies else None,
+              "chunks": len(latencies)}
+    if client is not None:
+        result["transport"] = getattr(client, "transport_kind", None)
+        after = _client_stats(client)
+        delta = {name: after[name] - before.get(name, 0) for name in after}
+        requests = max(delta["requests"], 1)
+        result["client"] = {"requests_per_chunk": round(delta["requests"] / max(len(latencies), 1), 2),
+                            "request_latency_ms": round(1e3 * delta["latency_s"] / requests, 3),
+                            "retries": delta["retries"], "failed": delta["failed_requests"],
+                            "fallback_rows": delta["fallback_rows"]}
+        if hasattr(client, "close"):
+            client.close()
+    return result
+

@@ -15,7 +15,7 @@ Plans:
     ``TritonModel(url)``, no options: emtrk_cnn 2048-row chunks with 1 and 8 (and 16) client
     processes vs one in-process ``GpuEngine`` on 2048-row chunks; jet_tagger 65 536-row chunks with
     8 processes vs in-process; every ratio from this one run.
-``sweep``, ``sweep2``, ``cuda``
+``sweep``, ``sweep2``, ``one``, ``gpus``
     what chose the defaults: request size (``max_request_bytes``) x requests in flight
     (``max_in_flight``) per transport, model instances per GPU, the dynamic batcher's queue delay,
     the python-backend model's copy threads and GPU inputs, and CUDA shared memory from host
@@ -28,8 +28,8 @@ Plans:
 
 The JSON (``defaults-<plan>.json``) holds the machine (card, cores), every run's configuration,
 per-process rates, GPU samples' mean and the server profile; a markdown table is printed last and
-written beside it. The plans are in :mod:`~coffea_sonic.bench.gpu.defaults_plans`, what each
-client process runs in :mod:`~coffea_sonic.bench.gpu.defaults_clients`.
+written beside it. The plans, and what each client process runs, are in
+:mod:`~coffea_sonic.bench.gpu.defaults_plans`.
 
 >>> describe_client(Run("triton", "emtrk_cnn", 8,
 ...                     {"max_request_bytes": 9 * MiB, "max_in_flight": 2}))
@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 
 from coffea_sonic.bench.clients import ClientPool
-from coffea_sonic.bench.gpu.defaults_clients import run_task
-from coffea_sonic.bench.gpu.defaults_plans import CHUNK_ROWS, MiB, PLANS, Run, Server, plan_final
+from coffea_sonic.bench.gpu.defaults_plans import (CHUNK_ROWS, PLANS, MiB, Run, Server, plan_final,
+                                                   run_task)
 from coffea_sonic.bench.machine import machine_info
 from coffea_sonic.bench.report import format_rate
 
@@ -101,9 +101,7 @@ def describe_client(run: Run) -> str:
     if run.kind == "local":
         return "in-process engine"
     if run.kind == "cuda-host":
-        pieces = run.client.get("pieces", 1)
-        return ("CudaShmTransport, host inputs, "
-                + ("whole chunk" if pieces == 1 else f"{pieces} pieces in flight"))
+        return "CudaShmTransport, host inputs, whole chunk"
     if not run.client:
         return "TritonModel()"
     parts = []
@@ -112,8 +110,6 @@ def describe_client(run: Run) -> str:
             parts.append(f"{value / MiB:g} MiB")
         elif key == "max_in_flight":
             parts.append(f"{value} in flight")
-        elif key == "connections":
-            parts.append(f"{value} connection{'s' if value > 1 else ''}")
         else:
             parts.append(str(value))
     return ", ".join(parts)

@@ -109,17 +109,6 @@ class PerfAnalyzer:
         return point
 
 
-def cache_folder() -> Path:
-    """``$COFFEA_SONIC_CACHE/perf_analyzer-2.41.0`` (``~/.cache/coffea-sonic`` by default)."""
-    root = os.environ.get("COFFEA_SONIC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "coffea-sonic")
-    return Path(root) / f"perf_analyzer-{VERSION}"
-
-
-def _complete(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in ("perf_analyzer", *_LIBRARIES))
-
-
 def _pip_download(requirement: str, platform_tag: str, dest: Path) -> Path:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--platform", platform_tag, "--python-version", "3.11", "-q", "-d", str(dest),
@@ -171,9 +160,12 @@ def install(folder: Path | None = None) -> PerfAnalyzer:
 
     Raises :class:`PerfAnalyzerUnavailable` saying why where it cannot be had or cannot start.
     """
+    from ..zoo import cache_dir
+
     given = os.environ.get("COFFEA_SONIC_PERF_ANALYZER")
-    folder = Path(given) if given and folder is None else (folder or cache_folder())
-    if not _complete(folder):
+    folder = Path(given) if given and folder is None else (
+        folder or cache_dir() / f"perf_analyzer-{VERSION}")
+    if not all((folder / name).is_file() for name in ("perf_analyzer", *_LIBRARIES)):
         if given:
             raise PerfAnalyzerUnavailable(
                 f"COFFEA_SONIC_PERF_ANALYZER={given} must hold perf_analyzer, libb64.so.0d and "

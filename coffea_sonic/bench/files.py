@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["pyplot", "save_figure", "write_report"]
+__all__ = ["pyplot", "save_figure", "write_json", "write_report"]
 
 
 def write_report(report: dict, out: str | Path, stem: str, table: Callable[[dict], str]) -> str:
@@ -30,6 +30,23 @@ def write_report(report: dict, out: str | Path, stem: str, table: Callable[[dict
     text = table(report)
     (out / f"{stem}.md").write_text(text)
     return text
+
+
+def write_json(data: Any, out: str | Path, name: str, also: str | None = None) -> list[Path]:
+    """``data`` as JSON into ``out/name`` and, when given, the file ``also`` (folders created);
+    prints each path.
+
+    >>> import tempfile
+    >>> [p.name for p in write_json({"ok": True}, tempfile.mkdtemp(), "x.json")]
+      results: .../x.json
+    ['x.json']
+    """
+    paths = [Path(out) / name, *([Path(also)] if also else [])]
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        print(f"  results: {path}")
+    return paths
 
 
 def pyplot() -> Any:

@@ -19,7 +19,7 @@ from coffea.nanoevents import NanoAODSchema
 
 from coffea_sonic import LocalTritonServer, TritonModel
 from coffea_sonic.data.agc_sample import write_agc_sample
-from coffea_sonic.data.real import fetch_coffea_test_samples
+from real_samples import fetch_coffea_test_samples
 from coffea_sonic.examples.agc import MODEL_NAME, AgcProcessor, agc_features, select
 from coffea_sonic.examples.agc_features import FEATURE_NAMES, features_from_arrays, permutations
 from coffea_sonic.zoo.train_agc_bdt import truth_labelled_permutations

@@ -36,7 +36,7 @@ from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.demo import DEMO_MODELS
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 from coffea_sonic.netlab import Link, missing_requirements, port_open
-from coffea_sonic.netlab.facility import Facility
+from facility import Facility
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.stats import InferenceStats, settled
 from helpers import CheckedThread, assert_same_histograms, wait_for

@@ -16,7 +16,7 @@ from coffea import processor
 from coffea.nanoevents import NanoAODSchema, NanoEventsFactory
 
 from coffea_sonic import SonicMixin, TritonModel, zoo
-from coffea_sonic.data.real import fetch_coffea_test_samples
+from real_samples import fetch_coffea_test_samples
 from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
 from coffea_sonic.stats import settled

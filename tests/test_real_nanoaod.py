@@ -14,7 +14,7 @@ from coffea.nanoevents import NanoAODSchema, NanoEventsFactory
 
 from coffea_sonic import zoo
 from coffea_sonic.columns import jagged_counts, jet_features, unflatten
-from coffea_sonic.data import REAL_SAMPLE_NAMES, fetch_coffea_test_samples
+from real_samples import REAL_SAMPLE_NAMES, fetch_coffea_test_samples
 from coffea_sonic.errors import InputValidationError, MissingDependencyError
 from coffea_sonic.zoo.spec import JET_TAGGER_FEATURES
 

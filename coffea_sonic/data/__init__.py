@@ -1,4 +1,4 @@
-"""Data for coffea-sonic: NanoAOD branch declarations, synthetic samples, real CMS test files.
+"""Data for coffea-sonic: NanoAOD branch declarations, synthetic samples.
 
 The names below are imported lazily, so that ``coffea_sonic.data.hits`` (numpy only) imports on a
 machine without awkward (the GPU benchmark machine).
@@ -15,7 +15,6 @@ from ..lazy import lazy_exports
 # public name -> module (relative to this package) that defines it
 _EXPORTS: dict[str, str] = {
     "TREE_NAME": ".nanoaod",
-    "REAL_SAMPLE_NAMES": ".real", "fetch_coffea_test_samples": ".real",
     "DATASETS": ".synthetic", "dataset_tools_fileset": ".synthetic", "draw_jets": ".synthetic",
     "draw_labelled_jets": ".synthetic", "generate_events": ".synthetic",
     "write_sample": ".synthetic",

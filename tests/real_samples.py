@@ -8,7 +8,7 @@ The coffea sdist ships small real NanoAOD files under ``tests/samples/``:
 
 Fetching needs only the package index (``pip download``), no other network.
 
->>> from coffea_sonic.data.real import REAL_SAMPLE_NAMES
+>>> from real_samples import REAL_SAMPLE_NAMES
 >>> REAL_SAMPLE_NAMES
 ('nano_dy', 'nano_dimuon', 'nano_dy_empty')
 """
@@ -24,7 +24,7 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
-from ..errors import MissingDependencyError
+from coffea_sonic.errors import MissingDependencyError
 
 logger = logging.getLogger(__name__)
 

@@ -35,13 +35,13 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from .gateway import Gateway, start_gateway
-from .lab import Host, Lab
-from .links import Link
-from .processes import HostProcess
-from .services import (TritonHost, start_prometheus, start_scheduler, start_triton,
-                       start_worker)
-from .tokens import TokenIssuer
+from coffea_sonic.netlab.gateway import Gateway, start_gateway
+from coffea_sonic.netlab.lab import Host, Lab
+from coffea_sonic.netlab.links import Link
+from coffea_sonic.netlab.processes import HostProcess
+from coffea_sonic.netlab.services import (TritonHost, start_prometheus, start_scheduler,
+                                          start_triton, start_worker)
+from coffea_sonic.netlab.tokens import TokenIssuer
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """``coffea-sonic bench trace`` under the path RESULTS.md names
-(:mod:`coffea_sonic.bench.fairness_trace`); ``--help`` lists the options."""
+(:mod:`coffea_sonic.bench.commands.trace`); ``--help`` lists the options."""
 
 import sys
 

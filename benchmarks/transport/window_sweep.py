@@ -1,5 +1,5 @@
 """``coffea-sonic bench window`` under the path RESULTS.md names
-(:mod:`coffea_sonic.bench.window_sweep`); ``--help`` lists the options."""
+(:mod:`coffea_sonic.bench.commands.window`); ``--help`` lists the options."""
 
 import sys
 

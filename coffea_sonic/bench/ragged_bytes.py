@@ -1,21 +1,10 @@
-"""Bytes on the wire: ragged requests (coffea_sonic.ragged) vs padded tensors, on the sample.
+"""Bytes on the wire (``coffea-sonic bench ragged``): ragged requests vs padded tensors.
 
-Writes the synthetic PFNano-like sample (``coffea_sonic.data.synthetic.write_sample``), reads its
-multiplicities back from the ROOT files, and compares what the client sends for two inputs:
-
-* **per-event PF candidates** (a DeepMET-like input: pt, eta, phi, mass, charge per candidate):
-  padded to the sample's largest event (a fixed-shape model with a mask), padded to the largest
-  event of each request (the same groups as the ragged call: the best padding can do), and
-  ragged (rows unpadded + 8 bytes of count per event);
-* **per-jet constituents** in the ParticleNet layout (2 points + 7 features per constituent):
-  ``particlenet_lite``'s padded tensors (32 per jet with a mask, built by
-  ``zoo.inputs.pad_constituents``, dropping constituents beyond 32), padded to the largest jet, and
-  ragged (all constituents, and truncated to 32 for a like-for-like comparison).
-
-Ragged bytes are measured, not computed: the calls go through :class:`~coffea_sonic.TritonModel`
-on the in-memory transport and ``model.stats.bytes_sent`` is what the requests carried.
-
-``coffea-sonic bench ragged`` runs it (:mod:`coffea_sonic.bench.commands.ragged`).
+On the synthetic PFNano-like sample, what TritonModel sends (in-memory transport: its
+``stats.bytes_sent``, measured, not computed) for per-event PF candidates (pt, eta, phi, mass,
+charge), ragged vs padded to the sample's and to each request's largest event, and for per-jet
+constituents in the ParticleNet layout, ragged (all, and truncated to 32) vs particlenet_lite's
+padded-to-32 tensors and padding to the largest jet.
 
 >>> saving(ragged=25, padded=100), multiplicity(np.array([1, 3]))["mean"]
 (75.0, 2.0)
@@ -24,7 +13,6 @@ on the in-memory transport and ``model.stats.bytes_sent`` is what the requests c
 from __future__ import annotations
 
 import datetime
-import logging
 import sys
 import tempfile
 from pathlib import Path
@@ -46,16 +34,13 @@ from .machine import machine_info
 
 __all__ = ["measure", "multiplicity", "saving", "summary_lines"]
 
-logger = logging.getLogger(__name__)
-
 PF_FIELDS = ("pt", "eta", "phi", "mass", "charge")
 #: ParticleNet values per constituent: 2 points (deta, dphi) + the features
 PN_VALUES = 2 + len(PARTICLENET_FEATURES)
 FLOAT = 4
 
 
-def read_sample(fileset: dict[str, list[str]]) -> Any:
-    """Every event of the sample with Jet, PFCands and JetPFCands (the fields used here)."""
+def _read_sample(fileset: dict[str, list[str]]) -> Any:
     import awkward as ak
     import uproot
 
@@ -75,26 +60,20 @@ def read_sample(fileset: dict[str, list[str]]) -> Any:
     return ak.concatenate(parts)
 
 
-def ragged_info(name: str, values: int) -> ModelInfo:
-    """A ragged model taking ``values`` float32 per object, one float per object and event."""
-    return ModelInfo(
+def _ragged_bytes_sent(name: str, rows: np.ndarray, counts: np.ndarray, cap: int) -> dict:
+    """Send ``rows`` of events ``counts`` through TritonModel to a ragged model; its bytes."""
+    clear_routers()
+    info = ModelInfo(
         name, ("1",), "python", 64,
-        (TensorInfo("x", "FP32", (-1, values)), TensorInfo("x__counts", "INT64", (-1,))),
+        (TensorInfo("x", "FP32", (-1, rows.shape[1])), TensorInfo("x__counts", "INT64", (-1,))),
         (TensorInfo("per_object", "FP32", (-1,)), TensorInfo("per_event", "FP32", (1,))),
         ragged_inputs=("x", "x__counts"), ragged_outputs=("per_object",))
 
+    def engine(inputs: dict) -> dict:
+        return {"per_object": np.zeros((1, len(inputs["x"][0])), np.float32),
+                "per_event": np.zeros((len(inputs["x__counts"][0]), 1), np.float32)}
 
-def _engine(inputs: dict) -> dict:
-    rows, counts = inputs["x"][0], inputs["x__counts"][0]
-    return {"per_object": np.zeros((1, len(rows)), np.float32),
-            "per_event": np.zeros((len(counts), 1), np.float32)}
-
-
-def ragged_bytes_sent(name: str, rows: np.ndarray, counts: np.ndarray, cap: int) -> dict:
-    """Send ``rows`` (per-object values) of events ``counts`` through TritonModel; its bytes."""
-    clear_routers()
-    info = ragged_info(name, rows.shape[1])
-    transport = MemoryTransport({name: (info, _engine)}, address="mem:1")
+    transport = MemoryTransport({name: (info, engine)}, address="mem:1")
     model = TritonModel(f"triton+grpc://mem:1/{name}", max_request_bytes=cap,
                         transport=MemoryTransport.factory({"mem:1": transport}))
     out = model({"x": rows}, counts=counts)
@@ -108,9 +87,8 @@ def ragged_bytes_sent(name: str, rows: np.ndarray, counts: np.ndarray, cap: int)
             "groups": [(a, b) for a, b, _ in groups]}
 
 
-def padded_to_group_max(counts: np.ndarray, groups: list[tuple[int, int]],
+def _padded_to_group_max(counts: np.ndarray, groups: list[tuple[int, int]],
                         row_bytes: int) -> int:
-    """Bytes of the same groups padded to each group's largest entry (values + a float mask)."""
     return int(sum((b - a) * int(counts[a:b].max(initial=0)) * (row_bytes + FLOAT)
                    for a, b in groups))
 
@@ -136,9 +114,9 @@ def _pf_candidates(events: Any, cap: int) -> dict:
     pf_rows = np.stack([ak.to_numpy(ak.flatten(candidates[f])).astype(np.float32)
                         for f in PF_FIELDS], axis=1)
     pf_row_bytes = len(PF_FIELDS) * FLOAT
-    ragged = ragged_bytes_sent("pf_candidates", pf_rows, per_event, cap)
+    ragged = _ragged_bytes_sent("pf_candidates", pf_rows, per_event, cap)
     padded_max = len(per_event) * int(per_event.max()) * (pf_row_bytes + FLOAT)
-    padded_groups = padded_to_group_max(per_event, ragged["groups"], pf_row_bytes)
+    padded_groups = _padded_to_group_max(per_event, ragged["groups"], pf_row_bytes)
     return {
         "values_per_row": list(PF_FIELDS), "multiplicity": multiplicity(per_event),
         "ragged_bytes": ragged["bytes"], "ragged_requests": ragged["requests"],
@@ -159,9 +137,9 @@ def _constituents(events: Any, cap: int) -> dict:
                        pad_constituents(constituents, events.Jet).values()))
     per_jet = ak.to_numpy(ak.flatten(ak.num(constituents, axis=2))).astype(np.int64)
     kept = np.minimum(per_jet, PARTICLENET_MAX_CONSTITUENTS)
-    ragged = ragged_bytes_sent("constituents", np.zeros((int(per_jet.sum()), PN_VALUES),
+    ragged = _ragged_bytes_sent("constituents", np.zeros((int(per_jet.sum()), PN_VALUES),
                                                         np.float32), per_jet, cap)
-    ragged32 = ragged_bytes_sent("constituents32", np.zeros((int(kept.sum()), PN_VALUES),
+    ragged32 = _ragged_bytes_sent("constituents32", np.zeros((int(kept.sum()), PN_VALUES),
                                                             np.float32), kept, cap)
     padded_max = len(per_jet) * int(per_jet.max()) * (PN_VALUES * FLOAT + FLOAT)
     return {
@@ -182,7 +160,7 @@ def measure(events_per_dataset: int, seed: int, cap: int) -> dict:
     of both inputs ragged and padded, with requests of at most ``cap`` bytes."""
     with tempfile.TemporaryDirectory() as directory:
         fileset = write_sample(directory, events=events_per_dataset, files=1, seed=seed)
-        events = read_sample(fileset)
+        events = _read_sample(fileset)
     return {
         "what": "bytes sent: ragged requests vs padded tensors (coffea-sonic bench ragged)",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

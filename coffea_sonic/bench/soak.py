@@ -1,14 +1,10 @@
-"""Soak test of TritonModel: many requests, no growth in open file descriptors, bounded RSS.
+"""Soak test of TritonModel (``coffea-sonic bench soak``): many requests, flat descriptors and RSS.
 
-``coffea-sonic bench soak`` runs it (:mod:`coffea_sonic.bench.commands.soak`). It starts real
-embedded tritonservers (jet_tagger only) and sends ``requests`` gRPC requests through
-:class:`coffea_sonic.TritonModel` the way an analysis does: pipelined calls (``infer_async``), a
-fresh unpickled model every ``chunk`` calls (what coffea's Runner does per chunk), rejected bad
-inputs now and then (the error path), and, with 2 servers, both balanced. ``transport`` is
-TritonModel's (``auto``: shared memory to these local servers). Every ``report_every`` requests
-it samples this process's open file descriptors, threads, RSS, gRPC channels and shared-memory
-regions; the verdict fails if descriptors grow by more than ``max_fd_growth``, RSS by more than
-``max_rss_growth_mb`` after the warm-up sample, or regions beyond the slot pool's bound.
+Real embedded tritonservers (jet_tagger), ``requests`` requests sent as an analysis does:
+pipelined calls, a fresh unpickled model every ``chunk`` calls (coffea's Runner does that per
+chunk), rejected bad inputs now and then, 2 servers balanced. Every ``report_every`` requests it
+samples open descriptors, threads, RSS, gRPC channels and shared-memory regions; :func:`judge`
+fails the run if they grow past the bounds after the warm-up sample.
 
 >>> verdict = judge([{"requests": 10, "seconds": 1.0, "open_fds": 20, "rss_mb": 100.0,
 ...                   "channels": 1, "shm_regions": 0},
@@ -43,7 +39,8 @@ __all__ = ["SoakConfig", "judge", "run_soak"]
 
 @dataclass
 class SoakConfig:
-    """How long and how the soak runs, and the growth it tolerates (see the module docstring)."""
+    """How long and how the soak runs, and the growth it tolerates (``urls``: running servers'
+    jet_tagger to soak instead of starting ``servers``)."""
 
     requests: int = 10_000
     rows: int = 256
@@ -54,30 +51,20 @@ class SoakConfig:
     report_every: int = 1000
     max_fd_growth: int = 8
     max_rss_growth_mb: float = 64.0
-    #: jet_tagger URLs of running servers to soak instead of starting ``servers`` embedded ones
     urls: tuple[str, ...] = ()
 
 
-def _open_fds() -> int:
-    return len(os.listdir(f"/proc/{os.getpid()}/fd"))
-
-
-def _shm_regions(model: TritonModel) -> int:
-    """Regions this process holds for ``model``'s servers (0 unless it uses shared memory)."""
-    if model.transport_kind != "shm":
-        return 0
-    return sum(len(open_transport(settings, "shm").regions()) for settings in model.servers)
-
-
 def _sample(sent: int, started: float, template: TritonModel) -> dict:
+    regions = (sum(len(open_transport(settings, "shm").regions()) for settings in template.servers)
+               if template.transport_kind == "shm" else 0)
     return {"requests": sent, "seconds": round(time.perf_counter() - started, 2),
-            "open_fds": _open_fds(), "threads": threading.active_count(),
-            "rss_mb": round(current_rss_bytes() / 2**20, 1),
-            "channels": channel.pool_size(), "shm_regions": _shm_regions(template)}
+            "open_fds": len(os.listdir(f"/proc/{os.getpid()}/fd")),
+            "threads": threading.active_count(), "rss_mb": round(current_rss_bytes() / 2**20, 1),
+            "channels": channel.pool_size(), "shm_regions": regions}
 
 
 def _drive(template: TritonModel, config: SoakConfig, samples: list[dict]) -> dict:
-    """Send the requests; append a sample every ``report_every``; the counts sent."""
+    """Send the requests, a sample every ``report_every``; the counts sent."""
     inputs = zoo.example_inputs("jet_tagger", config.rows * config.requests_per_call, seed=1)
     expected = template(inputs)["probs"].copy()
     bad = {"features": inputs["features"].astype(np.float64)}
@@ -113,8 +100,7 @@ def _drive(template: TritonModel, config: SoakConfig, samples: list[dict]) -> di
 
 
 def judge(samples: list[dict], config: SoakConfig, sent: int | None = None) -> dict:
-    """The verdict of a run's samples: growth after the warm-up sample, against the bounds
-    (``sent``: the requests of the whole run, default the last sample's)."""
+    """The verdict of a run's samples: growth after the warm-up sample, against the bounds."""
     baseline = samples[1] if len(samples) > 1 else samples[0]  # after warm-up
     final = samples[-1]
     fd_growth = max(s["open_fds"] for s in samples[1:] or samples) - baseline["open_fds"]
@@ -131,8 +117,7 @@ def judge(samples: list[dict], config: SoakConfig, sent: int | None = None) -> d
 
 
 def run_soak(config: SoakConfig) -> tuple[dict, list[dict]]:
-    """Start the servers (unless ``config.urls`` names running ones), soak, stop them; the
-    verdict and the samples."""
+    """Start the servers (unless ``config.urls``), soak, stop them; the verdict and samples."""
     from ..server import LocalTritonServer
 
     servers = [] if config.urls else [LocalTritonServer(models=["jet_tagger"], device="cpu").start()

@@ -1,7 +1,5 @@
 """``coffea-sonic bench fairness``: several users share one server; is it fair?
-
-8 user processes (quick preset), one with 10x the load: Jain's index of goodput while all
-saturate, light users' p95 latency beside the heavy one / alone (:mod:`coffea_sonic.bench.fairness`).
+(:mod:`coffea_sonic.bench.fairness`)
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
@@ -14,7 +12,11 @@ saturate, light users' p95 latency beside the heavy one / alone (:mod:`coffea_so
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
+from pathlib import Path
+from typing import Any
 
 from . import progress_printer, scenario_parser
 
@@ -36,9 +38,31 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
+def write_results(results: dict[str, Any], output: str | os.PathLike) -> Path:
+    """``results.json`` in ``output`` (created); its path."""
+    path = Path(output) / "results.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2, default=float))
+    return path
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """What the command prints: the figures against their goals, and the goodput shares."""
+    figures, config = results["fairness"], results["config"]
+    lines = [f"  {name}: {figures[name]:.3f} (goal {goal['goal']}: "
+             f"{'met' if goal['met'] else 'MISSED'})" for name, goal in figures["goals"].items()]
+    rounds = ", ".join(f"{ratio:.2f}" for ratio in figures["light_p95_ratio_by_round"])
+    return lines + [
+        f"  light p95 {figures['light_p95_ms_solo']:.1f} ms alone, "
+        f"{figures['light_p95_ms_contended']:.1f} ms beside the heavy user (ratio by round: "
+        f"{rounds}); the heavy user sent {figures['heavy_load_contended']:.1f}x a light user's "
+        f"load beside them (wants {config['heavy_factor']}x); its share of goodput while all "
+        f"saturate {figures['heavy_share_of_goodput']:.1%} (1/{config['users']} is fair)"]
+
+
 def run(args: argparse.Namespace) -> int:
     """results.json in ``--output``; exit 1 if a fairness goal is missed."""
-    from ..fairness import config_for, run_fairness, summary_lines, write_results
+    from ..fairness import config_for, run_fairness
 
     started = time.perf_counter()
     config = config_for("quick" if args.quick else "full", policy=args.policy)
@@ -46,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
     path = write_results(results, args.output)
     print(f"bench fairness ({config.preset}, policy {config.policy}) finished in "
           f"{time.perf_counter() - started:.0f} s")
-    for line in summary_lines(results):
-        print(line)
+    print("\n".join(summary_lines(results)))
     print(f"  results: {path}")
     return 0 if results["fairness"]["met"] else 1

@@ -11,10 +11,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from ...cliargs import add_deprecated_alias
+from ..files import write_json
 from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
@@ -55,10 +54,5 @@ def run(args: argparse.Namespace) -> int:
     result = measure(args.events, args.seed, args.cap)
     for line in summary_lines(result):
         print(line)
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
-    for path in [output / "ragged_bytes.json", *([Path(args.json_file)] if args.json_file else [])]:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"  results: {path}")
+    write_json(result, args.output, "ragged_bytes.json", args.json_file)
     return 0

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from ...cliargs import add_deprecated_alias
+from ..files import write_json
 from . import add_numbers, scenario_parser
 
 _DESCRIPTION = """\
-Starts real embedded tritonservers (jet_tagger) and sends --requests requests through TritonModel
-the way an analysis does: pipelined calls, a fresh unpickled model every --chunk calls (coffea's
-Runner does that per chunk), a rejected bad input now and then, both servers balanced with
---servers 2. Every --report-every requests it samples open file descriptors, threads, RSS, gRPC
-channels and shared-memory regions. Exit code 1 if descriptors grow by more than --max-fd-growth,
-RSS by more than --max-rss-growth-mb after the warm-up sample, or regions beyond the slot pool's
-bound. Prints the verdict (JSON) and writes it with the samples into -o DIR/soak.json (and into
---json-file FILE when given).
+Sends --requests requests through TritonModel to embedded tritonservers (jet_tagger) as an
+analysis does: pipelined calls, a fresh unpickled model every --chunk calls, a rejected bad input
+now and then. Every --report-every requests it samples descriptors, threads, RSS, gRPC channels
+and shared-memory regions. Exit code 1 if descriptors or RSS grow past the bounds after the
+warm-up sample, or regions beyond the slot pool's. Writes the verdict and samples into
+-o DIR/soak.json (and --json-file FILE).
 
 examples:
   coffea-sonic bench soak                         # 10k requests, 1 server (about a minute)
@@ -68,9 +66,5 @@ def run(args: argparse.Namespace) -> int:
                         max_rss_growth_mb=args.max_rss_growth_mb)
     verdict, samples = run_soak(config)
     print(json.dumps(verdict, indent=2))
-    output = Path(args.output)
-    output.mkdir(parents=True, exist_ok=True)
-    for path in [output / "soak.json", *([Path(args.json_file)] if args.json_file else [])]:
-        path.write_text(json.dumps({"verdict": verdict, "samples": samples}, indent=2) + "\n")
-        print(f"  results: {path}")
+    write_json({"verdict": verdict, "samples": samples}, args.output, "soak.json", args.json_file)
     return 0 if verdict["ok"] else 1

@@ -1,20 +1,46 @@
 """``coffea-sonic bench trace``: where a light user's latency goes in the fairness scenario.
 
+The quick fairness scenario (:mod:`coffea_sonic.bench.fairness`, through its hooks) with
+Triton's request trace on (``level=TIMESTAMPS rate=1``) and per-process CPU sampling; every light
+request's latency (client send -> answer in the client) splits into :data:`COMPONENTS`:
+``to_server`` (until the server has read it), ``queue``, ``compute``, ``send`` (Triton writing
+the answer) and ``back`` (until the caller has it). Both clocks are ``CLOCK_MONOTONIC``; user
+``i``'s request ids start at ``i * 10**7``, so a trace entry finds its user and request. The CPU
+table gives per phase and process group cores used / cores' worth of threads waiting
+(``/proc/PID/task/*/schedstat``).
+
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
 >>> _ = register(parser.add_subparsers())
 >>> args = parser.parse_args(["trace", "-o", "t", "--set", "rows=2048", "heavy_nice=0"])
 >>> args.output, _overrides(args.set)
 ('t', {'rows': 2048, 'heavy_nice': 0})
+>>> entry = {"GRPC_WAITREAD_END": 1.0, "QUEUE_START": 1.1, "COMPUTE_START": 1.3,
+...          "COMPUTE_END": 1.6, "GRPC_SEND_START": 1.6, "GRPC_SEND_END": 1.7}
+>>> parts = components({0: [entry]}, 0, sent=0.95, done=1.8)
+>>> [round(parts[name], 2) for name in COMPONENTS]
+[0.15, 0.2, 0.3, 0.1, 0.1]
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import collections
+import glob
+import itertools
 import json
+import os
+import threading
+import time
 from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
 
 from . import progress_printer, scenario_parser
+
+__all__ = ["COMPONENTS", "analyse", "components", "register", "run_traced"]
 
 _DESCRIPTION = """\
 Runs the quick fairness scenario (coffea-sonic bench fairness --quick) with Triton's request trace
@@ -47,8 +73,6 @@ def _overrides(items: list[str]) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Run (unless ``--analyse``), then print the analysis."""
-    from ..fairness_trace import analyse, run_traced
-
     folder = Path(args.analyse or args.output)
     if not args.analyse:
         for line in run_traced(folder, _overrides(args.set), progress_printer()):
@@ -56,3 +80,186 @@ def run(args: argparse.Namespace) -> int:
     for line in analyse(folder):
         print(line)
     return 0
+
+
+COMPONENTS = ("to_server", "queue", "compute", "send", "back")
+IDS_PER_USER = 10**7
+
+
+def traced_user_main(spec: Any, commands: Any, results: Any) -> None:
+    """A user process whose request ids start at ``spec.index * IDS_PER_USER``."""
+    from ... import dispatch
+    from ..fairness import user_main
+
+    Path(os.environ["FAIRNESS_TRACE_DIR"], "pids").mkdir(exist_ok=True)
+    Path(os.environ["FAIRNESS_TRACE_DIR"], "pids", str(os.getpid())).write_text(str(spec.index))
+    # request ids are "<call id>.<piece>"; the call counter lives where calls are made
+    dispatch._call_ids = itertools.count(spec.index * IDS_PER_USER + 1)  # type: ignore
+    user_main(spec, commands, results)
+
+
+def _tree(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            parent = int(Path(stat).read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.split("/")[2]))
+    todo, seen = [root], []
+    while todo:
+        pid = todo.pop()
+        seen.append(pid)
+        todo += children.get(pid, [])
+    return seen
+
+
+def _sample(samples: list, stop: threading.Event) -> None:
+    """Every 0.25 s: per process (this one and its descendants) CPU and run-queue wait (ns)."""
+    while not stop.is_set():
+        row = {}
+        for pid in _tree(os.getpid()):
+            run = wait = 0
+            for task in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+                try:
+                    used, waited, _ = Path(task).read_text().split()
+                except (OSError, ValueError):
+                    continue
+                run, wait = run + int(used), wait + int(waited)
+            try:
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            row[pid] = (name, run, wait)
+        total = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        samples.append((time.monotonic(), row, total))
+        stop.wait(0.25)
+
+
+def run_traced(output: Path, overrides: dict[str, Any],
+               progress: Callable[[str], None] | None = None) -> list[str]:
+    """The quick fairness scenario (``overrides``: FairnessConfig fields) with Triton's trace on
+    and CPU sampling; writes results.json, trace.json, records.json, samples.json and the users'
+    pid files into ``output``; returns the scenario's summary lines."""
+    import dataclasses
+
+    from .. import fairness
+    from .fairness import summary_lines, write_results
+
+    output.mkdir(parents=True, exist_ok=True)
+    os.environ["FAIRNESS_TRACE_DIR"] = str(output)
+    server_args = ["--trace-config", f"triton,file={output / 'trace.json'}",
+                   "--trace-config", "triton,log-frequency=0",
+                   "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS"]
+
+    def keep(phases: list, records: dict) -> None:
+        (output / "records.json").write_text(json.dumps(
+            {"phases": [dataclasses.asdict(p) for p in phases], "records": records}))
+
+    samples: list = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(samples, stop), daemon=True)
+    sampler.start()
+    try:
+        results = fairness.run_fairness(fairness.config_for("quick", **overrides),
+                                        progress=progress, server_args=server_args,
+                                        user_target=traced_user_main, on_records=keep)
+    finally:
+        stop.set()
+        sampler.join()
+    write_results(results, output)
+    (output / "samples.json").write_text(json.dumps(samples))
+    return summary_lines(results)
+
+
+def _traces(path: Path) -> dict[int, list[dict[str, float]]]:
+    """Completed trace entries by user, sorted by the time the server read the request."""
+    entries: dict[int, dict[str, Any]] = collections.defaultdict(dict)
+    for event in json.loads(path.read_text()):
+        if "request_id" in event:
+            entries[event["id"]]["rid"] = event["request_id"]
+        for stamp in event.get("timestamps", []):
+            entries[event["id"]][stamp["name"]] = stamp["ns"] / 1e9
+    by_user: dict[int, list] = collections.defaultdict(list)
+    for entry in entries.values():
+        if "COMPUTE_START" in entry and "GRPC_WAITREAD_END" in entry and "rid" in entry:
+            by_user[int(entry["rid"].split(".")[0]) // IDS_PER_USER].append(entry)
+    for entries_of_user in by_user.values():
+        entries_of_user.sort(key=lambda entry: entry["GRPC_WAITREAD_END"])
+    return by_user
+
+
+def components(by_user: dict, user: int, sent: float, done: float) -> dict[str, float] | None:
+    """The answered attempt of the request sent at ``sent`` and answered at ``done``."""
+    entries = by_user[user]
+    first = bisect.bisect_left([entry["GRPC_WAITREAD_END"] for entry in entries], sent - 1e-4)
+    inside = [entry for entry in entries[first:first + 40] if entry["GRPC_SEND_END"] <= done + 1e-4]
+    if not inside:
+        return None
+    entry = min(inside, key=lambda entry: abs(entry["GRPC_SEND_END"] - done))
+    return {"total": done - sent, "to_server": entry["QUEUE_START"] - sent,
+            "queue": entry["COMPUTE_START"] - entry["QUEUE_START"],
+            "compute": entry["COMPUTE_END"] - entry["COMPUTE_START"],
+            "send": entry["GRPC_SEND_END"] - min(entry["GRPC_SEND_START"], entry["COMPUTE_END"]),
+            "back": done - entry["GRPC_SEND_END"]}
+
+
+def analyse(output: Path) -> list[str]:
+    """Per component of a light request's latency (solo and contended) and CPU per phase."""
+    lines: list[str] = []
+    saved = json.loads((output / "records.json").read_text())
+    settle = json.loads((output / "results.json").read_text())["config"]["settle_s"]
+    by_user = _traces(output / "trace.json")
+    for kind, users in (("solo", ["1"]), ("contended", [str(u) for u in range(1, 8)])):
+        rows = []
+        for phase in saved["phases"]:
+            if phase["name"].split("-")[0] != kind:
+                continue
+            low, high = phase["start_at"] + settle, phase["start_at"] + phase["duration_s"]
+            for user in users:
+                for sent, done, _, good, _ in saved["records"][phase["name"]][user]["records"]:
+                    if good and low <= sent < high:
+                        parts = components(by_user, int(user), sent, done)
+                        rows += [parts] if parts else []
+        total = np.array([row["total"] for row in rows]) * 1e3
+        p95 = np.percentile(total, 95)
+        tail = [row for row in rows if row["total"] * 1e3 >= p95]
+        lines.append(f"{kind} light requests: {len(rows)}, p50 {np.percentile(total, 50):.2f} "
+                     f"ms, p95 {p95:.2f} ms; per component (ms): mean, p95, mean over the "
+                     f"requests >= p95")
+        for name in COMPONENTS:
+            values = np.array([row[name] for row in rows]) * 1e3
+            lines.append(f"  {name:10s} {values.mean():7.2f} {np.percentile(values, 95):7.2f} "
+                         f"{np.mean([row[name] for row in tail]) * 1e3:7.2f}")
+    return lines + _cpu(output, saved["phases"], settle)
+
+
+def _cpu(output: Path, phases: list, settle: float) -> list[str]:
+    samples = json.loads((output / "samples.json").read_text())
+    users = {pid.name: int(pid.read_text()) for pid in (output / "pids").iterdir()}
+
+    def group(pid: str, name: str) -> str:
+        user = users.get(pid)
+        return name if user is None else ("heavy user" if user == 0 else "light users")
+
+    def at(moment: float) -> list:
+        return min(samples, key=lambda sample: abs(sample[0] - moment))
+
+    lines = ["per phase: machine cores busy (all processes); per group: cores used / threads "
+             "waiting"]
+    for phase in phases:
+        # threads that end with the phase take their counters along: stop just before
+        first = at(phase["start_at"] + settle)
+        last = at(phase["start_at"] + phase["duration_s"] - 0.4)
+        seconds = last[0] - first[0]
+        ticks = [b - a for a, b in zip(first[2], last[2])]
+        busy = 2 * (1 - (ticks[3] + ticks[4]) / max(1, sum(ticks)))
+        groups: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+        for pid, (name, used, waited) in last[1].items():
+            if pid in first[1]:
+                groups[group(pid, name)][0] += (used - first[1][pid][1]) / 1e9 / seconds
+                groups[group(pid, name)][1] += (waited - first[1][pid][2]) / 1e9 / seconds
+        lines.append(f"  {phase['name']:12s} busy {busy:.2f}  " + "  ".join(
+            f"{name} {used:.2f}/{waited:.2f}" for name, (used, waited)
+            in sorted(groups.items(), key=lambda item: -item[1][0]) if used > 0.01))
+    return lines

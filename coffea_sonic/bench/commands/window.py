@@ -1,19 +1,33 @@
 """``coffea-sonic bench window``: request size x requests in flight of TritonModel, per transport.
 
+One client process (:func:`coffea_sonic.bench.reference.tritonmodel_task`) calls the
+transport-bound ``passthrough`` model back to back on an embedded CPU server; each configuration
+gets one window per round and the rounds alternate through all of them. Writes window-sweep.json
+and window-sweep.md (best and median window per configuration).
+
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
 >>> _ = register(parser.add_subparsers())
 >>> args = parser.parse_args(["window", "--transports", "grpc", "http", "--sizes-mib", "2,4"])
 >>> args.transports, args.sizes_mib, args.in_flight, args.output
 (['grpc', 'http'], [2.0, 4.0], [2, 4, 8], 'bench-output/window')
+>>> report = {"machine": {"cpu_model": "cpu", "cpu_cores": 2, "date": "today"},
+...           "uptime_before": "a", "uptime_after": "b", "rows": 10, "command": "c",
+...           "windows": {"grpc 2 MiB x 4": [1e6, 3e6, 2e6]}}
+>>> markdown(report).splitlines()[-1]
+'| grpc 2 MiB x 4 | 3.00 | 2.00 |'
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import sys
 
 from ...cliargs import add_deprecated_alias, add_list_option
 from . import add_numbers, scenario_parser
+
+__all__ = ["markdown", "register", "run"]
 
 _DESCRIPTION = """\
 One client process calls the transport-bound passthrough model (x: 16 floats -> y: 2) on an
@@ -47,12 +61,61 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
-def run(args: argparse.Namespace) -> int:
-    """Sweep, write, print the table."""
-    from ..window_sweep import WindowSweep, run_sweep, write_sweep
+def _sweep(args: argparse.Namespace) -> dict:
+    import tempfile
+    from pathlib import Path
 
-    config = WindowSweep(transports=args.transports, sizes_mib=args.sizes_mib,
-                         in_flight=args.in_flight, rows=args.rows, window=args.window_s,
-                         rounds=args.rounds)
-    print(write_sweep(run_sweep(config), args.output))
+    from ...server import LocalTritonServer
+    from ..clients import ClientPool
+    from ..machine import machine_info, uptime_line
+    from ..passthrough import PASSTHROUGH, write_passthrough
+    from ..reference import tritonmodel_task
+
+    report = {"machine": machine_info(), "uptime_before": uptime_line(), "rows": args.rows,
+              "window_s": args.window_s, "command": " ".join(sys.argv), "windows": {}}
+    repository = write_passthrough(Path(tempfile.mkdtemp(prefix="passthrough-")))
+    pool = ClientPool(1, tritonmodel_task)
+    try:
+        with LocalTritonServer(repository=repository, device="cpu") as server:
+            for _ in range(args.rounds):
+                for transport in args.transports:
+                    scheme = "http" if transport == "http" else "grpc"
+                    address = server.http_address if scheme == "http" else server.grpc_address
+                    for size in args.sizes_mib:
+                        for flight in args.in_flight:
+                            task = {"url": f"triton+{scheme}://{address}/{PASSTHROUGH}",
+                                    "transport": transport, "rows": args.rows,
+                                    "model": PASSTHROUGH, "duration": args.window_s,
+                                    "options": {"max_request_bytes": int(size * (1 << 20)),
+                                                "max_in_flight": flight}}
+                            _, (result,) = pool.run(task, 1)
+                            key = f"{transport} {size:g} MiB x {flight}"
+                            report["windows"].setdefault(key, []).append(
+                                result.get("rows_per_s", 0.0))
+                            print(key, result, flush=True)
+    finally:
+        pool.close()
+    report["uptime_after"] = uptime_line()
+    return report
+
+
+def markdown(report: dict) -> str:
+    """The table: each configuration's best and median window, with machine, load and command."""
+    machine = report["machine"]
+    lines = [f"# passthrough, {report['rows']}-row calls, one process ({machine['cpu_model']}, "
+             f"{machine['cpu_cores']} cores, {machine['date']})", "",
+             f"load: before `{report['uptime_before']}`, after `{report['uptime_after']}`", "",
+             f"command: `{report['command']}`", "",
+             "| transport, request size x in flight | best M rows/s | median M rows/s |",
+             "|---|---|---|"]
+    lines += [f"| {key} | {max(windows) / 1e6:.2f} | {statistics.median(windows) / 1e6:.2f} |"
+              for key, windows in report["windows"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Sweep, write window-sweep.json and .md, print the table."""
+    from ..files import write_report
+
+    print(write_report(_sweep(args), args.output, "window-sweep", markdown))
     return 0

@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from coffea_sonic.bench.e2e_machine import run_machine_e2e, write_results
+from coffea_sonic.bench.commands.e2e import write_results
+from coffea_sonic.bench.e2e import run_machine_e2e
 from coffea_sonic.server.launcher import gpu_count
 
 

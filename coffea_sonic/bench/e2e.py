@@ -1,40 +1,53 @@
-"""End to end: the demo analysis with inference in-process on CPU vs on the server, 1..W workers.
+"""End to end: the demo analysis with its inference in-process vs served.
 
 The analysis is :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` in physics mode
 (``jet_tagger`` and the trained ``particlenet`` on every selected jet, ``deepmet`` on every event)
-on the synthetic NanoAOD sample, run by ``processor.Runner`` with a local Dask cluster of W
-single-core workers. For the in-process variants, :class:`InProcessJetTagging` swaps each served
-model for :class:`~coffea_sonic.engines.CpuEngine` (one onnxruntime thread per worker) or, with
-``device="cuda"``, :class:`~coffea_sonic.engines.GpuEngine` (torch on a GPU of this machine, the
-workers spread over the GPUs), so the analysis code, data and chunking are identical; the time
-spent in the engine gives the inference share ``p``.
+on the synthetic NanoAOD sample (written by one process per file), run by ``processor.Runner``
+on a local Dask cluster of single-core workers. :class:`InProcessJetTagging` swaps each served
+model for an in-process engine with the same call surface (onnxruntime, one thread per worker, or
+with ``device="cuda"`` torch on this worker's GPU), so the analysis code, data and chunking are
+identical; the time spent in the engine gives the inference share ``p``. Two callers share one
+sample (:func:`_analysis_sample`) and one runner (:func:`_run_once`):
 
-From the runs: ``p`` and ``t_CPU`` (per event, one worker, all on CPU), the server's busy time per
-event (``t_GPU``), and the served time per event with one worker give the SONIC scaling model of
-the analysis, which predicts the served throughput for any number of workers.
+* the bench suite's ``--e2e-events`` (:func:`run_end_to_end`): in-process CPU vs the suite's
+  server for each worker count; ``p`` and ``t_CPU`` from one CPU worker, the server's busy time
+  per event (``t_GPU``) and the served time per event give the SONIC scaling model of the
+  analysis (:func:`analysis_scaling`);
+* ``coffea-sonic bench e2e`` (:func:`run_machine_e2e`): one worker count, every way to infer on
+  this machine: ``cpu``, ``gpu-local`` (torch in every worker, the workers spread over the GPUs)
+  and ``served-<k>gpu`` (one embedded tritonserver on the first ``k`` GPUs, every worker a default
+  ``TritonModel``); ``t_GPU`` there comes from the GPUs' utilisation (nvidia-smi), and the model's
+  prediction for the other GPU counts is a true prediction.
 
 >>> model = _EngineModel("jet_tagger")  # in-process CPU
 >>> from coffea_sonic import zoo
 >>> model.infer_async(zoo.example_inputs("jet_tagger", 3)).result()["probs"].shape
 (3, 3)
->>> model.stats.rows
-3
+>>> gpu_sets([1, 2, 4], available=2)
+[[0], [0, 1]]
+>>> inputs = {"p": 0.8, "t_cpu": 1e-3, "t_gpu": 1e-4, "t_latency": 5e-5}
+>>> [round(predicted_events_per_s(inputs, workers, 1)) for workers in (2, 10)]  # saturated at 10
+[5714, 10000]
+>>> round(predicted_events_per_s(inputs, 10, 2))  # two GPUs
+20000
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, Mapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .. import zoo
+from ..errors import ConfigurationError
 from ..examples.jet_tagging import PHYSICS_MODELS, JetTaggingProcessor
 from ..stats import InferenceStats
 from .config import BenchConfig
@@ -48,6 +61,7 @@ E2E_MODELS: tuple[str, ...] = ("jet_tagger",) + PHYSICS_MODELS
 _ENGINES: dict[tuple[str, str], Any] = {}
 #: In-process engines run a chunk in pieces of at most this much input (TritonModel's gRPC size).
 ENGINE_PIECE_BYTES = 4 * 2**20
+Progress = Callable[[str], None]
 
 
 def _worker_gpu() -> str:
@@ -80,17 +94,6 @@ def _engine(name: str, device: str = "cpu"):
     return _ENGINES[name, device]
 
 
-class _Done:
-    def __init__(self, outputs: dict[str, np.ndarray]) -> None:
-        self.outputs = outputs
-
-    def result(self, timeout: float | None = None) -> dict[str, np.ndarray]:
-        return self.outputs
-
-    def done(self) -> bool:
-        return True
-
-
 class _ModelInfo:
     def __init__(self, name: str) -> None:
         self.outputs = zoo.spec(name).outputs
@@ -107,7 +110,7 @@ class _EngineModel:
         self.stats = InferenceStats()
         self.call_hooks: tuple = ()  # nothing to trace, shadow or attribute in-process
 
-    def infer_async(self, inputs: Mapping[str, np.ndarray]) -> _Done:
+    def infer_async(self, inputs: Mapping[str, np.ndarray]) -> Future:
         started = time.perf_counter()
         engine = _engine(self.name, self.device)
         rows = len(next(iter(inputs.values())))
@@ -122,7 +125,9 @@ class _EngineModel:
         elapsed = time.perf_counter() - started
         self.stats += InferenceStats(calls=1, requests=len(pieces), rows=rows, latency_s=elapsed,
                                      wait_s=elapsed)
-        return _Done(outputs)
+        done: Future = Future()
+        done.set_result(outputs)
+        return done
 
     def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.infer_async(inputs).result()
@@ -164,16 +169,46 @@ def write_sample_parallel(directory: str, events: int, files: int, seed: int = 0
     parts = [(os.path.join(directory, f"part{index}"), per_file, seed * 100_003 + index)
              for index in range(files)]
     processes = max(1, min(processes or os.cpu_count() or 1, files))
-    fileset: dict[str, list[str]] = {}
     if processes == 1:
         written = [_write_part(part) for part in parts]
     else:
         with ProcessPoolExecutor(processes) as pool:
             written = list(pool.map(_write_part, parts))
+    fileset: dict[str, list[str]] = {}
     for part in written:
         for dataset, paths in part.items():
             fileset.setdefault(dataset, []).extend(paths)
     return fileset
+
+
+@contextlib.contextmanager
+def _analysis_sample(events: int, files: int, warmup_events: int) -> Iterator[tuple[dict, dict]]:
+    """``(fileset, warmup)`` written to a temporary folder, Dask's and NanoEvents' chatter quiet."""
+    warnings.filterwarnings("ignore", message="Missing cross-reference index")
+    import distributed  # noqa: F401 - its import sets its loggers to INFO; quiet them after
+
+    for name in ("distributed", "dask_jobqueue"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # The synthetic sample has no Tau collection links: NanoEvents warns once per chunk in every
+    # worker process (they read PYTHONWARNINGS at start).
+    saved = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(
+        filter(None, [saved, "ignore:Missing cross-reference index:RuntimeWarning"]))
+    directory = tempfile.mkdtemp(prefix="coffea-sonic-e2e-")
+    try:
+        yield (write_sample_parallel(directory + "/sample", events, files),
+               write_sample_parallel(directory + "/warmup", warmup_events, files, seed=1))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+        if saved is None:
+            os.environ.pop("PYTHONWARNINGS", None)
+        else:
+            os.environ["PYTHONWARNINGS"] = saved
+
+
+def _server_meter(address: str) -> Callable[[], dict]:
+    transport = statistics_transport(address)
+    return lambda: {name: server_statistics(transport, name) for name in E2E_MODELS}
 
 
 def _as_runner_fileset(fileset: Mapping[str, list[str]]) -> dict:
@@ -250,52 +285,17 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
     return row
 
 
-def _quiet_dask() -> None:
-    warnings.filterwarnings("ignore", message="Missing cross-reference index")
-    import distributed  # noqa: F401 - its import sets its loggers to INFO; quiet them after
-
-    for name in ("distributed", "dask_jobqueue"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def _silence_tau_warnings() -> str | None:
-    # The synthetic sample has no Tau collection links: NanoEvents warns once per chunk in every
-    # worker process (they read PYTHONWARNINGS at start); _restore_warnings puts it back.
-    saved = os.environ.get("PYTHONWARNINGS")
-    os.environ["PYTHONWARNINGS"] = ",".join(
-        filter(None, [saved, "ignore:Missing cross-reference index:RuntimeWarning"]))
-    return saved
-
-
-def _restore_warnings(saved: str | None) -> None:
-    if saved is None:
-        os.environ.pop("PYTHONWARNINGS", None)
-    else:
-        os.environ["PYTHONWARNINGS"] = saved
-
-
 def run_end_to_end(config: BenchConfig, *, server_address: str | None,
-                   progress: Callable[[str], None] | None = None) -> dict:
+                   progress: Progress | None = None) -> dict:
     """Run the demo analysis in-process and served with each worker count; see the module doc."""
     progress = progress or (lambda message: logger.info("%s", message))
-    _quiet_dask()
     workers_list = sorted(set(config.e2e_workers))
     events = config.e2e_events
     chunksize = max(1000, events // (4 * max(workers_list)))
-    directory = tempfile.mkdtemp(prefix="coffea-sonic-bench-e2e-")
     rows: list[dict] = []
-    saved_warnings = _silence_tau_warnings()
-    try:
-        progress(f"e2e: writing the synthetic sample ({events} events)")
-        files = max(1, min(4, max(workers_list)))
-        fileset = write_sample_parallel(directory + "/sample", events, files)
-        warmup = write_sample_parallel(directory + "/warmup", 2 * chunksize * max(workers_list),
-                                       files, seed=1)
-        transport = statistics_transport(server_address) if server_address else None
-
-        def measure_server() -> dict:
-            return {name: server_statistics(transport, name) for name in E2E_MODELS}
-
+    progress(f"e2e: writing the synthetic sample ({events} events)")
+    with _analysis_sample(events, max(1, min(4, max(workers_list))),
+                          2 * chunksize * max(workers_list)) as (fileset, warmup):
         for workers in workers_list:
             progress(f"e2e: in-process CPU inference, {workers} worker(s)")
             row = _run_once(InProcessJetTagging(), fileset, warmup, workers, chunksize, None)
@@ -303,11 +303,9 @@ def run_end_to_end(config: BenchConfig, *, server_address: str | None,
             if server_address:
                 progress(f"e2e: served inference ({server_address}), {workers} worker(s)")
                 analysis = JetTaggingProcessor(f"triton+grpc://{server_address}", physics=True)
-                row = _run_once(analysis, fileset, warmup, workers, chunksize, measure_server)
+                row = _run_once(analysis, fileset, warmup, workers, chunksize,
+                                _server_meter(server_address))
                 rows.append({"inference": "served", **row})
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-        _restore_warnings(saved_warnings)
     cpu_wall = {row["workers"]: row["wall_s"] for row in rows if row["inference"] == "cpu"}
     for row in rows:
         if row["inference"] == "served" and row["workers"] in cpu_wall:
@@ -316,35 +314,29 @@ def run_end_to_end(config: BenchConfig, *, server_address: str | None,
             row["speedup"] = 1.0 if row["inference"] == "cpu" else None
     result: dict = {"events": events, "chunksize": chunksize, "workers": workers_list,
                     "models": list(E2E_MODELS), "rows": rows}
-    cpu_one = next((row for row in rows if row["inference"] == "cpu"
-                    and row["workers"] == workers_list[0]), None)
-    served_one = next((row for row in rows if row["inference"] == "served"
-                       and row["workers"] == workers_list[0]), None)
+    one = {row["inference"]: row for row in rows if row["workers"] == workers_list[0]}
+    cpu_one, served_one = one.get("cpu"), one.get("served")
     if cpu_one and served_one and served_one.get("server_busy_s") is not None:
-        n_events = cpu_one["events"]
-        p = min(max(cpu_one["inference_share"], 0.0), 1.0)
-        t_cpu = cpu_one["wall_s"] * cpu_one["workers"] / n_events
         t_gpu = max(served_one["server_busy_s"] / served_one["events"], 1e-12)
-        t_served = served_one["wall_s"] * served_one["workers"] / served_one["events"]
-        t_latency = max(0.0, t_served - (1 - p) * t_cpu - t_gpu)
-        result["scaling_inputs"] = {"p": p, "t_cpu": t_cpu, "t_gpu": t_gpu,
-                                    "t_served_one_worker": t_served, "t_latency": t_latency}
+        result["scaling_inputs"] = _scaling_inputs(cpu_one, served_one, t_gpu)
     result["summary"] = _summary_text(result)
     return result
 
 
-def analysis_model(e2e: dict) -> ScalingModel | None:
-    inputs = e2e.get("scaling_inputs")
-    if not inputs:
-        return None
-    return ScalingModel(t_gpu=inputs["t_gpu"], t_latency=inputs["t_latency"], p=inputs["p"],
-                        t_cpu=inputs["t_cpu"])
+def _scaling_inputs(cpu: dict, served: dict, t_gpu: float) -> dict:
+    """p, t_CPU, t_latency of the SONIC model from a cpu and a served row, given t_GPU."""
+    p = min(max(cpu["inference_share"], 0.0), 1.0)
+    t_cpu = cpu["wall_s"] * cpu["workers"] / cpu["events"]
+    t_served = served["wall_s"] * served["workers"] / served["events"]
+    return {"p": p, "t_cpu": t_cpu, "t_gpu": t_gpu, "t_served_one_worker": t_served,
+            "t_latency": max(0.0, t_served - (1 - p) * t_cpu - t_gpu)}
 
 
 def analysis_scaling(e2e: dict, bench_scaling: dict, config: BenchConfig) -> dict:
     """The SONIC model of the demo analysis (measured p, t_CPU, t_GPU, t_latency) and its advice."""
-    model = analysis_model(e2e)
-    assert model is not None
+    inputs = e2e["scaling_inputs"]
+    model = ScalingModel(t_gpu=inputs["t_gpu"], t_latency=inputs["t_latency"], p=inputs["p"],
+                         t_cpu=inputs["t_cpu"])
     measured = {row["workers"]: row["events_per_s"] for row in e2e["rows"]
                 if row["inference"] == "served"}
     top = max(max(measured, default=1) * 2, int(model.saturation_clients() * 1.5) + 1)
@@ -383,3 +375,103 @@ def _summary_text(result: dict) -> str:
                 f"(inference share p = {cpu['inference_share']:.2f}), served "
                 f"{row['events_per_s']:.0f} events/s: speedup {row['speedup']:.2f}×.")
     return " ".join(parts)
+
+
+def gpu_sets(counts: Sequence[int], available: int) -> list[list[int]]:
+    """The GPU index lists of the served runs: the first ``k`` GPUs for each ``k`` that exists."""
+    return [list(range(count)) for count in sorted(set(counts)) if 1 <= count <= available]
+
+
+def predicted_events_per_s(inputs: dict, workers: int, n_gpu: int) -> float:
+    """Events/s the SONIC scaling model predicts for ``workers`` workers sharing ``n_gpu`` GPUs."""
+    model = ScalingModel(t_gpu=max(inputs["t_gpu"], 1e-12), t_latency=inputs["t_latency"],
+                         p=inputs["p"], t_cpu=inputs["t_cpu"], n_gpu=n_gpu)
+    return model.throughput(workers)
+
+
+def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4),
+                    local_gpu: bool = True, chunksize: int | None = None,
+                    server_options: dict | None = None, progress: Progress | None = None) -> dict:
+    """Run the analysis in-process on CPU, in-process on GPU and served on 1..N GPUs (module doc)."""
+    from ..server import LocalTritonServer
+    from ..server.launcher import gpu_count
+    from .probes import GpuUtilisation
+
+    if events < 1 or workers < 1:
+        raise ConfigurationError(f"need events >= 1 and workers >= 1, not {events} and {workers}")
+    progress = progress or (lambda message: logger.info("%s", message))
+    available = gpu_count()
+    sets = gpu_sets(gpus, available)
+    chunksize = chunksize or max(1000, min(20_000, events // (4 * workers)))
+    files = max(1, min(16, os.cpu_count() or 1, workers))
+    rows: list[dict] = []
+
+    def run(label: str, gpus_used: int, analysis: Any, meter: Callable | None, sampler: Any):
+        row = _run_once(analysis, fileset, warmup, workers, chunksize, meter, sampler)
+        rows.append({"inference": label, "gpus": gpus_used, **row})
+        progress(f"e2e: {_row_line(rows[-1])}")
+
+    started = time.perf_counter()
+    # one chunk per worker warms every worker's engines / channels (see _run_once)
+    with _analysis_sample(events, files, chunksize * workers) as (fileset, warmup), \
+            GpuUtilisation(interval_ms=200) as sampler:
+        progress(f"e2e: wrote {events} events in {files} files per dataset in "
+                 f"{time.perf_counter() - started:.0f} s; chunks of {chunksize}, {workers} workers")
+        progress(f"e2e: in-process CPU inference, {workers} workers")
+        run("cpu", 0, InProcessJetTagging("cpu"), None, sampler)
+        if local_gpu and available:
+            progress(f"e2e: in-process GPU inference in every worker ({available} GPUs)")
+            run("gpu-local", available, InProcessJetTagging("cuda"), None,
+                sampler.only(range(available)))
+        if available and not sets:
+            progress(f"e2e: no served run: this machine has {available} GPU(s), none of the "
+                     f"counts asked for ({', '.join(map(str, gpus))})")
+        # without a GPU: one served run on a CPU server (what this machine can show)
+        for gpu_list in sets if available else [[]]:
+            where = f"{len(gpu_list)} GPU(s) {gpu_list}" if gpu_list else "a CPU server (no GPU here)"
+            progress(f"e2e: served on {where}, {workers} workers")
+            placement = dict(device="gpu", gpus=gpu_list) if gpu_list else dict(device="cpu")
+            # every GPU gets its instances of every model, each a python-backend process
+            # loading torch: on 4 GPUs that is about 70 processes starting at once
+            with LocalTritonServer(models=E2E_MODELS, startup_timeout_s=300.0, **placement,
+                                   **(server_options or {})) as server:
+                address = server.grpc_address
+                run(f"served-{len(gpu_list)}gpu" if gpu_list else "served-cpu", len(gpu_list),
+                    JetTaggingProcessor(f"triton+grpc://{address}", physics=True),
+                    _server_meter(address), sampler.only(gpu_list) if gpu_list else None)
+    return summarise(rows, events=events, workers=workers, chunksize=chunksize,
+                     gpus_available=available)
+
+
+def summarise(rows: list[dict], **facts: Any) -> dict:
+    """Speedups over the ``cpu`` row, the scaling model's inputs and predictions, a summary."""
+    cpu = next((row for row in rows if row["inference"] == "cpu"), None)
+    for row in rows:
+        row["speedup"] = row["events_per_s"] / cpu["events_per_s"] if cpu else None
+    served = [row for row in rows if row["inference"].startswith("served")]
+    inputs = None
+    if cpu and served and served[0].get("gpu_percent") is not None:
+        first = served[0]
+        # GPU-seconds per event: the GPUs' busy fraction over the run, times their number
+        t_gpu = first["gpu_percent"] / 100.0 * first["wall_s"] * first["gpus"] / first["events"]
+        inputs = {**_scaling_inputs(cpu, first, t_gpu),
+                  "from": f"cpu and served-{first['gpus']}gpu runs"}
+        for row in served:
+            row["predicted_events_per_s"] = predicted_events_per_s(inputs, row["workers"],
+                                                                   row["gpus"])
+    result = {**facts, "models": list(E2E_MODELS), "rows": rows, "scaling_inputs": inputs}
+    if inputs:
+        model = ScalingModel(t_gpu=max(inputs["t_gpu"], 1e-12), t_latency=inputs["t_latency"],
+                             p=inputs["p"], t_cpu=inputs["t_cpu"])
+        result["advice"] = (f"one GPU saturates at about {model.saturation_clients():.0f} such "
+                            f"workers: CPU:GPU ≈ {model.recommended_cpu_per_gpu()}:1")
+    result["summary"] = " ".join(_row_line(row) for row in rows)
+    return result
+
+
+def _row_line(row: dict) -> str:
+    gpu = f", GPU {row['gpu_percent']:.0f} %" if row.get("gpu_percent") is not None else ""
+    speedup = f" ({row['speedup']:.2f}x cpu)" if row.get("speedup") else ""
+    return (f"{row['inference']}: {row['events_per_s']:.0f} events/s{speedup}, inference share "
+            f"{row['inference_share']:.2f}{gpu}, worker peak "
+            f"{row['worker_peak_rss_bytes'] / 2**30:.2f} GiB.")

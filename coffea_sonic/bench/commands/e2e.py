@@ -1,7 +1,8 @@
-"""``coffea-sonic bench e2e``: the analysis end to end on this machine, every way to infer.
+"""``coffea-sonic bench e2e``: the analysis end to end on this machine, every way to infer, and
+its report (results.json, results.md with the table for RESULTS.md, e2e_machine.png).
 
 In-process CPU, in-process GPU in every worker, served on 1, 2, 4 GPUs (those the machine has);
-see :mod:`coffea_sonic.bench.e2e_machine`.
+see :func:`coffea_sonic.bench.e2e.run_machine_e2e`.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
@@ -9,6 +10,8 @@ see :mod:`coffea_sonic.bench.e2e_machine`.
 >>> args = parser.parse_args(["e2e", "--events", "1000", "--workers", "2", "--gpus", "1,2"])
 >>> args.events, args.workers, args.gpus, args.output
 (1000, 2, [1, 2], 'bench-output/e2e')
+>>> machine_words({"gpus": ["NVIDIA H200, 143771 MiB, 580"] * 2, "cpu_cores": 32})
+'2× NVIDIA H200, 32 cores'
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from ...cliargs import add_list_option
+from ..files import pyplot, save_figure, write_report
 from . import print_written, progress_printer, scenario_parser
 
 
@@ -46,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """results.json, results.md and e2e_machine.png in ``--output``."""
-    from ..e2e_machine import run_machine_e2e, write_results
+    from ..e2e import run_machine_e2e
 
     started = time.perf_counter()
     workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
@@ -58,3 +64,73 @@ def run(args: argparse.Namespace) -> int:
     print(result["summary"])
     print_written(written)
     return 0
+
+
+def markdown(result: dict, machine: str, command: str, date: str) -> str:
+    """The end-to-end table of one run, for RESULTS.md."""
+    lines = [f"**{machine}**, {date}: `{command}`", "",
+             f"{result['events']} events, chunks of {result['chunksize']}, {result['workers']} "
+             f"Dask workers, models {', '.join(result['models'])}.", "",
+             "| inference | GPUs | events/s | vs in-process CPU | inference share | GPU busy "
+             "| worker memory limit / peak | scaling model predicts |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for row in result["rows"]:
+        gpu = f"{row['gpu_percent']:.0f} %" if row.get("gpu_percent") is not None else "–"
+        predicted = (f"{row['predicted_events_per_s']:.0f}" if row.get("predicted_events_per_s")
+                     else "–")
+        lines.append(
+            f"| {row['inference']} | {row['gpus']} | {row['events_per_s']:.0f} | "
+            f"{row['speedup']:.2f}× | {row['inference_share']:.2f} | {gpu} | "
+            f"{row['worker_memory_bytes'] / 2**30:.1f} / {row['worker_peak_rss_bytes'] / 2**30:.2f}"
+            f" GiB | {predicted} |")
+    if result.get("scaling_inputs"):
+        inputs = result["scaling_inputs"]
+        lines += ["", f"Scaling model from the {inputs['from']}: p = {inputs['p']:.2f}, t_CPU = "
+                      f"{1e3 * inputs['t_cpu']:.3f} ms/event, t_GPU = {1e6 * inputs['t_gpu']:.1f} "
+                      f"µs/event, t_latency = {1e3 * inputs['t_latency']:.3f} ms/event; "
+                      f"{result.get('advice', '')}."]
+    return "\n".join(lines) + "\n"
+
+
+def machine_words(info: dict) -> str:
+    """The machine in words for a results table: GPUs (count x model), cores."""
+    gpus = info.get("gpus") or []
+    card = f"{len(gpus)}× {gpus[0].split(',')[0].strip()}" if gpus else "no GPU"
+    return f"{card}, {info.get('cpu_cores')} cores"
+
+
+def write_results(result: dict, output: str, *, command: str) -> dict[str, str]:
+    """results.json, results.md and e2e_machine.png (events/s per way of inference) in ``output``."""
+    from ..machine import machine_info
+
+    folder = Path(output)
+    info = machine_info()
+    result = {**result, "machine": info, "command": command}
+    write_report(result, folder, "results",
+                 lambda report: markdown(report, machine_words(info), command, info["date"][:10]))
+    written = {"json": folder / "results.json", "markdown": folder / "results.md"}
+    plot = folder / "e2e_machine.png"
+    if _plot(result, plot, machine_words(info)):
+        written["plot"] = plot
+    return {name: str(path) for name, path in written.items()}
+
+
+def _plot(result: dict, path: Any, title: str) -> bool:
+    try:
+        plt = pyplot()
+    except ImportError:
+        return False
+    rows = result["rows"]
+    figure, axis = plt.subplots(figsize=(7, 4))
+    names = [row["inference"] for row in rows]
+    axis.bar(names, [row["events_per_s"] for row in rows], color="tab:blue", label="measured")
+    predicted = [(name, row["predicted_events_per_s"]) for name, row in zip(names, rows)
+                 if row.get("predicted_events_per_s")]
+    if predicted:
+        axis.scatter([name for name, _ in predicted], [value for _, value in predicted],
+                     color="tab:red", marker="_", s=600, label="scaling model")
+    axis.set_ylabel("events / s")
+    axis.set_title(f"{result['events']} events, {result['workers']} workers; {title}", fontsize=9)
+    axis.legend()
+    save_figure(figure, path)
+    return True

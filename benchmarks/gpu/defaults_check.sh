@@ -3,7 +3,7 @@
 #
 #   here, once:  bash benchmarks/gpu/prepare_device.sh .device           (.device is git-ignored, ~46 MB)
 #   GPU machine: bash benchmarks/gpu/defaults_check.sh               (bring .device along)
-#                bash benchmarks/gpu/defaults_check.sh --plan sweep  (the sweep that chose them)
+#                bash benchmarks/gpu/defaults_check.sh --plan gpus   (every GPU of the machine)
 #
 # Sets up tritonserver + the model Python (prologue.sh), then runs
 # benchmarks/gpu/defaults_sweep.py (default plan: final = default LocalTritonServer(device="gpu") +

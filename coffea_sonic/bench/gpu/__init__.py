@@ -5,7 +5,7 @@ and under its old path, ``python benchmarks/gpu/NAME.py``, which the scripts in 
 call after setting up the GPU machine (prologue.sh):
 
 * :mod:`~coffea_sonic.bench.gpu.defaults_sweep`: served vs in-process throughput at the
-  defaults, and the sweeps that chose them (``--plan smoke --device cpu`` runs anywhere);
+  defaults, on one GPU and on every GPU (``--plan smoke --device cpu`` runs anywhere);
 * :mod:`~coffea_sonic.bench.gpu.serve_check`: ``coffea-sonic serve`` end to end, engines compared
   (``--device cpu`` runs without a GPU);
 * :mod:`~coffea_sonic.bench.gpu.shadow_tolerance`: served-vs-reference divergence per zoo model

@@ -1,7 +1,7 @@
 """The plans of :mod:`coffea_sonic.bench.gpu.defaults_sweep` (which server configurations it
 starts and which client runs it measures against each) and what each of its client processes
 runs (:func:`run_task`, handed to :class:`~coffea_sonic.bench.clients.ClientPool`): a loop on
-fixed chunks through ``TritonModel``, an in-process engine or ``CudaShmTransport``.
+fixed chunks through ``TritonModel`` or an in-process engine.
 
 >>> [server.name for server in plan_smoke()]
 ['in-process', 'defaults', '2 instances, queue delay 0']
@@ -32,7 +32,7 @@ CHUNK_ROWS = {"emtrk_cnn": 2048, "jet_tagger": 65536}
 class Run:
     """One measurement: ``procs`` client processes of ``kind`` on ``model``."""
 
-    kind: str  # "local" (GpuEngine), "triton" (TritonModel), "cuda-host" (CudaShmTransport, numpy)
+    kind: str  # "local" (GpuEngine), "triton" (TritonModel), "verify" (served == in-process)
     model: str
     procs: int = 1
     client: dict = field(default_factory=dict)  # TritonModel keyword arguments
@@ -63,10 +63,6 @@ def _t(model: str, procs: int, mrb_mib: float | None = None, mif: int | None = N
     return Run("triton", model, procs, client)
 
 
-def _grid(procs: int, cells: list[tuple[float, int]], transport: str = "shm") -> list[Run]:
-    return [_t("emtrk_cnn", procs, mrb, mif, transport) for mrb, mif in cells]
-
-
 def plan_final(include_16: bool = True) -> list[Server]:
     baselines = Server("in-process", runs=[Run("local", "emtrk_cnn"), Run("local", "jet_tagger")])
     served = [Run("verify", "emtrk_cnn"), Run("verify", "jet_tagger"),
@@ -78,82 +74,6 @@ def plan_final(include_16: bool = True) -> list[Server]:
     # client has no CUDA)
     served += [_t("emtrk_cnn", 1, transport="shm"), _t("emtrk_cnn", 8, transport="shm")]
     return [baselines, Server("defaults", default=True, runs=served),
-            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
-
-
-def plan_sweep() -> list[Server]:
-    """In order of importance (the script stops starting runs when its time budget is spent)."""
-    # emtrk_cnn rows are 9216 B: 2.25 MiB = 256 rows (8 pieces of a 2048-row chunk), 4 MiB = 455
-    # (4 + a 228-row tail), 4.5 MiB = 512 (4 equal pieces), 9 MiB = 1024 (2), 16 MiB = 1777
-    # (+ 271), 64 MiB = the whole chunk in one request
-    one = [(2.25, 4), (2.25, 8), (4, 1), (4, 2), (4, 4), (4.5, 1), (4.5, 2), (4.5, 4), (9, 1), (9, 2),
-           (9, 4), (16, 1), (16, 2), (16, 4), (64, 1)]
-    eight = [(2.25, 4), (4, 2), (4, 4), (4.5, 2), (4.5, 4), (9, 1), (9, 2), (16, 1), (16, 2),
-             (64, 1), (64, 2)]
-    check = Run("verify", "emtrk_cnn", client={"max_request_bytes": int(4.5 * MiB)})
-    i4 = Server("4 instances", 4, runs=(
-        [check] + _grid(1, one) + _grid(8, eight)
-        + [_t("jet_tagger", 8, 4, 4), _t("jet_tagger", 8, 64, 2),
-           _t("emtrk_cnn", 1, 4, 4, "grpc"), _t("emtrk_cnn", 1, 2.25, 4, "grpc"),
-           _t("emtrk_cnn", 8, 4, 2, "grpc"), _t("emtrk_cnn", 8, 2.25, 4, "grpc")]))
-    i4_copy = Server("4 instances, copy_threads 4", 4, {"copy_threads": 4}, runs=(
-        [check, Run("verify", "emtrk_cnn", client={"max_request_bytes": 64 * MiB})]
-        + _grid(1, [(4, 4), (4.5, 4), (9, 2), (64, 1), (2.25, 8)])
-        + _grid(8, [(4, 4), (4.5, 2), (9, 2), (64, 1)]) + [_t("jet_tagger", 8, 4, 4)]))
-    i2 = Server("2 instances", 2, runs=(
-        _grid(1, [(4, 4), (4.5, 2), (9, 2), (64, 1), (2.25, 4)])
-        + _grid(8, [(4, 4), (4.5, 2), (9, 2), (64, 1)])))
-    i1 = Server("1 instance", 1, runs=(
-        _grid(1, [(4, 4), (9, 2), (64, 1)]) + _grid(8, [(4, 4), (9, 2), (64, 1)])))
-    i6 = Server("6 instances", 6, runs=(
-        _grid(1, [(4, 4), (2.25, 8), (4.5, 4)]) + _grid(8, [(4, 4), (4.5, 2), (9, 2)])
-        + [_t("jet_tagger", 8, 4, 4)]))
-    delay0 = Server("4 instances, queue delay 0", 4, {"max_queue_delay_microseconds": 0}, runs=(
-        _grid(1, [(4, 4), (4.5, 4)]) + _grid(8, [(4, 4), (9, 2)])))
-    delay1k = Server("4 instances, queue delay 1 ms, preferred 4096", 4,
-                     {"max_queue_delay_microseconds": 1000, "preferred_batch_sizes": [4096]},
-                     runs=_grid(1, [(4, 4)]) + _grid(8, [(4, 4), (9, 2)]))
-    gpuin = Server("4 instances, GPU inputs", 4, {"gpu_input_tensors": True}, runs=[
-        Run("cuda-host", "emtrk_cnn", 1), Run("cuda-host", "emtrk_cnn", 8)])
-    baselines = Server("in-process", runs=[Run("local", "emtrk_cnn"), Run("local", "jet_tagger")])
-    return [baselines, i4, i4_copy, i2, i1, delay0, i6, delay1k, gpuin,
-            Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
-
-
-def plan_sweep2() -> list[Server]:
-    """Second pass (after the TorchScript export in full fp32): instances 4/6/8 with GPU inputs
-    allowed and copy threads, system shm vs CUDA shm from host arrays, and today's defaults."""
-    check = Run("verify", "emtrk_cnn", client={"max_request_bytes": int(4.5 * MiB)})
-    gpu_in = {"gpu_input_tensors": True, "copy_threads": 4}
-    cuda = [Run("cuda-host", "emtrk_cnn", 1), Run("cuda-host", "emtrk_cnn", 8),
-            Run("cuda-host", "jet_tagger", 8)]
-    return [
-        Server("in-process", runs=[Run("local", "emtrk_cnn"), Run("local", "jet_tagger")]),
-        Server("4 instances (fp32 export)", 4, runs=(
-            [check] + _grid(1, [(2.25, 8), (4.5, 4), (64, 1)]) + _grid(8, [(9, 1), (9, 2), (4.5, 2)])
-            + [_t("jet_tagger", 8, 4, 4)])),
-        Server("4 instances, GPU inputs, copy_threads 4", 4, gpu_in, runs=(
-            [check] + _grid(1, [(2.25, 8), (9, 2)]) + _grid(8, [(9, 1), (9, 2), (64, 1)])
-            + [_t("jet_tagger", 8, 4, 4)] + cuda)),
-        Server("6 instances, GPU inputs, copy_threads 4", 6, gpu_in, runs=(
-            _grid(1, [(2.25, 8)]) + _grid(8, [(9, 1), (9, 2)]) + [_t("jet_tagger", 8, 4, 4)] + cuda)),
-        Server("8 instances, GPU inputs, copy_threads 4", 8, gpu_in, runs=(
-            _grid(1, [(2.25, 8)]) + _grid(8, [(9, 1), (9, 2)]) + [_t("jet_tagger", 8, 4, 4)]
-            + cuda[1:])),
-        Server("defaults", default=True, runs=[Run("triton", "emtrk_cnn", 1),
-                                               Run("triton", "emtrk_cnn", 8),
-                                               Run("triton", "jet_tagger", 8)]),
-        Server("in-process again", runs=[Run("local", "emtrk_cnn"), Run("local", "jet_tagger")]),
-    ]
-
-
-def plan_one() -> list[Server]:
-    """One client process, default server: the request size and window of the default client
-    (CUDA memory where the client has CUDA) against smaller pieces in flight."""
-    return [Server("in-process", runs=[Run("local", "emtrk_cnn")]),
-            Server("defaults", default=True, runs=[
-                Run("triton", "emtrk_cnn", 1), _t("emtrk_cnn", 1, 10, 2), _t("emtrk_cnn", 1, 5, 4),
-                _t("emtrk_cnn", 1, 5, 2), Run("triton", "emtrk_cnn", 8), _t("emtrk_cnn", 8, 10, 2)]),
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 
@@ -179,13 +99,10 @@ def plan_gpus() -> list[Server]:
             Server("in-process again", runs=[Run("local", "emtrk_cnn")])]
 
 
-PLANS = {"final": plan_final, "one": plan_one, "gpus": plan_gpus, "sweep": plan_sweep,
-         "sweep2": plan_sweep2, "smoke": plan_smoke}
+PLANS = {"final": plan_final, "gpus": plan_gpus, "smoke": plan_smoke}
 
 
 def _make_runner(task: dict, cache: dict):
-    from coffea_sonic import zoo
-
     kind, model = task["kind"], task["model"]
     if kind == "local":
         key = ("local", model, task["device"])
@@ -199,23 +116,6 @@ def _make_runner(task: dict, cache: dict):
 
         client = TritonModel(task["url"], timeout_s=120, **task["client"])
         return client, client
-    if kind == "cuda-host":
-        from coffea_sonic.transport.shm import CudaShmTransport
-
-        key = ("cuda", task["grpc"])
-        if key not in cache:
-            cache[key] = CudaShmTransport(task["grpc"])
-        transport = cache[key]
-        from coffea_sonic.transport.base import InferRequest
-
-        outputs = zoo.declared_info(model).outputs
-
-        def call(inputs):  # host arrays in, host arrays out, the whole chunk in one request
-            rows = len(next(iter(inputs.values())))
-            return transport.submit(InferRequest(model, "", inputs, outputs, rows=rows,
-                                                 timeout_s=120)).result().outputs
-
-        return call, None
     raise ValueError(f"unknown run kind {kind!r}")
 
 

@@ -1,4 +1,4 @@
-"""Served vs in-process throughput on one GPU: the defaults check and the sweep behind it.
+"""Served vs in-process throughput on one GPU at the defaults (and on every GPU of a machine).
 
 Every client is its own (spawned) process that loops on fixed chunks: ``model(chunk)`` with
 ``TritonModel`` (or ``GpuEngine(model)(chunk)`` in-process), synchronously, as an analysis worker
@@ -15,11 +15,8 @@ Plans:
     ``TritonModel(url)``, no options: emtrk_cnn 2048-row chunks with 1 and 8 (and 16) client
     processes vs one in-process ``GpuEngine`` on 2048-row chunks; jet_tagger 65 536-row chunks with
     8 processes vs in-process; every ratio from this one run.
-``sweep``, ``sweep2``, ``one``, ``gpus``
-    what chose the defaults: request size (``max_request_bytes``) x requests in flight
-    (``max_in_flight``) per transport, model instances per GPU, the dynamic batcher's queue delay,
-    the python-backend model's copy threads and GPU inputs, and CUDA shared memory from host
-    arrays, each with explicit options (H100 results and notes: ``results-defaults/``).
+``gpus``
+    several GPUs: the default server on every visible GPU against one in-process GPU.
 ``smoke``
     a few seconds of every code path with jet_tagger (``--device cpu`` works).
 
@@ -41,9 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,28 +64,14 @@ def server_stats(grpc_address: str, model: str) -> Any:
 
 # -- servers ------------------------------------------------------------------------------------------
 
-def start_server(config: Server, models: list[str], device: str, base: Path | None):
-    """A started LocalTritonServer for ``config`` (the repository copied from ``base`` when given)."""
+def start_server(config: Server, models: list[str], device: str):
+    """A started LocalTritonServer for ``config``."""
     from coffea_sonic.server import LocalTritonServer
-    from coffea_sonic.server.repository import config_text, model_config
 
     if config.default:
         return LocalTritonServer(models=models, device=device, startup_timeout_s=240).start()
-    if base is None:
-        return LocalTritonServer(models=models, device=device, instances=config.instances,
-                                 repository_options=config.options, startup_timeout_s=240).start()
-    # same files as LocalTritonServer would write (TorchScript exported once), this config's
-    # config.pbtxt: only the instance count and the options differ
-    repository = Path(tempfile.mkdtemp(prefix="defaults-repo-"))
-    shutil.copytree(base, repository, dirs_exist_ok=True, symlinks=True)
-    from coffea_sonic.server.launcher import GPU_INSTANCES
-
-    instances = config.instances or (GPU_INSTANCES if device == "gpu" else 1)
-    for name in models:
-        text = config_text(model_config(name, backend="python", device=device,
-                                        instances=instances, **config.options))
-        (repository / name / "config.pbtxt").write_text(text)
-    return LocalTritonServer(repository=repository, device=device, startup_timeout_s=240).start()
+    return LocalTritonServer(models=models, device=device, instances=config.instances,
+                             repository_options=config.options, startup_timeout_s=240).start()
 
 
 # -- main ---------------------------------------------------------------------------------------------
@@ -100,8 +81,6 @@ def describe_client(run: Run) -> str:
         return "served == in-process check"
     if run.kind == "local":
         return "in-process engine"
-    if run.kind == "cuda-host":
-        return "CudaShmTransport, host inputs, whole chunk"
     if not run.client:
         return "TritonModel()"
     parts = []
@@ -119,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plan", default="final", choices=sorted(PLANS))
     parser.add_argument("--duration", type=float, default=None,
-                        help="seconds per run (default: final 4, sweep 2; 8+ processes +0.5)")
+                        help="seconds per run (default: final 4, others 2; 8+ processes +0.5)")
     parser.add_argument("--budget", type=float, default=450.0,
                         help="start no run after this many seconds (the JSON is written anyway)")
     parser.add_argument("--out", default="bench-output/defaults")
@@ -141,19 +120,6 @@ def _plan(args: argparse.Namespace) -> list[Server]:
     return plan
 
 
-def _base_repository(args: argparse.Namespace, plan: list[Server],
-                     models: list[str]) -> Path | None:
-    """The repository the non-default servers of a sweep copy (None: none is needed)."""
-    base: Path | None = None
-    if args.plan != "final" and any(not s.default and s.runs and s.runs[0].kind != "local"
-                                    for s in plan):
-        from coffea_sonic.server import write_repository
-
-        base = Path(tempfile.mkdtemp(prefix="defaults-base-")) / "models"
-        write_repository(base, models, backend="python", device=args.device, instances=1, link=True)
-    return base
-
-
 @dataclass
 class _Sweep:
     """One sweep's state: its options and clock, the client pool, the GPU sampler, the report."""
@@ -167,7 +133,6 @@ class _Sweep:
     models: list[str]
     pool: ClientPool
     gpu: Any
-    base: Path | None
     baseline: dict[str, float] = field(default_factory=dict)
     stopped: bool = False
 
@@ -201,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pool = ClientPool(max(run.procs for server in plan for run in server.runs), run_task)
     gpu = GpuUtilisation().__enter__()
-    sweep = _Sweep(args, began, duration, out, tag, report, models, pool, gpu,
-                   _base_repository(args, plan, models))
+    sweep = _Sweep(args, began, duration, out, tag, report, models, pool, gpu)
     try:
         for config in plan:
             if sweep.stopped:
@@ -230,7 +194,7 @@ def _run_config(sweep: _Sweep, config: Server) -> None:
             return
         t0 = time.time()
         try:
-            server = start_server(config, sweep.models, sweep.args.device, sweep.base)
+            server = start_server(config, sweep.models, sweep.args.device)
         except Exception as error:  # noqa: BLE001 - report it and go on
             logger.error("%s: server did not start: %s", config.name, error)
             sweep.report["records"].append({"server": config.name,

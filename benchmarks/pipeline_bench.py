@@ -1,5 +1,5 @@
 """``coffea-sonic bench pipeline`` under the path the GPU scripts and RESULTS.md name
-(:mod:`coffea_sonic.bench.pipeline`); ``--help`` lists the options."""
+(:mod:`coffea_sonic.bench.commands.pipeline`); ``--help`` lists the options."""
 
 import logging
 import sys

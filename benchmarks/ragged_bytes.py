@@ -1,6 +1,6 @@
 """``coffea-sonic bench ragged`` under the path README and RESULTS.md name
-(:mod:`coffea_sonic.bench.ragged_bytes`), writing benchmarks/results/ragged_bytes.json as before
-unless ``--json-file`` says otherwise; ``--help`` lists the options."""
+(:mod:`coffea_sonic.bench.commands.ragged`), writing benchmarks/results/ragged_bytes.json as
+before unless ``--json-file`` says otherwise; ``--help`` lists the options."""
 
 import sys
 from pathlib import Path

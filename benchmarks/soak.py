@@ -1,5 +1,5 @@
-"""``coffea-sonic bench soak`` under the path RESULTS.md names (:mod:`coffea_sonic.bench.soak`);
-``--help`` lists the options."""
+"""``coffea-sonic bench soak`` under the path RESULTS.md names
+(:mod:`coffea_sonic.bench.commands.soak`); ``--help`` lists the options."""
 
 import sys
 

@@ -170,7 +170,7 @@ def test_end_to_end_demo_analysis_reports_inference_share_and_speedup(triton_ser
 
 
 def test_soak_keeps_descriptors_and_memory_flat_and_rejects_bad_inputs(jet_tagger_server):
-    from coffea_sonic.bench.soak import SoakConfig, run_soak
+    from coffea_sonic.bench.commands.soak import SoakConfig, run_soak
 
     config = SoakConfig(requests=400, report_every=100, urls=(jet_tagger_server.url("jet_tagger"),))
     verdict, samples = run_soak(config)
@@ -180,7 +180,7 @@ def test_soak_keeps_descriptors_and_memory_flat_and_rejects_bad_inputs(jet_tagge
 
 
 def test_ragged_requests_carry_the_unpadded_rows_and_one_count_per_event():
-    from coffea_sonic.bench.ragged_bytes import measure
+    from coffea_sonic.bench.commands.ragged import measure
 
     result = measure(events_per_dataset=200, seed=3, cap=64 * 1024)
     pf, pn = result["pf_candidates_per_event"], result["constituents_per_jet"]

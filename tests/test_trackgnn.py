@@ -244,7 +244,7 @@ def test_pipeline_benchmark_smoke_run_writes_json_and_table(server, tmp_path):
 
 
 def test_pipeline_table_names_modes_whose_answers_under_load_changed():
-    from coffea_sonic.bench.pipeline import table
+    from coffea_sonic.bench.commands.pipeline import table
 
     record = {"mode": "ensemble", "clients": 16, "events_per_s": 10.0, "hits_per_s": 100.0,
               "chunk_ms_p50": 5.0, "labels_as_alone": 0.9991}

@@ -6,9 +6,9 @@ requests of ``rows`` rows to one embedded tritonserver. User 0 is *heavy*: ten t
 and under policy ``fair`` *yielding*: while the others are served it sends at most
 ``heavy_yield_share`` of their rows/s (:class:`coffea_sonic.share.YieldGate`). ``solo-i`` (one
 light user paced) and ``contended-i`` (all paced) alternate ``rounds`` times, then ``saturate``
-(every lane sends as soon as it is answered). Figures (``results.json``, ``fairness``): ``jain`` of the goodput while all saturate, and
-``light_p95_ratio`` (light p95 contended over solo), judged against :data:`GOALS` (exit 1 if one
-is missed). Policy ``fair``: lane ``k`` sends at priority ``min(k + 1, levels)`` (round robin by
+(every lane sends as soon as it is answered). Figures (``results.json``, ``fairness``):
+``jain`` of the goodput while all saturate, ``light_p95_ratio`` (light p95 contended over solo),
+judged against :data:`GOALS` (exit 1 if one is missed). Policy ``fair``: lane ``k`` sends at priority ``min(k + 1, levels)`` (round robin by
 depth), the last level's queue is short; ``fifo``: no priorities nor gate; ``gateway``: a quota
 per user at the facility's HAProxy (needs haproxy and openssl). Why, and every run:
 benchmarks/RESULTS.md, "Many users on one server"; ``coffea-sonic bench trace`` traces a run.
@@ -68,10 +68,8 @@ class FairnessConfig:
     settle_s: float = 1.0
     policy: str = "fair"
     instances: int = 2
-    #: 19 starved the heavy user's client while all saturate (Jain 0.89)
-    heavy_nice: int = 5
-    #: executions at once (Triton's rate limiter; 0: one per instance)
-    concurrent_executions: int = 0
+    heavy_nice: int = 5  # 19 starved its client while all saturate (Jain 0.89)
+    concurrent_executions: int = 0  # Triton's rate limiter; 0: one per instance
     overflow_queue: int = 2
     heavy_yield_share: float = 0.2
     #: policy gateway: each user's quota in light users' paced rates, and the retry-after asked
@@ -369,7 +367,8 @@ def _collect(results: Any, users: int, what: str, timeout_s: float,
 
 def _figures(config: FairnessConfig, phases: list[Phase],
              raw: dict[str, dict[int, Any]]) -> dict[str, Any]:
-    records = {name: {user: got["records"] for user, got in per.items()} for name, per in raw.items()}
+    records = {name: {user: got["records"] for user, got in per.items()}
+               for name, per in raw.items()}
     kind = {phase.name: phase.name.split("-")[0] for phase in phases}
     windows = {phase.name: (phase.start_at + config.settle_s, phase.start_at + phase.duration_s)
                for phase in phases}
@@ -401,7 +400,8 @@ def _figures(config: FairnessConfig, phases: list[Phase],
         "heavy_p50_ms_contended": _percentile(heavy, 50) * 1e3,
         "light_p95_ratio_by_round": [
             _percentile(latencies("contended", lights, f"-{i}"), 95)
-            / _percentile(latencies("solo", [1], f"-{i}"), 95) for i in range(1, config.rounds + 1)],
+            / _percentile(latencies("solo", [1], f"-{i}"), 95)
+            for i in range(1, config.rounds + 1)],
         "requests": {"solo": len(solo), "contended_light": len(loaded),
                      "contended_heavy": len(heavy)},
         # what the heavy user sent beside the light ones, in light users' loads

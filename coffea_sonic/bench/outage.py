@@ -1,17 +1,10 @@
-"""``coffea-sonic bench outage``: a server SIGKILLed mid-run, with ``fallback="cpu"``: the run's wall time against a healthy run.
+"""A server SIGKILLed mid-run with ``fallback="cpu"`` (``coffea-sonic bench outage``).
 
-The example analysis (``JetTaggingProcessor``: jet_tagger and particlenet_lite) runs under
-``processor.Runner`` + ``DaskExecutor`` (a LocalCluster of 2 single-threaded worker processes)
-over 16 chunks, at the defaults a user gets plus ``fallback="cpu"``, three ways, in one process,
-one after the other:
-
-* ``healthy``: the server answers every chunk;
-* ``killed``: the server is SIGKILLed once three chunks are done; the rest fall back;
-* ``cpu_only``: no server at all (every row by the fallback), for scale.
-
-:func:`measure` runs them and writes ``outage.json`` and ``outage.png``
-(``coffea-sonic bench outage``). The goal: ``killed`` at most twice ``healthy`` plus the connect
-timeout (10 s).
+The example analysis (jet_tagger, particlenet_lite) under ``processor.Runner`` with a Dask
+LocalCluster of 2 single-threaded workers, over 16 chunks, at a user's defaults plus
+``fallback="cpu"``, three ways: ``healthy``, ``killed`` (the server SIGKILLed once three chunks
+are done) and ``cpu_only`` (no server). :func:`measure` writes ``outage.json`` and
+``outage.png``; the goal: ``killed`` within twice ``healthy`` plus the connect timeout.
 
 >>> MarkedJetTagging("triton+grpc://127.0.0.1:8001", marks="/tmp").marks
 '/tmp'
@@ -60,37 +53,27 @@ class MarkedJetTagging(JetTaggingProcessor):
         return output
 
 
-def _run(client: Any, fileset: dict[str, Any], analysis: Any, chunksize: int) -> tuple[Any, float]:
+def _run(client: Any, fileset: dict[str, Any], analysis: Any, chunksize: int) -> dict[str, Any]:
     runner = processor.Runner(executor=processor.DaskExecutor(client=client, status=False,
                                                               retries=0),
                               schema=QuietSchema, chunksize=chunksize)
     started = time.perf_counter()
-    output = runner(fileset, treename="Events", processor_instance=analysis)
-    return output, time.perf_counter() - started
-
-
-def _killer(server: LocalTritonServer, marks: str, stop: threading.Event) -> dict[str, float]:
-    """Kill ``server`` once KILL_AFTER_CHUNKS chunks are done (in a thread); when it happened."""
-    when: dict[str, float] = {}
-
-    def watch() -> None:
-        while not stop.is_set():
-            if len(os.listdir(marks)) >= KILL_AFTER_CHUNKS:
-                os.kill(server.pid, signal.SIGKILL)
-                when["killed"] = time.perf_counter()
-                return
-            stop.wait(0.01)
-
-    threading.Thread(target=watch, name="outage-killer", daemon=True).start()
-    return when
-
-
-def _summary(output: Any, wall_s: float) -> dict[str, Any]:
-    stats = output["inference"]
-    rows = sum(s.rows for s in stats.values())
-    return {"wall_s": round(wall_s, 2), "rows": rows,
+    stats = runner(fileset, treename="Events", processor_instance=analysis)["inference"]
+    return {"wall_s": round(time.perf_counter() - started, 2),
+            "rows": sum(s.rows for s in stats.values()),
             "fallback_rows": sum(s.fallback_rows for s in stats.values()),
             "incidents": stats.incidents.totals()}
+
+
+def _kill_after_chunks(server: LocalTritonServer, marks: str, stop: threading.Event,
+                       killed: list) -> None:
+    """In a thread: SIGKILL ``server`` once KILL_AFTER_CHUNKS chunks are done."""
+    while not stop.is_set():
+        if len(os.listdir(marks)) >= KILL_AFTER_CHUNKS:
+            os.kill(server.pid, signal.SIGKILL)
+            killed.append(time.perf_counter())
+            return
+        stop.wait(0.01)
 
 
 def measure(events: int, output: str, progress: Any = None) -> dict[str, Any]:
@@ -114,19 +97,21 @@ def measure(events: int, output: str, progress: Any = None) -> dict[str, Any]:
             server = None if label == "cpu_only" else LocalTritonServer(
                 models=MODELS, device="cpu").start()
             address = server.grpc_address if server else f"127.0.0.1:{free_port()}"
-            stop = threading.Event()
-            when = _killer(server, marks, stop) if label == "killed" else {}
+            stop, killed = threading.Event(), []
+            if label == "killed":
+                threading.Thread(target=_kill_after_chunks, args=(server, marks, stop, killed),
+                                 name="outage-killer", daemon=True).start()
             try:
                 analysis = MarkedJetTagging(f"triton+grpc://{address}", marks=marks,
                                             fallback="cpu")
-                output, wall_s = _run(client, fileset, analysis, chunksize)
+                results[label] = _run(client, fileset, analysis, chunksize)
             finally:
                 stop.set()
                 if server is not None:
                     server.stop()
-            results[label] = _summary(output, wall_s)
             progress(f"{label}: {results[label]}")
-            assert label != "killed" or "killed" in when, "the server was not killed mid-run"
+            if label == "killed" and not killed:
+                raise RuntimeError("outage: the server was not killed mid-run; use more --events")
     healthy, killed = results["healthy"]["wall_s"], results["killed"]["wall_s"]
     goal = 2 * healthy + DEFAULT_CONNECT_TIMEOUT_S
     record = {

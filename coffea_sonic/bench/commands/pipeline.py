@@ -1,4 +1,13 @@
-"""``coffea-sonic bench pipeline``: the trackgnn pipeline, in-process vs served fused vs ensemble.
+"""``coffea-sonic bench pipeline``: the trackgnn pipeline, events/s direct, fused, ensemble.
+
+Every client is a spawned process (:class:`coffea_sonic.bench.clients.ClientPool`) looping over
+fixed chunks of ``events`` synthetic-hit events, synchronously, as an analysis worker does:
+``direct`` runs ``zoo.trackgnn.pipeline(device)`` in the client, ``fused`` calls the served
+``trackgnn``, ``ensemble`` the Triton ensemble ``trackgnn_ensemble``. Each mode runs with every
+``clients`` count (all clients start together; a run's rate is the sum of its clients'), direct
+once more at the end, or, with ``rounds`` > 1, the modes alternate in shorter windows merged per
+mode (:mod:`coffea_sonic.bench.rounds`). Served labels are checked against direct ones first;
+GPU busy is sampled with ``nvidia-smi``. Writes ``pipeline-<device>.json`` and ``.md``.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
@@ -6,27 +15,49 @@
 >>> args = parser.parse_args(["pipeline", "--device", "cpu", "--clients", "1,8", "-o", "pb"])
 >>> args.device, args.clients, args.modes, args.output
 ('cpu', [1, 8], ['direct', 'fused', 'ensemble'], 'pb')
->>> parser.parse_args(["pipeline", "--server-arg=--log-verbose=1", "--transport", "grpc"]).server_args
-['--log-verbose=1']
+>>> rows, counts = chunks(3, index=0)[0]
+>>> len(counts), rows.shape[1], int(counts.sum()) == len(rows)
+(3, 3, True)
+>>> print(table([{"mode": "direct", "clients": 1, "events_per_s": 10.0, "hits_per_s": 900.0,
+...               "chunk_ms_p50": 2.5}], "cpu", 8).splitlines()[-1])
+| direct | 1 | 10.0 | 900 |  | 2.5 |  |
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
 
 from ...cliargs import add_deprecated_alias, add_device_option, add_list_option, resolve_device
 from ...errors import ConfigurationError
+from ..clients import ClientPool, ready_then_start
+from ..files import write_report
+from ..machine import machine_info
 from . import add_numbers, scenario_parser
 
-_MODES = ("direct", "fused", "ensemble")
+__all__ = ["MODES", "PipelineConfig", "chunks", "register", "run_pipeline", "table"]
+
+logger = logging.getLogger(__name__)
+
+MODES = ("direct", "fused", "ensemble")
+SERVED = {"fused": "trackgnn", "ensemble": "trackgnn_ensemble"}
+#: Different chunks each client cycles through.
+CHUNKS_PER_CLIENT = 4
 _DESCRIPTION = """\
 events/s of the trackgnn pipeline (hits -> track labels) in each client process (direct), served
-as one fused model (fused) and served as a Triton ensemble of its stages (ensemble), with every
---clients count of client processes starting together. Served labels are checked against the
-direct ones first; the direct call's time per stage, the server's queue/compute split and the
-GPU's busy share are recorded. Direct runs again after the served ones, and each served rate is
-compared with the mean of both direct runs (the direct rate moves between runs); with --rounds N
-the modes alternate in N shorter windows instead and are compared over the same rounds. Writes
+as one fused model (fused) and as a Triton ensemble of its stages (ensemble), with every
+--clients count of client processes starting together; served labels are checked against direct
+ones first. Direct runs again after the served ones (served rates are compared with the mean of
+both); with --rounds N the modes alternate in N shorter windows instead. Writes
 pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR. Exit code 1 if a run failed.
 
 examples:
@@ -47,8 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                            "GPU if nvidia-smi sees one; default: %(default)s)")
     add_list_option(parser, "--clients", type=int, default=[1, 8],
                     help="client process counts, one run each (default: 1 8)")
-    add_list_option(parser, "--modes", choices=_MODES, default=list(_MODES),
-                    help="default: all of " + ", ".join(_MODES))
+    add_list_option(parser, "--modes", choices=MODES, default=list(MODES),
+                    help="default: all of " + ", ".join(MODES))
     add_numbers(parser, [
         ("--events", int, 200, "events per call (chunk)"),
         ("--duration-s", float, 6.0, "seconds per mode and client count (over all rounds)"),
@@ -80,19 +111,340 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run every mode x client count; print the table; exit 1 if a run failed."""
-    from ..pipeline import PipelineConfig, run_pipeline
-
     if args.server and args.server_args:
         raise ConfigurationError(
             f"--server-arg {' '.join(args.server_args)} is for the server the bench starts; with "
             f"--server {args.server} it starts none: pass the flags to that server instead")
     if args.rounds < 1:
         raise ConfigurationError(f"--rounds must be 1 or more, not {args.rounds}")
-    config = PipelineConfig(device=resolve_device(args.device), clients=args.clients, modes=args.modes,
-                            events=args.events, duration=args.duration_s, gpu=args.gpu,
-                            instances=args.instances, server=args.server,
-                            handoff=args.handoff, transport=args.transport,
-                            server_args=args.server_args, rounds=args.rounds)
+    config = PipelineConfig(
+        device=resolve_device(args.device), clients=args.clients, modes=args.modes,
+        events=args.events, duration=args.duration_s, gpu=args.gpu, instances=args.instances,
+        server=args.server, handoff=args.handoff, transport=args.transport,
+        server_args=args.server_args, rounds=args.rounds)
     report, text = run_pipeline(config, args.output)
     print(text, flush=True)
     return 1 if any("error" in record for record in report["records"]) else 0
+
+
+def chunks(events: int, index: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``CHUNKS_PER_CLIENT`` chunks of ``events`` events: (hits x, y, z, hits per event)."""
+    from ...data.hits import generate_hits
+
+    drawn = generate_hits(events * CHUNKS_PER_CLIENT, seed=1000 + index)
+    fields = drawn["fields"]
+    rows = np.stack([fields["x"], fields["y"], fields["z"]], axis=1).astype(np.float32)
+    counts = drawn["counts"]
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    return [(rows[bounds[c * events]:bounds[(c + 1) * events]],
+             counts[c * events:(c + 1) * events]) for c in range(CHUNKS_PER_CLIENT)]
+
+
+def _direct(device: str, gpu: int) -> Any:
+    from ...zoo import trackgnn
+
+    return trackgnn.pipeline(f"cuda:{gpu}" if device == "gpu" else "cpu")
+
+
+def _runner(task: dict, cache: dict) -> Any:
+    key = (task["mode"], task.get("url"), task.get("transport"))
+    if key not in cache:
+        if task["mode"] == "direct":
+            cache[key] = _direct(task["device"], task["gpu"]).run
+        else:
+            from ... import TritonModel
+
+            model = TritonModel(task["url"], transport=task.get("transport", "auto"))
+            cache[key] = lambda rows, counts: model({"hits": rows}, counts=counts)["labels"]
+    return cache[key]
+
+
+def _run_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
+    parts = cache.setdefault(("chunks", task["events"], task["index"]),
+                             chunks(task["events"], task["index"]))
+    run = _runner(task, cache)
+    # warm-up, and each chunk's labels alone, which every answer under load must repeat
+    alone = [np.asarray(run(rows, counts)) for rows, counts in parts]
+    start_at = ready_then_start(tasks, control)
+    end = start_at + task["duration"]
+    events = hits = same = done = 0
+    last = start_at
+    latencies = []
+    while time.time() < end:
+        rows, counts = parts[done % len(parts)]
+        began = time.perf_counter()
+        labels = run(rows, counts)
+        latencies.append(time.perf_counter() - began)
+        same += int(np.count_nonzero(np.asarray(labels) == alone[done % len(parts)]))
+        events += len(counts)
+        hits += len(rows)
+        done += 1
+        last = time.time()
+    elapsed = max(last - start_at, 1e-9)
+    return {"events": events, "hits": hits, "elapsed_s": elapsed,
+            "labels_as_alone": same / hits if hits else 1.0,
+            "events_per_s": events / elapsed if events else 0.0,
+            "chunk_ms_p50": 1e3 * float(np.median(latencies)) if latencies else None}
+
+
+def _verify(server: Any, device: str, events: int, gpu: int = 0,
+            transport: str = "auto") -> dict:
+    """Served labels of one chunk against the direct labels (fraction of hits equal)."""
+    from ... import TritonModel
+
+    rows, counts = chunks(events, 99)[0]
+    direct = _direct(device, gpu).run(rows, counts)
+    return {mode: float(np.mean(TritonModel(server.url(name), transport=transport)(
+        {"hits": rows}, counts=counts)["labels"] == direct)) if len(rows) else 1.0
+        for mode, name in SERVED.items()}
+
+
+def _stage_ms(device: str, events: int, gpu: int = 0, repeats: int = 5) -> dict:
+    """Median ms per stage of one direct call on a chunk (where the pipeline's time goes)."""
+    pipeline = _direct(device, gpu)
+    rows, counts = chunks(events, 98)[0]
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        timings: dict[str, float] = {}
+        pipeline.run(rows, counts, timings=timings)
+        for stage, ms in timings.items():
+            times.setdefault(stage, []).append(ms)
+    return {stage: round(float(np.median(values)), 2) for stage, values in times.items()}
+
+
+def served_stage_ms(path: str | None) -> dict:
+    """Median ms per served model's ``execute`` and, fused, per pipeline stage, from the lines the
+    served models append to ``$TRACKGNN_STAGE_TIMES`` (empty where it was not set).
+
+    >>> served_stage_ms(None)
+    {}
+    """
+    if not path or not Path(path).exists():
+        return {}
+    lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    medians: dict = {}
+    for stage in sorted({line["stage"] for line in lines}):
+        mine = [line for line in lines if line["stage"] == stage]
+        keys = [key for key in mine[0] if key not in ("stage", "pid", "at", "requests")]
+        medians[stage] = {key: round(float(np.median([line.get(key, 0.0) for line in mine])), 2)
+                          for key in keys}
+        medians[stage]["executes"] = len(mine)
+    return medians
+
+
+def _stats(server: Any, model: str | None) -> Any:
+    """Triton's cumulative statistics of a served ``model`` (None for direct runs)."""
+    if server is None or model is None:
+        return None
+    from ..probes import server_statistics, statistics_transport
+
+    return server_statistics(statistics_transport(server.grpc_address), model)
+
+
+def table(records: list[dict], device: str, events: int) -> str:
+    """The Markdown table of the runs, with labels that changed under load and server profiles."""
+    lines = [f"trackgnn pipeline, device {device}, {events} events per call",
+             "", "| mode | clients | events/s | hits/s | vs direct (same clients) | call p50 ms "
+             "| GPU busy % |", "|---|---|---|---|---|---|---|"]
+    for record in records:
+        if "error" in record:
+            lines.append(f"| {record['mode']} | {record['clients']} | error: "
+                         f"{record['error'][:80]} | | | | |")
+            continue
+        ratio = record.get("ratio")
+        mode = record["mode"] + (" (again)" if record.get("again") else "")
+        shown = "" if ratio is None else f"{ratio:.2f}x"
+        if record.get("round_ratios"):
+            shown += (f" (rounds {min(record['round_ratios']):.2f}-"
+                      f"{max(record['round_ratios']):.2f})")
+        lines.append(
+            f"| {mode} | {record['clients']} | {record['events_per_s']:.1f} | "
+            f"{record['hits_per_s']:.0f} | {shown} | "
+            f"{record['chunk_ms_p50']:.1f} | "
+            f"{'' if record.get('gpu_percent') is None else record['gpu_percent']} |")
+    changed = [f"{r['mode']} x {r['clients']}: {r['labels_as_alone']:.6f}" for r in records
+               if r.get("labels_as_alone", 1.0) < 1.0]
+    if changed:
+        lines += ["", "labels under load differ from the same chunk's alone (share of hits "
+                  "alike, worst client): " + "; ".join(changed)]
+    profiles = [(r["mode"], r["clients"], r["server_profile"]) for r in records
+                if r.get("server_profile")]
+    if profiles:
+        lines += ["", "server, ms per request: queue / compute input / compute infer / compute "
+                  "output (avg batch)", ""]
+        lines += [f"- {mode} x {clients}: {p['queue_ms']} / {p['compute_input_ms']} / "
+                  f"{p['compute_infer_ms']} / {p['compute_output_ms']} ({p['avg_batch']})"
+                  for mode, clients, p in profiles]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class PipelineConfig:
+    """What one pipeline benchmark runs (``server``: a running server's ``HOST:PORT``; ``rounds``
+    > 1: the modes alternate in windows of ``duration / rounds`` s).
+
+    >>> PipelineConfig(device="cpu", clients=[1]).modes
+    ['direct', 'fused', 'ensemble']
+    """
+
+    device: str = "gpu"
+    clients: list[int] = field(default_factory=lambda: [1, 8])
+    modes: list[str] = field(default_factory=lambda: list(MODES))
+    events: int = 200
+    duration: float = 6.0
+    gpu: int = 0
+    instances: int | None = None
+    server: str | None = None
+    handoff: str | None = None
+    transport: str = "auto"
+    server_args: list[str] = field(default_factory=list)
+    rounds: int = 1
+
+
+def _start_server(config: PipelineConfig, report: dict) -> Any:
+    """The server of the served modes (None when only ``direct`` runs), its labels checked."""
+    if not any(mode in SERVED for mode in config.modes):
+        return None
+    if config.server:  # someone else's: nothing to stop
+        server: Any = SimpleNamespace(grpc_address=config.server, stop=lambda: None,
+                                      url=lambda name: f"triton+grpc://{config.server}/{name}")
+    else:
+        from ...server import LocalTritonServer
+
+        began = time.time()
+        server = LocalTritonServer(
+            models=list(SERVED.values()), device=config.device, instances=config.instances,
+            gpus=[config.gpu] if config.device == "gpu" else None, startup_timeout_s=240,
+            repository_options={"handoff": config.handoff} if config.handoff else None,
+            extra_args=config.server_args).start()
+        logger.info("server ready in %.1f s", time.time() - began)
+    report["served_equals_direct"] = _verify(server, config.device, config.events, config.gpu,
+                                             config.transport)
+    logger.info("served labels equal to direct (fraction of hits): %s",
+                report["served_equals_direct"])
+    return server
+
+
+def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool: ClientPool,
+             gpu: Any) -> dict:
+    """One run: ``clients`` processes calling ``mode`` together for ``config.duration`` s."""
+    task = {"mode": mode, "device": config.device, "events": config.events,
+            "duration": config.duration, "gpu": config.gpu, "transport": config.transport}
+    if mode in SERVED:
+        task["url"] = server.url(SERVED[mode])
+    record: dict = {"mode": mode, "clients": clients}
+    before = _stats(server, SERVED.get(mode))
+    start_at, results = pool.run(task, clients)
+    after = _stats(server, SERVED.get(mode))
+    if before is not None and after is not None:
+        # where a served call's time goes on the server: queue, input, run, output
+        from ..probes import server_profile
+
+        record["server_profile"] = server_profile(before, after, config.duration)
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        record["error"] = errors[0]
+        return record
+    record["events_per_s"] = sum(r["events_per_s"] for r in results)
+    record["hits_per_s"] = sum(r["hits"] / r["elapsed_s"] for r in results)
+    record["chunk_ms_p50"] = float(np.median([r["chunk_ms_p50"] for r in results
+                                              if r["chunk_ms_p50"]] or [0.0]))
+    # the worst client: the share of its hits labelled as when its chunk ran alone
+    record["labels_as_alone"] = min(r["labels_as_alone"] for r in results)
+    busy = gpu.mean_between(start_at + 0.2, start_at + config.duration)
+    record["gpu_percent"] = None if busy is None else round(busy, 1)
+    return record
+
+
+def _measure_rounds(config: PipelineConfig, server: Any, pool: ClientPool, gpu: Any,
+                    report: dict) -> list[dict]:
+    """Every mode in ``config.rounds`` alternating windows per client count, merged; the
+    windows go into ``report["windows"]``."""
+    from dataclasses import replace
+
+    from ..rounds import merge_rounds
+
+    window_config = replace(config, duration=config.duration / config.rounds)
+    windows = report.setdefault("windows", [])
+    for clients in config.clients:
+        for round_index in range(config.rounds):
+            for mode in config.modes:
+                windows.append({**_measure(window_config, mode, clients, server, pool, gpu),
+                                "round": round_index})
+                logger.info("%s", windows[-1])
+    return merge_rounds(windows)
+
+
+def add_ratios(records: list[dict]) -> None:
+    """Each served record's ``ratio``: its events/s over the mean direct events/s of the same
+    client count (the direct run before the served ones and, where there is one, after).
+
+    >>> records = [{"mode": "direct", "clients": 1, "events_per_s": 90.0},
+    ...            {"mode": "fused", "clients": 1, "events_per_s": 80.0},
+    ...            {"mode": "direct", "clients": 1, "events_per_s": 110.0, "again": True}]
+    >>> add_ratios(records); records[1]["ratio"]
+    0.8
+    """
+    direct: dict[int, list[float]] = {}
+    for record in records:
+        if record["mode"] == "direct" and "error" not in record:
+            direct.setdefault(record["clients"], []).append(record["events_per_s"])
+    for record in records:
+        rates = direct.get(record["clients"])
+        if record["mode"] != "direct" and "error" not in record and rates:
+            record["ratio"] = record["events_per_s"] / float(np.mean(rates))
+
+
+def _page(report: dict) -> str:
+    text = table(report["records"], report["device"], report["events_per_call"])
+    if report.get("direct_stage_ms"):
+        text += ("\ndirect, ms per stage of one call: " + ", ".join(
+            f"{stage} {ms}" for stage, ms in report["direct_stage_ms"].items()) + "\n")
+    if report["served_stage_ms"]:
+        text += "\nserved, median ms per execute (stages with the device synchronised): " + \
+            "; ".join(f"{stage}: {ms}" for stage, ms in report["served_stage_ms"].items()) + "\n"
+    return text
+
+
+def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
+    """Every mode with every client count; the report and its table, both written into ``out``
+    (also when a run fails half-way). A record holds ``error`` where a client failed."""
+    from ...server.pipelines import handoff_for
+    from ..probes import GpuUtilisation
+
+    records: list[dict] = []
+    report = {"machine": machine_info(), "device": config.device,
+              "events_per_call": config.events, "duration_s": config.duration,
+              "handoff": handoff_for(config.device, config.handoff),
+              "transport": config.transport, "server_args": config.server_args,
+              "rounds": config.rounds, "records": records}
+    server = None
+    pool = ClientPool(max(config.clients), _run_task)
+    gpu = GpuUtilisation().__enter__()
+    try:
+        server = _start_server(config, report)
+        report["direct_stage_ms"] = _stage_ms(config.device, config.events, config.gpu)
+        logger.info("direct, ms per stage of one call: %s", report["direct_stage_ms"])
+        if config.rounds > 1:
+            records.extend(_measure_rounds(config, server, pool, gpu, report))
+        else:
+            for mode in config.modes:
+                for clients in config.clients:
+                    records.append(_measure(config, mode, clients, server, pool, gpu))
+                    logger.info("%s", records[-1])
+            # the direct rate moves between runs: once more after the served runs, and the
+            # served ones compared with the mean of both
+            again = "direct" in config.modes and len(config.modes) > 1
+            for clients in config.clients if again else ():
+                records.append({**_measure(config, "direct", clients, server, pool, gpu),
+                                "again": True})
+                logger.info("%s", records[-1])
+    finally:
+        add_ratios(records)
+        gpu.__exit__(None, None, None)
+        pool.close()
+        if server is not None:
+            server.stop()
+        report["served_stage_ms"] = served_stage_ms(os.environ.get("TRACKGNN_STAGE_TIMES"))
+        text = write_report(report, out, f"pipeline-{config.device}", _page)
+    return report, text

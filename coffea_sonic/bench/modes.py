@@ -56,16 +56,18 @@ class RunnerSpec:
     cpu_threads: int = 0
 
 
+def _tensor_bytes(tensors) -> int:
+    return sum(int(np.prod(tensor.dims, dtype=np.int64)) * np.dtype(tensor.dtype).itemsize
+               for tensor in tensors)
+
+
 def row_bytes(model: str) -> int:
     """Input tensor bytes of one row of ``model`` (all inputs together).
 
     >>> row_bytes("emtrk_cnn")
     9216
     """
-    total = 0
-    for tensor in zoo.spec(model).inputs:
-        total += int(np.prod(tensor.dims, dtype=np.int64)) * np.dtype(tensor.dtype).itemsize
-    return total
+    return _tensor_bytes(zoo.spec(model).inputs)
 
 
 def output_row_bytes(model: str) -> int:
@@ -74,10 +76,7 @@ def output_row_bytes(model: str) -> int:
     >>> output_row_bytes("jet_tagger")
     12
     """
-    total = 0
-    for tensor in zoo.spec(model).outputs:
-        total += int(np.prod(tensor.dims, dtype=np.int64)) * np.dtype(tensor.dtype).itemsize
-    return total
+    return _tensor_bytes(zoo.spec(model).outputs)
 
 
 def _slices(rows: int, batch_size: int) -> list[slice]:
@@ -101,6 +100,15 @@ class ChunkRunner:
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         raise NotImplementedError
+
+    def _one_at_a_time(self, call, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``call`` on each ``batch_size`` piece in turn, each call timed."""
+        parts = []
+        for piece in _slices(len(next(iter(inputs.values()))), self.spec.batch_size):
+            started = time.perf_counter()
+            parts.append(call({name: value[piece] for name, value in inputs.items()}))
+            self.latencies_s.append(time.perf_counter() - started)
+        return _concatenate(parts)
 
     def payload_bytes(self, rows: int) -> int:
         """Input tensor bytes this mode moves for a chunk of ``rows`` rows."""
@@ -127,13 +135,7 @@ class EngineRunner(ChunkRunner):
             self.engine = GpuEngine(spec.model)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = len(next(iter(inputs.values())))
-        parts = []
-        for piece in _slices(rows, self.spec.batch_size):
-            started = time.perf_counter()
-            parts.append(self.engine({name: value[piece] for name, value in inputs.items()}))
-            self.latencies_s.append(time.perf_counter() - started)
-        return _concatenate(parts)
+        return self._one_at_a_time(self.engine, inputs)
 
 
 class TritonModelRunner(ChunkRunner):
@@ -151,15 +153,10 @@ class TritonModelRunner(ChunkRunner):
                                  timeout_s=spec.timeout_s, max_in_flight=self.in_flight)
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = len(next(iter(inputs.values())))
-        pieces = _slices(rows, self.spec.batch_size)
-        parts: list[dict[str, np.ndarray]] = []
         if self.in_flight == 1:
-            for piece in pieces:
-                started = time.perf_counter()
-                parts.append(self.model({name: value[piece] for name, value in inputs.items()}))
-                self.latencies_s.append(time.perf_counter() - started)
-            return _concatenate(parts)
+            return self._one_at_a_time(self.model, inputs)
+        pieces = _slices(len(next(iter(inputs.values()))), self.spec.batch_size)
+        parts: list[dict[str, np.ndarray]] = []
         # Our own window of one-batch calls: exactly in_flight outstanding, in-order results,
         # and a latency per request (TritonModel itself only sums them).
         window: deque = deque()

@@ -125,51 +125,43 @@ class BenchConfig:
     @classmethod
     def quick(cls, **overrides) -> "BenchConfig":
         """Small sweeps that finish in well under 3 minutes on a 2-core machine."""
-        settings = dict(
-            models=("jet_tagger",), batch_sizes=(256, 1024, 4096), in_flight=(1, 2, 4),
-            clients=(1, 2, 3), chunk_rows=16384, repetitions=5, warmup=1,
-            e2e_events=8000, e2e_workers=(1, 2), preset="quick",
-        )
-        settings.update(overrides)
-        return cls(**settings)
+        return cls(**{**_PRESET_SETTINGS["quick"], "preset": "quick", **overrides})
 
     @classmethod
     def full(cls, **overrides) -> "BenchConfig":
         """The default sweeps over jet_tagger and emtrk_cnn (minutes on a workstation)."""
-        settings = dict(
-            models=("jet_tagger", "emtrk_cnn"),
-            batch_sizes_per_model={"emtrk_cnn": (64, 256, 1024)},
-            chunk_rows_per_model={"emtrk_cnn": 1024},
-            reference_batch_per_model={"jet_tagger": 4096, "emtrk_cnn": 256},
-            e2e_events=20000, e2e_workers=(1, 2), preset="full",
-        )
-        settings.update(overrides)
-        return cls(**settings)
+        return cls(**{**_PRESET_SETTINGS["full"], "preset": "full", **overrides})
 
     @classmethod
     def gpu(cls, **overrides) -> "BenchConfig":
         """Sweeps sized for a GPU node with 16 cores (the H100 machine of RESULTS.md), < 7 min."""
-        settings = dict(
-            models=("jet_tagger", "emtrk_cnn"),
-            batch_sizes_per_model={"jet_tagger": (4096, 16384, 65536), "emtrk_cnn": (256, 2048)},
-            chunk_rows_per_model={"jet_tagger": 131072, "emtrk_cnn": 8192},
-            reference_batch_per_model={"jet_tagger": 16384, "emtrk_cnn": 2048},
-            in_flight=(1, 2, 4, 8), clients=(1, 2, 4, 8, 12, 16),
-            client_modes=("remote", "local-gpu"), repetitions=5, preset="gpu",
-        )
-        settings.update(overrides)
-        return cls(**settings)
+        return cls(**{**_PRESET_SETTINGS["gpu"], "preset": "gpu", **overrides})
 
     @classmethod
     def tiny(cls, **overrides) -> "BenchConfig":
         """The smallest meaningful run (tests): every mode, two batch sizes, 1-2 clients."""
-        settings = dict(
-            models=("jet_tagger",), batch_sizes=(128, 512), in_flight=(2,), clients=(1, 2),
-            chunk_rows=1024, repetitions=2, warmup=1, link_gbps=(10.0,), preset="tiny",
-        )
-        settings.update(overrides)
-        return cls(**settings)
+        return cls(**{**_PRESET_SETTINGS["tiny"], "preset": "tiny", **overrides})
 
+
+_PRESET_SETTINGS: dict[str, dict] = {
+    "quick": dict(models=("jet_tagger",), batch_sizes=(256, 1024, 4096), in_flight=(1, 2, 4),
+                  clients=(1, 2, 3), chunk_rows=16384, repetitions=5, warmup=1,
+                  e2e_events=8000, e2e_workers=(1, 2)),
+    "full": dict(models=("jet_tagger", "emtrk_cnn"),
+                 batch_sizes_per_model={"emtrk_cnn": (64, 256, 1024)},
+                 chunk_rows_per_model={"emtrk_cnn": 1024},
+                 reference_batch_per_model={"jet_tagger": 4096, "emtrk_cnn": 256},
+                 e2e_events=20000, e2e_workers=(1, 2)),
+    "gpu": dict(models=("jet_tagger", "emtrk_cnn"),
+                batch_sizes_per_model={"jet_tagger": (4096, 16384, 65536),
+                                       "emtrk_cnn": (256, 2048)},
+                chunk_rows_per_model={"jet_tagger": 131072, "emtrk_cnn": 8192},
+                reference_batch_per_model={"jet_tagger": 16384, "emtrk_cnn": 2048},
+                in_flight=(1, 2, 4, 8), clients=(1, 2, 4, 8, 12, 16),
+                client_modes=("remote", "local-gpu"), repetitions=5),
+    "tiny": dict(models=("jet_tagger",), batch_sizes=(128, 512), in_flight=(2,), clients=(1, 2),
+                 chunk_rows=1024, repetitions=2, warmup=1, link_gbps=(10.0,)),
+}
 
 PRESETS = {"quick": BenchConfig.quick, "full": BenchConfig.full, "gpu": BenchConfig.gpu,
            "tiny": BenchConfig.tiny}

@@ -118,16 +118,6 @@ def compare_engines(model: str, rows: int, repetitions: int) -> dict:
                   gpu_vs_cpu_max_abs_diff=max_abs_difference(gpu_outputs, cpu_outputs),
                   cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
                   matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32)
-    # torch lets cuDNN convolutions use TF32 by default (10-bit mantissa): measure what full FP32
-    # costs and how close it brings the GPU to onnxruntime on the CPU.
-    previous = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        fp32_rate, fp32_outputs = _rate(engine, inputs, repetitions)
-    finally:
-        torch.backends.cudnn.allow_tf32 = previous
-    result.update(gpu_engine_fp32_rows_per_s=fp32_rate,
-                  gpu_fp32_vs_cpu_max_abs_diff=max_abs_difference(fp32_outputs, cpu_outputs))
     return result
 
 

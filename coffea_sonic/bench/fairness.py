@@ -374,7 +374,8 @@ def _figures(config: FairnessConfig, phases: list[Phase],
                for phase in phases}
 
     def latencies(want: str, users: Sequence[int], round_: str = "") -> list[float]:
-        return [done - sent for name in records if kind[name] == want and name.endswith(round_)
+        return [done - sent for name in records
+                if kind[name] == want and round_ in ("", name.rpartition("-")[2])
                 for user in users for sent, done, _, good, _ in records[name][user]
                 if good and windows[name][0] <= sent < windows[name][1]]
 
@@ -399,8 +400,8 @@ def _figures(config: FairnessConfig, phases: list[Phase],
         "light_p50_ms_contended": _percentile(loaded, 50) * 1e3,
         "heavy_p50_ms_contended": _percentile(heavy, 50) * 1e3,
         "light_p95_ratio_by_round": [
-            _percentile(latencies("contended", lights, f"-{i}"), 95)
-            / _percentile(latencies("solo", [1], f"-{i}"), 95)
+            _percentile(latencies("contended", lights, str(i)), 95)
+            / _percentile(latencies("solo", [1], str(i)), 95)
             for i in range(1, config.rounds + 1)],
         "requests": {"solo": len(solo), "contended_light": len(loaded),
                      "contended_heavy": len(heavy)},

@@ -35,9 +35,10 @@ from typing import Any, Callable
 
 from ...cliargs import add_deprecated_alias
 from ..files import write_json
-from . import progress_printer, scenario_parser
+from . import add_numbers, progress_printer, scenario_parser
 
 __all__ = ["demo_twice", "load_now", "record_calls", "register", "shared_users", "user_main"]
+
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``cache`` to the ``bench`` scenarios."""
@@ -54,9 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--scenario", choices=("demo-twice", "users"), default="demo-twice",
                         help="demo-twice: the demo twice with an inference cache; users: N users "
                              "sharing one server's response cache (default: %(default)s)")
-    parser.add_argument("--users", type=int, default=10, help="users (default: %(default)s)")
-    parser.add_argument("--events", type=int, default=20_000,
-                        help="events per dataset, 2 datasets (default: %(default)s)")
+    add_numbers(parser, [("--users", int, 10, "users"),
+                         ("--events", int, 20_000, "events per dataset, 2 datasets")])
     stagger = parser.add_argument("--stagger-s", type=float, default=2.0, metavar="SECONDS",
                                   help="users start this many seconds apart (default: "
                                        "%(default)s)")
@@ -177,23 +177,17 @@ def record_calls(base: str, fileset: dict[str, list[str]], folder: Path,
     return len(calls)
 
 
-def user_main(argv: list[str] | None = None) -> int:
-    """One simulated user (its own process): the recorded calls, each chunk's in flight
-    together as the processor sends them, against ``--server``."""
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--server", required=True)
-    parser.add_argument("--calls", required=True, help="folder written by record_calls")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+def user_main(server: str, folder: Path, out: Path) -> int:
+    """One simulated user (its own process): the calls :func:`record_calls` kept in ``folder``,
+    each chunk's in flight together as the processor sends them, against ``server``."""
     import numpy as np
     import xxhash
 
     from ...model import TritonModel
 
-    folder = Path(args.calls)
     calls = json.loads((folder / "calls.json").read_text())
     # analysts on other machines reach the server over gRPC (no shared memory)
-    models = {name: TritonModel(f"{args.server}/{name}", cache=False, transport="grpc")
+    models = {name: TritonModel(f"{server}/{name}", cache=False, transport="grpc")
               for name in {call["model"] for call in calls}}
     digest = xxhash.xxh3_64()
     started = time.perf_counter()
@@ -205,7 +199,7 @@ def user_main(argv: list[str] | None = None) -> int:
             for name, array in sorted(handle.result().items()):
                 digest.update(np.ascontiguousarray(array))
     wall_s = time.perf_counter() - started
-    Path(args.out).write_text(json.dumps({
+    out.write_text(json.dumps({
         "wall_s": wall_s, "outputs_digest": digest.hexdigest(),
         "requests": {name: model.stats.requests for name, model in models.items()}}))
     return 0
@@ -235,8 +229,8 @@ def _one_setting(fileset: dict[str, list[str]], output: Path, users: int, stagge
         for index in range(users):
             out = output / f"cache-{label}-user{index}.json"
             processes.append((out, subprocess.Popen(
-                [sys.executable, "-m", "coffea_sonic.bench.commands.cache", "--server", base,
-                 "--calls", str(calls), "--out", str(out)])))
+                [sys.executable, "-m", "coffea_sonic.bench.commands.cache", base, str(calls),
+                 str(out)])))
             if index + 1 < users:
                 time.sleep(stagger_s)  # users arrive apart, as analysts do
         for out, process in processes:
@@ -288,4 +282,4 @@ def shared_users(output: Path, users: int = 10, events: int = 20_000, stagger_s:
 
 
 if __name__ == "__main__":
-    sys.exit(user_main())
+    sys.exit(user_main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))

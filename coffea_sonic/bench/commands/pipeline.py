@@ -54,11 +54,9 @@ SERVED = {"fused": "trackgnn", "ensemble": "trackgnn_ensemble"}
 CHUNKS_PER_CLIENT = 4
 _DESCRIPTION = """\
 events/s of the trackgnn pipeline (hits -> track labels) in each client process (direct), served
-as one fused model (fused) and as a Triton ensemble of its stages (ensemble), with every
---clients count of client processes starting together; served labels are checked against direct
-ones first. Direct runs again after the served ones (served rates are compared with the mean of
-both); with --rounds N the modes alternate in N shorter windows instead. Writes
-pipeline-DEVICE.json and pipeline-DEVICE.md into -o DIR. Exit code 1 if a run failed.
+as one fused model (fused) and as a Triton ensemble (ensemble), per --clients count; direct runs
+again at the end, or with --rounds N the modes alternate. Writes pipeline-DEVICE.json and .md
+into -o DIR. Exit code 1 if a run failed.
 
 examples:
   coffea-sonic bench pipeline --device gpu --clients 1 8          # GPU machine (~1 min)

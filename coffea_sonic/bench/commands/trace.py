@@ -1,13 +1,7 @@
 """``coffea-sonic bench trace``: where a light user's latency goes in the fairness scenario.
 
-The quick fairness scenario (:mod:`coffea_sonic.bench.fairness`, through its hooks) with
-Triton's request trace on (``level=TIMESTAMPS rate=1``) and per-process CPU sampling; every light
-request's latency (client send -> answer in the client) splits into :data:`COMPONENTS`:
-``to_server`` (until the server has read it), ``queue``, ``compute``, ``send`` (Triton writing
-the answer) and ``back`` (until the caller has it). Both clocks are ``CLOCK_MONOTONIC``; user
-``i``'s request ids start at ``i * 10**7``, so a trace entry finds its user and request. The CPU
-table gives per phase and process group cores used / cores' worth of threads waiting
-(``/proc/PID/task/*/schedstat``).
+Both clocks (Python's and Triton's trace) are ``CLOCK_MONOTONIC``, and user ``i``'s request ids
+start at ``i * 10**7``, so each trace entry finds its user and request.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
@@ -43,11 +37,10 @@ from . import progress_printer, scenario_parser
 __all__ = ["COMPONENTS", "analyse", "components", "register", "run_traced"]
 
 _DESCRIPTION = """\
-Runs the quick fairness scenario (coffea-sonic bench fairness --quick) with Triton's request trace
-on and per-process CPU sampling, then splits every light request's latency into to_server (send
-until the server has read it), queue, compute, send and back (the answer until the caller has
-it), for the solo and the contended phases, and gives cores used / threads waiting per phase and
-process group. It takes a small machine's cores for a few minutes: one run at a time.
+Runs coffea-sonic bench fairness --quick with Triton's request trace on and per-process CPU
+sampling, then splits every light request's latency into to_server (until the server has read
+it), queue, compute, send and back (until the caller has the answer), solo and contended, and
+gives cores used / threads waiting (schedstat) per phase and process group. One run at a time.
 
 examples:
   coffea-sonic bench trace -o /tmp/fairness-trace --set rows=2048
@@ -77,8 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.analyse:
         for line in run_traced(folder, _overrides(args.set), progress_printer()):
             print(line)
-    for line in analyse(folder):
-        print(line)
+    print("\n".join(analyse(folder)))
     return 0
 
 

@@ -1,17 +1,18 @@
 """``coffea-sonic bench fairness``: several users share one server; is it fair?
 
-Eight users (spawned processes with their own ``TritonModel`` clients) send ``jet_tagger``
-requests of ``rows`` rows to one embedded tritonserver. User 0 is *heavy*: ten times the lanes
-(requests in flight) and the paced rate of a *light* user, niced (``heavy_nice``) as a batch job,
-and under policy ``fair`` *yielding*: while the others are served it sends at most
-``heavy_yield_share`` of their rows/s (:class:`coffea_sonic.share.YieldGate`). ``solo-i`` (one
-light user paced) and ``contended-i`` (all paced) alternate ``rounds`` times, then ``saturate``
-(every lane sends as soon as it is answered). Figures (``results.json``, ``fairness``):
-``jain`` of the goodput while all saturate, ``light_p95_ratio`` (light p95 contended over solo),
-judged against :data:`GOALS` (exit 1 if one is missed). Policy ``fair``: lane ``k`` sends at priority ``min(k + 1, levels)`` (round robin by
-depth), the last level's queue is short; ``fifo``: no priorities nor gate; ``gateway``: a quota
-per user at the facility's HAProxy (needs haproxy and openssl). Why, and every run:
-benchmarks/RESULTS.md, "Many users on one server"; ``coffea-sonic bench trace`` traces a run.
+Eight users (the processes of a :class:`~coffea_sonic.bench.clients.ClientPool`, each with its
+own ``TritonModel`` clients, every phase started together) send ``jet_tagger`` requests of
+``rows`` rows to one embedded tritonserver. User 0 is *heavy*: ten times the lanes (requests in
+flight) and the paced rate of a *light* user, niced (``heavy_nice``) as a batch job, and under
+policy ``fair`` *yielding*: while the others are served it sends at most ``heavy_yield_share`` of
+their rows/s (:class:`coffea_sonic.share.YieldGate`). ``solo-i`` (one light user paced) and
+``contended-i`` (all paced) alternate ``rounds`` times, then ``saturate`` (every lane sends as
+soon as it is answered). Figures (``results.json``, ``fairness``): ``jain`` of the goodput while
+all saturate, ``light_p95_ratio`` (light p95 contended over solo), judged against :data:`GOALS`
+(exit 1 if one is missed). Policy ``fair``: lane ``k`` sends at priority ``min(k + 1, levels)``
+(round robin by depth), the last level's queue is short; ``fifo``: no priorities nor gate;
+``gateway``: a quota per user at the facility's HAProxy (needs haproxy and openssl). Why, and
+every run: benchmarks/RESULTS.md, "Many users on one server"; ``bench trace`` traces a run.
 
 >>> jain([1.0, 1.0, 1.0, 1.0]), round(jain([10.0, 1, 1, 1, 1, 1, 1, 1]), 3)
 (1.0, 0.338)
@@ -26,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import multiprocessing
 import os
 import queue
 import random
@@ -40,10 +40,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from .clients import ClientPool, ready_then_start
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["FairnessConfig", "GOALS", "PRESETS", "Phase", "UserSpec", "config_for", "jain",
-           "lane_priority", "run_fairness", "user_main"]
+           "lane_priority", "run_fairness", "user_task"]
 
 #: Jain's index of goodput, the light users' p95 ratio, the heavy user at most 2 fair shares
 GOALS: dict[str, tuple[str, float]] = {"jain": (">=", 0.9), "light_p95_ratio": ("<=", 1.5),
@@ -292,28 +294,21 @@ class _User:
             join()
 
 
-def user_main(spec: UserSpec, commands: Any, results: Any) -> None:
-    """A user process: warm up, run each phase sent on ``commands`` (None ends it), put
-    ``(index, phase name, {"records", "rejected"})`` on ``results``, or ``(index, "error", why)``.
-    """
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        if spec.nice:
-            os.nice(spec.nice)
-        user = _User(spec)
-        user.warm_up()
-        results.put((spec.index, "ready", []))
-        # requests the server refused (overload), each sent again later
-        rejected = lambda: sum(lane.stats.failed_requests for lane in user.lanes)  # noqa: E731
-        while (phase := commands.get()) is not None:
-            before = rejected()
-            records = user.run(phase)
-            results.put((spec.index, phase.name, {"records": records,
-                                                  "rejected": rejected() - before}))
-        if user.gate is not None:
-            user.gate.close()  # stop its polling thread before the process ends
-    except BaseException as error:  # noqa: BLE001 - reported to the coordinator
-        results.put((spec.index, "error", f"{type(error).__name__}: {error}"))
+def user_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
+    """The :class:`~coffea_sonic.bench.clients.ClientPool` task of user ``task["index"]``: its
+    process's lanes (made, niced and warmed up on the first phase), then ``task["phase"]`` from
+    the pool's common start; its records and the requests the server refused (sent again)."""
+    spec = task["specs"][task["index"]]
+    if "user" not in cache:
+        os.nice(spec.nice)
+        cache["user"] = _User(spec)
+        cache["user"].warm_up()
+    user = cache["user"]
+    refused = lambda: sum(lane.stats.failed_requests for lane in user.lanes)  # noqa: E731
+    before = refused()
+    ready_then_start(tasks, control)
+    records = user.run(replace(task["phase"], start_at=time.monotonic()))
+    return {"index": spec.index, "records": records, "rejected": refused() - before}
 
 
 def _server(config: FairnessConfig, extra_args: Sequence[str] = ()) -> Any:
@@ -345,24 +340,6 @@ def _plan(config: FairnessConfig) -> list[tuple[str, float, tuple[str, ...]]]:
         plan += [(f"solo-{index}", config.solo_s, ("idle", "paced", *idle)),
                  (f"contended-{index}", config.contended_s, ("paced",) * config.users)]
     return plan + [("saturate", config.saturate_s, ("saturate",) * config.users)]
-
-
-def _collect(results: Any, users: int, what: str, timeout_s: float,
-             processes: Sequence[Any]) -> dict[int, Any]:
-    collected: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(collected) < users:
-        left = deadline - time.monotonic()
-        if left <= 0 or not all(p.is_alive() or p.exitcode == 0 for p in processes):
-            dead = [p.pid for p in processes if p.exitcode not in (None, 0)]
-            raise RuntimeError(f"fairness: {users - len(collected)} users did not report {what} "
-                               f"within {timeout_s:.0f} s (processes that died: {dead})")
-        with contextlib.suppress(queue.Empty):
-            index, name, payload = results.get(timeout=min(left, 1.0))
-            if name == "error":
-                raise RuntimeError(f"fairness: user {index} failed: {payload}")
-            collected[index] = payload
-    return collected
 
 
 def _figures(config: FairnessConfig, phases: list[Phase],
@@ -435,10 +412,10 @@ def _specs(config: FairnessConfig, url: str, tokens: Sequence[str]) -> list[User
 
 
 def run_fairness(config: FairnessConfig, *, progress: Callable[[str], None] | None = None,
-                 server_args: Sequence[str] = (), user_target: Callable[..., None] = user_main,
+                 server_args: Sequence[str] = (), user_task: Callable[..., Any] = user_task,
                  on_records: Callable[[list[Phase], dict], None] | None = None) -> dict[str, Any]:
-    """Run the scenario; what ``results.json`` holds. ``server_args``, ``user_target`` (with
-    :func:`user_main`'s signature) and ``on_records`` are the hooks of ``bench trace``."""
+    """Run the scenario; what ``results.json`` holds. ``server_args``, ``user_task`` (with
+    :func:`user_task`'s signature) and ``on_records`` are the hooks of ``bench trace``."""
     from .machine import machine_info
 
     config.check()
@@ -456,7 +433,7 @@ def run_fairness(config: FairnessConfig, *, progress: Callable[[str], None] | No
             progress(f"fairness: gateway {address}, {quota} inference requests/s per user")
         progress(f"fairness: server up ({config.instances} instances, policy {config.policy}); "
                  f"starting {config.users} users")
-        phases, records = _run_users(config, _specs(config, url, tokens), progress, user_target)
+        phases, records = _run_users(config, _specs(config, url, tokens), progress, user_task)
     (on_records or (lambda *_: None))(phases, records)
     return {"scenario": "fairness", "machine": machine_info(), "config": asdict(config),
             "command": " ".join(["coffea-sonic", *sys.argv[1:]]) if sys.argv else "",
@@ -465,36 +442,22 @@ def run_fairness(config: FairnessConfig, *, progress: Callable[[str], None] | No
 
 
 def _run_users(config: FairnessConfig, specs: list[UserSpec], progress: Callable[[str], None],
-               target: Callable[..., None]) -> tuple[list[Phase], dict[str, dict[int, Any]]]:
-    context = multiprocessing.get_context("spawn")
-    commands = [context.Queue() for _ in specs]
-    results = context.Queue()
-    processes = [context.Process(target=target, args=(spec, commands[spec.index], results),
-                                 name=f"fairness-user-{spec.index}", daemon=True)
-                 for spec in specs]
+               target: Callable[..., Any]) -> tuple[list[Phase], dict[str, dict[int, Any]]]:
+    pool = ClientPool(config.users, target)
     phases: list[Phase] = []
     records: dict[str, dict[int, Any]] = {}
     try:
-        for process in processes:
-            process.start()
-        _collect(results, config.users, "ready", 120.0, processes)
         for name, duration, modes in _plan(config):
-            # one start for every user (one monotonic clock), after the last phase's answers
-            phase = Phase(name, time.monotonic() + 0.5, duration, modes, config.interval_s)
-            phases.append(phase)
             progress(f"fairness: phase {name} ({duration:.0f} s)")
-            for inbox in commands:
-                inbox.put(phase)
-            records[name] = _collect(results, config.users, name,
-                                     phase.start_at + duration - time.monotonic() + 180.0,
-                                     processes)
+            phase = Phase(name, 0.0, duration, modes, config.interval_s)
+            task = {"phase": phase, "specs": specs, "duration": duration}
+            # every user starts at the pool's moment, after the last phase's answers came back
+            _, results = pool.run(task, config.users, on_start=lambda at: phases.append(replace(
+                phase, start_at=at - time.time() + time.monotonic())))
+            failed = [result["error"] for result in results if "error" in result]
+            if failed:
+                raise RuntimeError(f"fairness: a user failed in phase {name}: {failed[0]}")
+            records[name] = {result["index"]: result for result in results}
     finally:
-        for inbox in commands:
-            inbox.put(None)
-        for process in (p for p in processes if p.pid is not None):
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
-                process.join(timeout=10)
+        pool.close()
     return phases, records
-

@@ -78,16 +78,19 @@ COMPONENTS = ("to_server", "queue", "compute", "send", "back")
 IDS_PER_USER = 10**7
 
 
-def traced_user_main(spec: Any, commands: Any, results: Any) -> None:
-    """A user process whose request ids start at ``spec.index * IDS_PER_USER``."""
+def traced_user_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
+    """:func:`coffea_sonic.bench.fairness.user_task` in a process whose request ids start at
+    ``index * IDS_PER_USER`` and whose pid file names its user."""
     from ... import dispatch
-    from ..fairness import user_main
+    from ..fairness import user_task
 
-    Path(os.environ["FAIRNESS_TRACE_DIR"], "pids").mkdir(exist_ok=True)
-    Path(os.environ["FAIRNESS_TRACE_DIR"], "pids", str(os.getpid())).write_text(str(spec.index))
-    # request ids are "<call id>.<piece>"; the call counter lives where calls are made
-    dispatch._call_ids = itertools.count(spec.index * IDS_PER_USER + 1)  # type: ignore
-    user_main(spec, commands, results)
+    if "traced" not in cache:
+        cache["traced"] = Path(os.environ["FAIRNESS_TRACE_DIR"], "pids")
+        cache["traced"].mkdir(exist_ok=True)
+        (cache["traced"] / str(os.getpid())).write_text(str(task["index"]))
+        # request ids are "<call id>.<piece>"; the call counter lives where calls are made
+        dispatch._call_ids = itertools.count(task["index"] * IDS_PER_USER + 1)  # type: ignore
+    return user_task(task, tasks, control, cache)
 
 
 def _tree(root: int) -> list[int]:
@@ -155,7 +158,7 @@ def run_traced(output: Path, overrides: dict[str, Any],
     try:
         results = fairness.run_fairness(fairness.config_for("quick", **overrides),
                                         progress=progress, server_args=server_args,
-                                        user_target=traced_user_main, on_records=keep)
+                                        user_task=traced_user_task, on_records=keep)
     finally:
         stop.set()
         sampler.join()

@@ -114,6 +114,10 @@ class Call:
     #: the NaN/inf policy still to apply, to each piece's rows as it is made ("pass": the
     #: whole call was looked at when it was validated, or is not to be)
     nonfinite: str = "pass"
+    #: its last pieces, held back until its other pieces are answered
+    #: (:class:`~coffea_sonic.ramp.TailHold`); ``holds``: it held some
+    held: list[Piece] = field(default_factory=list)
+    holds: bool = False
 
 
 class InferenceHandle:
@@ -182,8 +186,12 @@ class Window:
         self.pump()
 
     def submit_front(self, piece: Piece) -> None:
+        self.submit_first([piece])
+
+    def submit_first(self, pieces: Sequence[Piece]) -> None:
+        """Queue ``pieces`` ahead of every waiting piece, in their order."""
         with self._lock:
-            self._queue.appendleft(piece)
+            self._queue.extendleft(reversed(pieces))
         self.pump()
 
     def release(self, pump: bool = True) -> None:

@@ -87,7 +87,7 @@ from .transport.base import InferAnswer, InferRequest
 from .transport.errors import TransportError, to_sonic_error
 from .transport.kinds import transport_kind
 from .validation import NonFinitePolicy, empty_outputs, plan_pieces, validate_inputs
-from .ramp import ramped
+from .ramp import TailHold, ramped, tail_start
 
 #: CallHooks and PieceAnswer live in :mod:`coffea_sonic.hooks` (importable from here too)
 __all__ = ["CallHooks", "CallOwner", "CallRunner", "PieceAnswer"]
@@ -132,6 +132,8 @@ class CallRunner:
         self.kind = ""
         self.lock = threading.Lock()
         self._stats_lock = stats_lock
+        #: whether a waiting caller's ramped calls hold their last requests back
+        self.tail_hold = TailHold()
         self.sizer = ShareSizer(lambda: server_requests(router, self.model_name, self.version,
                                                         owner.timeout_s))
 
@@ -188,20 +190,32 @@ class CallRunner:
         cap = self.owner.max_request_bytes or self.sizer.request_bytes(
             kind, self.owner.max_in_flight, self.owner.stats.requests, window)
         plan = plan_pieces(info, arrays, rows, cap) if ragged is None else ragged.plan(cap)
-        if (ragged is None and kind == "grpc" and self.sizer.alone and len(plan) > 1
-                and not self.owner.max_request_bytes and not any(pad for *_, pad in plan)):
-            row_bytes = max(1, sum(array.nbytes for array in arrays.values()) // rows)
-            plan = [(start, stop, 0) for start, stop in ramped(
-                [(start, stop) for start, stop, _ in plan], row_bytes)]
+        plan, tail_from = self._ramped(call, plan, kind)
         call.pieces = [Piece(call, index, start, stop, pad)
                        for index, (start, stop, pad) in enumerate(plan)]
+        if tail_from < len(plan) - 1 and caller_waits and self.tail_hold.next_call():
+            # every halving piece but the first waits (ramp.TailHold)
+            call.held, call.holds = call.pieces[tail_from + 1:], True
         call.results = [None] * len(call.pieces)
         call.remaining = len(call.pieces)
         call.out = preallocate(info, rows) if ragged is None else None
         for hook in self.owner.call_hooks:
             hook.on_call(call)
-        window.submit([piece for piece in call.pieces if not self._looked_up(piece)])
+        held = set(map(id, call.held))
+        window.submit([piece for piece in call.pieces
+                       if id(piece) not in held and not self._looked_up(piece)])
         return InferenceHandle(self, call)
+
+    def _ramped(self, call: Call, plan: list[tuple[int, int, int]], kind: str
+                ) -> tuple[list[tuple[int, int, int]], int]:
+        """A lone caller's plan over gRPC ramped (:mod:`coffea_sonic.ramp`), and the index of
+        its first piece cut from the last request (``len(plan)``: not ramped)."""
+        if not (call.ragged is None and kind == "grpc" and self.sizer.alone and len(plan) > 1
+                and not self.owner.max_request_bytes and not any(pad for *_, pad in plan)):
+            return plan, len(plan)
+        row_bytes = max(1, sum(array.nbytes for array in call.arrays.values()) // call.rows)
+        spans = ramped([(start, stop) for start, stop, _ in plan], row_bytes)
+        return [(start, stop, 0) for start, stop in spans], tail_start(spans, plan[-1][0])
 
     def assemble(self, call: Call) -> dict[str, np.ndarray]:
         """The outputs of a finished call in input order (its pieces' bytes are let go)."""
@@ -345,6 +359,8 @@ class CallRunner:
                 answer: InferAnswer = future.result()
                 check_version(self.model_name, self.version, answer.model_version,
                               endpoint.address)
+                if piece.index == len(piece.call.pieces) - 1 and piece.call.holds:
+                    self.tail_hold.answered(latency)
                 self._accept(piece, answer.outputs, endpoint.address,
                              answer.model_version or self.version, answer.delivered,
                              requests=1, bytes_sent=piece.bytes_sent,
@@ -421,6 +437,17 @@ class CallRunner:
         piece.tensors = None  # the request's bytes are no longer needed
         if finished:
             call.done.set()
+        elif call.held:
+            self._release_held(call)
+
+    def _release_held(self, call: Call) -> None:
+        """Send a call's held last pieces once its other pieces are answered (ahead of later
+        calls' pieces waiting for the window)."""
+        with call.lock:
+            if call.error is not None or call.remaining > len(call.held):
+                return
+            held, call.held = call.held, []
+        self.window.submit_first([piece for piece in held if not self._looked_up(piece)])
 
     # -- retries, no server, fallback ------------------------------------------------------------
 

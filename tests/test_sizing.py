@@ -9,10 +9,11 @@ import threading
 import numpy as np
 import pytest
 
-from coffea_sonic import sizing
+from coffea_sonic import ramp, sizing
 from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs
 from coffea_sonic.calls import Window
-from coffea_sonic.ramp import ramped
+from coffea_sonic.hooks import CallHooks
+from coffea_sonic.ramp import HOLD_TURNAROUND_S, RETRY_CALLS, TailHold, ramped, tail_start
 from coffea_sonic.validation import plan_pieces
 from coffea_sonic.model import TritonModel
 from coffea_sonic.sizing import ALONE, SHARED, ShareSizer
@@ -172,3 +173,61 @@ def test_reads_grow_sparser_while_the_shape_holds_and_quicken_after_a_switch():
         now[0] += 0.125
     gaps = np.diff(reads).tolist()
     assert gaps[:5] == [0.25, 0.5, 1.0, 2.0, 4.0] and set(gaps[5:]) == {8.0}
+
+
+class _Order(CallHooks):
+    """Records, in order, each piece sent (``decorate``) and answered (``on_answer``)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+        self.lock = threading.Lock()
+
+    def decorate(self, piece, request):
+        with self.lock:
+            self.events.append(("sent", piece.index))
+        return request
+
+    def on_answer(self, answer) -> None:
+        with self.lock:
+            self.events.append(("answered", answer.piece.index))
+
+
+def test_a_lone_waiting_caller_sends_its_last_pieces_once_its_other_pieces_are_answered(
+        passthrough_server, monkeypatch):
+    monkeypatch.setattr(sizing, "INTERVAL_S", 0.2)
+    monkeypatch.setattr(sizing, "MAX_INTERVAL_S", 0.8)
+    # every round trip counts as short here, however loaded the machine: the order is tested
+    monkeypatch.setattr(ramp, "HOLD_TURNAROUND_S", float(DEADLINE_S))
+    inputs = passthrough_inputs(ROWS)
+    model = TritonModel(passthrough_server.url(PASSTHROUGH), transport="grpc")
+    alone = plan_pieces(model.info, inputs, ROWS, ALONE.max_request_bytes)
+    spans = ramped([(start, stop) for start, stop, _ in alone], inputs["x"].nbytes // ROWS)
+    held = range(tail_start(spans, alone[-1][0]) + 1, len(spans))
+    assert len(held) >= 1
+    wait_for(lambda: _requests_per_call(model, inputs) == len(spans), DEADLINE_S,
+             "a lone process to ramp its calls")
+    order = _Order()
+    model.call_hooks = (*model.call_hooks, order)
+    for _ in range(3):
+        order.events.clear()
+        np.testing.assert_array_equal(model(inputs)["y"], inputs["x"][:, :2])
+        events = list(order.events)
+        last_other = max(events.index(("answered", i)) for i in range(len(spans))
+                         if i not in held)
+        first_held = min(events.index(("sent", i)) for i in held)
+        assert first_held > last_other, events
+        assert [i for kind, i in events if kind == "sent" and i in held] == list(held)
+    order.events.clear()
+    handle = model.infer_async(inputs)  # a caller that does not wait holds nothing back
+    np.testing.assert_array_equal(handle.result()["y"], inputs["x"][:, :2])
+    assert not handle._call.holds
+
+
+def test_a_long_round_trip_stops_the_hold_and_it_is_tried_again_later():
+    hold = TailHold()
+    assert hold.next_call()
+    hold.answered(HOLD_TURNAROUND_S * 2)
+    tries = [hold.next_call() for _ in range(3 * RETRY_CALLS)]
+    assert tries.count(True) == 3 and tries[RETRY_CALLS - 1]
+    hold.answered(HOLD_TURNAROUND_S / 2)
+    assert all(hold.next_call() for _ in range(RETRY_CALLS))

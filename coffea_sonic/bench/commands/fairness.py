@@ -12,12 +12,10 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
-from pathlib import Path
 from typing import Any
 
+from ..files import write_json
 from . import progress_printer, scenario_parser
 
 
@@ -36,14 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "user at the HAProxy gateway (gateway: no priorities, no yield gate)")
     parser.set_defaults(func=run)
     return parser
-
-
-def write_results(results: dict[str, Any], output: str | os.PathLike) -> Path:
-    """``results.json`` in ``output`` (created); its path."""
-    path = Path(output) / "results.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2, default=float))
-    return path
 
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
@@ -67,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = config_for("quick" if args.quick else "full", policy=args.policy)
     results = run_fairness(config, progress=progress_printer(started))
-    path = write_results(results, args.output)
     print(f"bench fairness ({config.preset}, policy {config.policy}) finished in "
           f"{time.perf_counter() - started:.0f} s")
     print("\n".join(summary_lines(results)))
-    print(f"  results: {path}")
+    write_json(results, args.output, "results.json")
     return 0 if results["fairness"]["met"] else 1

@@ -139,7 +139,8 @@ def run_traced(output: Path, overrides: dict[str, Any],
     import dataclasses
 
     from .. import fairness
-    from .fairness import summary_lines, write_results
+    from ..files import write_json
+    from .fairness import summary_lines
 
     output.mkdir(parents=True, exist_ok=True)
     os.environ["FAIRNESS_TRACE_DIR"] = str(output)
@@ -162,7 +163,7 @@ def run_traced(output: Path, overrides: dict[str, Any],
     finally:
         stop.set()
         sampler.join()
-    write_results(results, output)
+    write_json(results, output, "results.json")
     (output / "samples.json").write_text(json.dumps(samples))
     return summary_lines(results)
 

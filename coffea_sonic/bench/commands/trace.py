@@ -204,9 +204,9 @@ def analyse(output: Path) -> list[str]:
     """Per component of a light request's latency (solo and contended) and CPU per phase."""
     lines: list[str] = []
     saved = json.loads((output / "records.json").read_text())
-    settle = json.loads((output / "results.json").read_text())["config"]["settle_s"]
-    by_user = _traces(output / "trace.json")
-    for kind, users in (("solo", ["1"]), ("contended", [str(u) for u in range(1, 8)])):
+    config = json.loads((output / "results.json").read_text())["config"]
+    settle, by_user = config["settle_s"], _traces(output / "trace.json")
+    for kind, users in (("solo", ["1"]), ("contended", list(map(str, range(1, config["users"]))))):
         rows = []
         for phase in saved["phases"]:
             if phase["name"].split("-")[0] != kind:

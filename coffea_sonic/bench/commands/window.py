@@ -21,6 +21,7 @@ and window-sweep.md (best and median window per configuration).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 
@@ -77,22 +78,19 @@ def _sweep(args: argparse.Namespace) -> dict:
     pool = ClientPool(1, tritonmodel_task)
     try:
         with LocalTritonServer(repository=repository, device="cpu") as server:
-            for _ in range(args.rounds):
-                for transport in args.transports:
-                    scheme = "http" if transport == "http" else "grpc"
-                    address = server.http_address if scheme == "http" else server.grpc_address
-                    for size in args.sizes_mib:
-                        for flight in args.in_flight:
-                            task = {"url": f"triton+{scheme}://{address}/{PASSTHROUGH}",
-                                    "transport": transport, "rows": args.rows,
-                                    "model": PASSTHROUGH, "duration": args.window_s,
-                                    "options": {"max_request_bytes": int(size * (1 << 20)),
-                                                "max_in_flight": flight}}
-                            _, (result,) = pool.run(task, 1)
-                            key = f"{transport} {size:g} MiB x {flight}"
-                            report["windows"].setdefault(key, []).append(
-                                result.get("rows_per_s", 0.0))
-                            print(key, result, flush=True)
+            for _, transport, size, flight in itertools.product(
+                    range(args.rounds), args.transports, args.sizes_mib, args.in_flight):
+                scheme = "http" if transport == "http" else "grpc"
+                address = server.http_address if scheme == "http" else server.grpc_address
+                task = {"url": f"triton+{scheme}://{address}/{PASSTHROUGH}",
+                        "transport": transport, "rows": args.rows, "model": PASSTHROUGH,
+                        "duration": args.window_s,
+                        "options": {"max_request_bytes": int(size * (1 << 20)),
+                                    "max_in_flight": flight}}
+                _, (result,) = pool.run(task, 1)
+                key = f"{transport} {size:g} MiB x {flight}"
+                report["windows"].setdefault(key, []).append(result.get("rows_per_s", 0.0))
+                print(key, result, flush=True)
     finally:
         pool.close()
     report["uptime_after"] = uptime_line()

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Mutation testing with mutmut, a second yardstick beside ``scripts/mutation.py``.
+
+mutmut (https://github.com/boxed/mutmut) makes a larger and different set of mutants than our
+own runner: it also changes string literals (error messages), keyword arguments and call
+arguments, and it runs, per mutant, only the tests that call the mutated function (it records
+that in a first, clean run). Its configuration is ``[tool.mutmut]`` in pyproject.toml: the same
+seven modules and in-process test files as ``scripts/mutation.py`` (tests with a server fixture
+included: their client code runs in the test process and sees the mutant).
+
+mutmut is not a project dependency: this script installs it into ``.mutmut-tools/`` (ignored by
+git), without the pytest it would bring, so the project's ``.venv`` runs the tests unchanged.
+mutmut works in ``mutants/`` (ignored by git); the table goes to
+``benchmarks/results/mutmut/mutmut.md``.
+
+Example::
+
+    .venv/bin/python scripts/mutmut_run.py             # install if needed, run, write the table
+    .venv/bin/python scripts/mutmut_run.py --table     # only the table, from the last run
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = ROOT / ".mutmut-tools"
+OUT = ROOT / "benchmarks" / "results" / "mutmut"
+VERSION = "3.8.1"
+#: what mutmut's wheel brings that the project's .venv already has, in its own versions
+SHADOWING = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
+MODULES = ("validation", "ragged", "cache.key", "retry", "answers", "transport.choice", "routing")
+
+
+def install() -> None:
+    if (TOOLS / "mutmut").is_dir():
+        return
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(TOOLS),
+                    f"mutmut=={VERSION}"], check=True)
+    for path in TOOLS.iterdir():
+        if path.name.split("-")[0] in SHADOWING:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+def mutmut(*args: str, capture: bool = False) -> str:
+    env = {**os.environ, "PYTHONPATH": str(TOOLS)}
+    code = "import sys; from mutmut.__main__ import cli; sys.argv[0] = 'mutmut'; cli()"
+    done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, check=True,
+                          text=True, stdout=subprocess.PIPE if capture else None)
+    return done.stdout or ""
+
+
+def module_of(mutant: str) -> str:
+    """``coffea_sonic.transport.choice.xǁ...`` -> ``transport.choice``."""
+    dotted = mutant.split(".x")[0].removeprefix("coffea_sonic.")
+    return next((m for m in MODULES if dotted == m), dotted)
+
+
+def table(results: str, command: str, seconds: float | None) -> str:
+    counts: dict[str, Counter] = {}
+    for line in results.splitlines():
+        name, _, status = line.strip().partition(": ")
+        if name.startswith("coffea_sonic."):
+            counts.setdefault(module_of(name), Counter())[status.strip()] += 1
+    rows = ["| module | mutants | killed | survived | no test reaches | timeout | not run yet | "
+            "% killed (killed + timeout of those run) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for module in MODULES:
+        c = counts.get(module, Counter())
+        total, run = sum(c.values()), sum(c.values()) - c["not checked"]
+        caught = c["killed"] + c["timeout"]
+        rows.append(f"| {module} | {total} | {c['killed']} | {c['survived']} | "
+                    f"{c['no tests']} | {c['timeout']} | {c['not checked']} | "
+                    f"{100 * caught / run if run else 0:.1f} |")
+    took = f"\nWall time: {seconds:.0f} s\n" if seconds is not None else ""
+    return f"Command: `{command}` (mutmut {VERSION})\n\n" + "\n".join(rows) + "\n" + took
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", action="store_true", help="only write the last run's table")
+    parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants run at once")
+    args = parser.parse_args(argv)
+    install()
+    started = time.monotonic()
+    if not args.table:
+        mutmut("run", "--max-children", str(args.jobs))
+    results = mutmut("results", "--all", "true", capture=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results.txt").write_text(results)
+    text = table(results, ".venv/bin/python scripts/mutmut_run.py",
+                 None if args.table else time.monotonic() - started)
+    (OUT / "mutmut.md").write_text(text)
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

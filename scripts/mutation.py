@@ -67,8 +67,6 @@ MODULES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
                  "Router._health_loop", "Router._probe")),
 }
 
-#: a test that asks for one of these fixtures needs a server (or Dask workers), so it is left out
-SERVER_FIXTURES = ("each_transport", "offline", "dask_client", "cluster")
 
 _COMPARE = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.Lt: ast.LtE, ast.LtE: ast.Lt,
             ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Is: ast.IsNot, ast.IsNot: ast.Is,
@@ -247,24 +245,6 @@ class _MutantFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         exec(self.code, module.__dict__)
 
 
-class _InProcessOnly:
-    """pytest plugin: leaves out tests that need a server; records lines run when asked."""
-
-    def __init__(self, trace_file: str | None = None):
-        self.trace_file = trace_file
-        self.lines: set[int] = set()
-
-    def pytest_collection_modifyitems(self, config, items):
-        keep, drop = [], []
-        for item in items:
-            names = set(getattr(item, "fixturenames", ()))
-            needs_server = any(n.endswith("server") or n in SERVER_FIXTURES for n in names)
-            (drop if needs_server else keep).append(item)
-        if drop:
-            config.hook.pytest_deselected(items=drop)
-        items[:] = keep
-
-
 def _child(key: str, index: int | None, trace_file: str | None, quiet: bool) -> int:
     dotted, tests, _ = MODULES[key]
     path = module_path(dotted)
@@ -292,8 +272,10 @@ def _child(key: str, index: int | None, trace_file: str | None, quiet: bool) -> 
         import threading
         threading.settrace(tracer)
     import pytest
+
+    os.environ["COFFEA_SONIC_TESTS_IN_PROCESS"] = "1"  # tests/conftest.py: no server tests
     rc = pytest.main([*[t for t in tests if (ROOT / t).exists()], "-x", "-q",
-                      "-p", "no:cacheprovider", "--timeout=120"], plugins=[_InProcessOnly()])
+                      "-p", "no:cacheprovider", "--timeout=120"])
     if trace_file:
         sys.settrace(None)
         Path(trace_file).write_text(json.dumps(sorted(lines)))

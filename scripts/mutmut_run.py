@@ -5,8 +5,8 @@ mutmut (https://github.com/boxed/mutmut) makes a larger and different set of mut
 own runner: it also changes string literals (error messages), keyword arguments and call
 arguments, and it runs, per mutant, only the tests that call the mutated function (it records
 that in a first, clean run). Its configuration is ``[tool.mutmut]`` in pyproject.toml: the same
-seven modules and in-process test files as ``scripts/mutation.py`` (tests with a server fixture
-included: their client code runs in the test process and sees the mutant).
+seven modules and in-process test files as ``scripts/mutation.py``, with the tests that need a
+server or Dask workers left out as there.
 
 mutmut is not a project dependency: this script installs it into ``.mutmut-tools/`` (ignored by
 git), without the pytest it would bring, so the project's ``.venv`` runs the tests unchanged.
@@ -49,7 +49,8 @@ def install() -> None:
 
 
 def mutmut(*args: str, capture: bool = False) -> str:
-    env = {**os.environ, "PYTHONPATH": str(TOOLS)}
+    # the in-process tests only, as scripts/mutation.py runs them (tests/conftest.py)
+    env = {**os.environ, "PYTHONPATH": str(TOOLS), "COFFEA_SONIC_TESTS_IN_PROCESS": "1"}
     code = "import sys; from mutmut.__main__ import cli; sys.argv[0] = 'mutmut'; cli()"
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, check=True,
                           text=True, stdout=subprocess.PIPE if capture else None)

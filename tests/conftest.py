@@ -202,3 +202,22 @@ def dask_two_workers():
     with LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         yield client
+
+
+#: fixtures that start a server or Dask workers (besides every fixture named ``*server``)
+SERVER_FIXTURES = ("each_transport", "offline", "dask_client", "cluster", "dask_two_workers")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With ``COFFEA_SONIC_TESTS_IN_PROCESS=1`` (mutation runs: ``scripts/mutmut_run.py``), only
+    the tests that need no server nor Dask workers run."""
+    if os.environ.get("COFFEA_SONIC_TESTS_IN_PROCESS") != "1":
+        return
+    keep, drop = [], []
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        needs_server = any(n.endswith("server") or n in SERVER_FIXTURES for n in names)
+        (drop if needs_server else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep

@@ -210,3 +210,44 @@ def test_a_fixed_request_of_exactly_the_grpc_limit_is_allowed():
     info = _info(TensorInfo("x", "UINT8", (1, size)), max_batch_size=0)
     arrays = {"x": np.broadcast_to(np.zeros(1, np.uint8), (1, size))}
     assert plan_pieces(info, arrays, 1, 1 << 20) == [(0, 1, 0)]
+
+
+# --- NaN/inf checked request by request (check_finite_rows) -------------------------------------
+
+def _rows_with_nan_in_row(row: int) -> dict[str, np.ndarray]:
+    x = np.ones((4, 2), np.float32)
+    x[row, 1] = np.nan
+    return {"x": x, "ids": np.arange(4, dtype=np.int64)}
+
+
+def test_a_request_of_clean_rows_passes_even_when_later_rows_hold_nan():
+    validation.check_finite_rows("edge_finite", _rows_with_nan_in_row(3), 0, 3, "raise")
+
+
+def test_a_request_holding_nan_fails_and_counts_the_whole_call():
+    arrays = _rows_with_nan_in_row(2)
+    arrays["x"][0, 0] = np.inf  # outside the request, still counted in the message
+    with pytest.raises(InputValidationError,
+                       match="model 'edge_finite' input 'x': 2 NaN/inf values of 8 and "
+                             "nonfinite='raise'"):
+        validation.check_finite_rows("edge_finite", arrays, 2, 4, "raise")
+
+
+def test_pass_never_looks_and_integer_or_bytes_tensors_are_never_checked():
+    validation.check_finite_rows("edge_finite", _rows_with_nan_in_row(1), 0, 4, "pass")
+    validation.check_finite_rows("edge_finite", {"ids": np.arange(4)}, 0, 4, "raise")
+    names = np.array([b"jet", b"muon"], dtype=object)  # no NaN to look for, nothing to sum
+    validation.check_finite_rows("edge_finite", {"names": names}, 0, 2, "raise")
+
+
+def test_warn_says_it_once_per_model_and_tensor_request_after_request(caplog):
+    validation._warned_nonfinite.discard(("edge_warn", "x"))
+    arrays = _rows_with_nan_in_row(1)
+    with caplog.at_level(logging.WARNING, logger="coffea_sonic.validation"):
+        validation.check_finite_rows("edge_warn", arrays, 0, 2, "warn")
+        validation.check_finite_rows("edge_warn", arrays, 0, 2, "warn")
+    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert "model 'edge_warn' input 'x' holds 1 NaN/inf values of 8" in caplog.text
+    with pytest.raises(InputValidationError, match="model 'edge_warn' input 'x'"):
+        validation.check_finite_rows("edge_warn", arrays, 0, 2, "raise")  # warned, still refused
+    validation._warned_nonfinite.discard(("edge_warn", "x"))

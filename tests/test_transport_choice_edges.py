@@ -101,8 +101,8 @@ LOCAL = ServerSettings("127.0.0.1:8001")
 
 
 class _NamedTransport:
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, settings: ServerSettings) -> None:
+        self.name, self.settings = name, settings
 
 
 class _Probes:
@@ -123,9 +123,10 @@ class _Probes:
         # a CUDA transport needs a GPU in this process: a named stand-in takes its place
         real_open = choice_module.open_transport
         monkeypatch.setattr(choice_module, "open_transport", lambda settings, kind: (
-            _NamedTransport(kind) if kind == "cuda" else real_open(settings, kind)))
+            _NamedTransport(kind, settings) if kind == "cuda" else real_open(settings, kind)))
 
     def _probe_shm(self, grpc):
+        assert grpc.name == "grpc" and grpc.settings == LOCAL, "probe the server over its URL"
         self.shm_calls += 1
         return self.shm
 
@@ -133,6 +134,7 @@ class _Probes:
         self.forgotten += 1
 
     def _probe_cuda(self, grpc):
+        assert grpc.name == "grpc" and grpc.settings == LOCAL, "probe the server over its URL"
         self.cuda_calls += 1
         if isinstance(self.cuda, Exception):
             raise self.cuda
@@ -273,3 +275,35 @@ def test_two_threads_asking_for_cuda_at_once_probe_once_and_share_its_transport(
         raise errors[0]
     assert got["first"] is got["second"] is choice.cuda and choice.cuda.name == "cuda"
     assert probes.cuda_calls == 1
+
+
+def test_what_the_choice_logs_names_the_server_the_reason_and_the_wire(monkeypatch, caplog):
+    probes = _Probes(monkeypatch, cuda=(False, "no CUDA here"))
+    choice = ServerTransports(LOCAL)
+    with caplog.at_level(logging.INFO, logger="coffea_sonic.transport.choice"):
+        choice.data_transport(gpu_model=True)
+        choice.region_forgotten("unknown region")
+        choice.disable_shm("region error")
+    assert [r.getMessage() for r in caplog.records] == [
+        "coffea-sonic: GPU models of 127.0.0.1:8001: system shared memory (no CUDA here)",
+        "coffea-sonic: 127.0.0.1:8001 forgot our shared-memory regions (unknown region); "
+        "registering new ones",
+        "coffea-sonic: not using shared memory with 127.0.0.1:8001 (region error); sending "
+        "tensors over grpc"]
+    caplog.clear()
+    probes.cuda = (True, "maps CUDA")
+    with caplog.at_level(logging.INFO, logger="coffea_sonic.transport.choice"):
+        cuda = ServerTransports(LOCAL).data_transport(gpu_model=True)
+    assert cuda.settings == LOCAL
+    assert [r.getMessage() for r in caplog.records] == [
+        "coffea-sonic: GPU models of 127.0.0.1:8001: CUDA shared memory"]
+
+
+def test_cuda_asked_for_by_name_is_refused_once_shared_memory_is_off(monkeypatch):
+    _Probes(monkeypatch)
+    choice = ServerTransports(LOCAL, "cuda")
+    assert choice.data_transport().name == "cuda"
+    choice.disable_shm("the server forgot our regions", quiet=True)
+    with pytest.raises(ConfigurationError, match="transport='cuda': cannot use shared memory with "
+                                                 "127.0.0.1:8001 \\(the server forgot our regions\\)"):
+        choice.data_transport()

@@ -141,7 +141,6 @@ class ServerTransports:
         with self._lock:
             if self._cuda_decided():  # another thread probed while this one waited
                 return self.cuda
-            why = ""
             try:
                 from .shm.cuda import probe_cuda_shared_memory
 
@@ -165,7 +164,7 @@ class ServerTransports:
             raise ConfigurationError(
                 f"transport='http' needs triton+http:// URLs (the server's HTTP port), not "
                 f"{settings.address} over gRPC")
-        if requested in ("grpc", "http") or settings.protocol == "http":
+        if requested == "grpc" or settings.protocol == "http":  # "http" with such a URL
             return self.plain
         if self.shm_off:
             if requested in ("shm", "cuda"):

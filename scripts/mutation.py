@@ -36,6 +36,7 @@ import importlib.abc
 import importlib.util
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -245,8 +246,19 @@ class _MutantFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         exec(self.code, module.__dict__)
 
 
+#: the most memory a mutant's test run may take: a mutant that turns a size into a huge one
+#: fails with MemoryError (killed) instead of making the kernel kill other processes on the box
+MEMORY_LIMIT = 4 * 2**30
+
+
+def limit_memory(limit: int = MEMORY_LIMIT) -> None:
+    """Cap this process' data segment (heap and private mappings) at ``limit`` bytes."""
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
 def _child(key: str, index: int | None, trace_file: str | None, quiet: bool) -> int:
     dotted, tests, _ = MODULES[key]
+    limit_memory()
     path = module_path(dotted)
     if index is not None:
         sys.meta_path.insert(0, _MutantFinder(dotted, path, mutated_code(path, index)))

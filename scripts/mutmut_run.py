@@ -52,8 +52,11 @@ def mutmut(*args: str, capture: bool = False) -> str:
     # the in-process tests only, as scripts/mutation.py runs them (tests/conftest.py)
     env = {**os.environ, "PYTHONPATH": str(TOOLS), "COFFEA_SONIC_TESTS_IN_PROCESS": "1"}
     code = "import sys; from mutmut.__main__ import cli; sys.argv[0] = 'mutmut'; cli()"
+    from mutation import limit_memory  # each mutant's tests under the same memory cap as there
+
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, check=True,
-                          text=True, stdout=subprocess.PIPE if capture else None)
+                          text=True, stdout=subprocess.PIPE if capture else None,
+                          preexec_fn=limit_memory)
     return done.stdout or ""
 
 

@@ -251,3 +251,14 @@ def test_warn_says_it_once_per_model_and_tensor_request_after_request(caplog):
     with pytest.raises(InputValidationError, match="model 'edge_warn' input 'x'"):
         validation.check_finite_rows("edge_warn", arrays, 0, 2, "raise")  # warned, still refused
     validation._warned_nonfinite.discard(("edge_warn", "x"))
+
+
+def test_a_rows_bytes_add_up_over_every_input_numbers_and_strings_alike():
+    info = _info(X3, TensorInfo("ids", "INT64", (2,)), TensorInfo("s", "BYTES", (1,)),
+                 max_batch_size=100)
+    arrays = {"x": np.zeros((10, 3), np.float32),          # 12 bytes a row
+              "ids": np.zeros((10, 2), np.int64),          # 16
+              "s": np.array([[b"abcdef"]] * 10, dtype=object),  # 6 + 4-byte prefix
+              "t": np.array([[b"ab"]] * 10, dtype=object)}      # 2 + 4
+    assert validation._row_bytes(arrays, 10) == 12 + 16 + 10 + 6
+    assert plan_pieces(info, arrays, 10, 44 * 5) == [(0, 5, 0), (5, 10, 0)]

@@ -242,3 +242,11 @@ def test_balanced_groups_cut_nearest_the_equal_shares():
                                                      (6, 7, 0)]
     assert _call([8, 7, 8, 3, 1, 0, 1]).plan(25) == [(0, 1, 0), (1, 2, 0), (2, 3, 0), (3, 4, 0),
                                                      (4, 5, 0), (5, 7, 0)]
+
+
+def test_a_ragged_call_applies_the_models_nonfinite_policy_to_its_rows():
+    rows = np.array([1.0, np.nan, 3.0], np.float32)
+    with pytest.raises(InputValidationError, match="input 'x': 1 NaN/inf values of 3 and "
+                                                   "nonfinite='raise'"):
+        RaggedCall.build(_info(), {"x": rows}, [2, 1], "raise")
+    assert RaggedCall.build(_info(), {"x": rows}, [2, 1], "pass").rows == 3

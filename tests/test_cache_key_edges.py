@@ -111,3 +111,19 @@ def test_the_minimum_block_is_a_whole_number_of_rows_and_blocks_are_never_empty(
     for value in range(40):
         blocks = content_blocks({"x": np.full((1000, 2), value, np.float32)}, 1000, target_rows=16)
         assert all(stop > start for start, stop in blocks)
+
+
+def test_a_long_run_without_a_content_cut_is_split_at_the_largest_block_before_the_cut():
+    from coffea_sonic.cache.key import content_blocks, row_fingerprints
+
+    def row_whose_fingerprint_cuts(cuts: bool) -> np.ndarray:
+        for value in range(1, 10_000):
+            row = {"x": np.full((1, 3), value, np.float32)}
+            if (int(row_fingerprints(row, 1)[0]) & 15 == 0) == cuts:
+                return row["x"]
+        raise AssertionError("no such row")
+
+    plain, cutting = row_whose_fingerprint_cuts(False), row_whose_fingerprint_cuts(True)
+    x = np.concatenate([np.repeat(plain, 400, axis=0), cutting, np.repeat(plain, 20, axis=0)])
+    blocks = content_blocks({"x": x}, len(x), target_rows=16)  # blocks at most 128 rows
+    assert blocks == [(0, 128), (128, 256), (256, 384), (384, 401), (401, 421)]

@@ -153,3 +153,24 @@ def test_a_busy_server_backs_off_by_its_failures_so_far():
         before = time.monotonic()
         router.release(router.acquire("m", "1"), "busy", "overloaded")
         assert before + pause <= endpoint.busy_until <= time.monotonic() + pause
+
+
+def test_a_quarantine_is_logged_and_left_on_record_with_the_server_and_the_reason(caplog):
+    import logging
+
+    from coffea_sonic import incidents
+
+    router = _router(1)
+    (endpoint,) = router.endpoints
+    incidents.take()  # what earlier tests left pending
+    before = time.time()
+    with caplog.at_level(logging.WARNING, logger="coffea_sonic.routing"):
+        router.mark_failed(endpoint, "UNAVAILABLE: connection refused")
+    assert endpoint.last_error == "UNAVAILABLE: connection refused"
+    assert before <= endpoint.down_since <= time.time()
+    assert [r.getMessage() for r in caplog.records] == [
+        "coffea-sonic: server 127.0.0.1:1 quarantined for 0.5 s after: "
+        "UNAVAILABLE: connection refused"]
+    quarantined = [i for i in incidents.take() if i.kind == "quarantined"]
+    assert [(i.server, i.chunk, i.detail) for i in quarantined] == [
+        ("127.0.0.1:1", "", "UNAVAILABLE: connection refused")]

@@ -109,3 +109,15 @@ def test_a_call_with_a_piece_missing_or_rows_short_is_refused():
         assemble("m", info, 4, [(0, 2), (2, 4)], [{"y": np.zeros((2, 1))}, None], None)
     with pytest.raises(InferenceError, match="assembled 2 rows of output 'y' for 3 input rows"):
         assemble("m", info, 3, [(0, 2)], [{"y": np.zeros((2, 1))}], None)
+
+
+def test_an_answer_of_an_unsafe_type_is_refused_naming_model_output_and_server():
+    info = ModelInfo("tagger", ("1",), "python", 8, (TensorInfo("x", "FP32", (1,)),),
+                     (TensorInfo("a", "FP32", (1,)), TensorInfo("y", "INT8", (1,))))
+    answer = {"a": np.ones((2, 1), np.float32), "y": np.zeros((2, 1), np.int64)}
+    with pytest.raises(InferenceError, match="^model 'tagger' output 'y': 127.0.0.1:8001 gave "
+                                             "int64, the model declares int8$"):
+        check_outputs("tagger", info, answer, rows=2, source="127.0.0.1:8001")
+    with pytest.raises(InferenceError, match="output 'y'"):  # checked after a delivered one
+        check_outputs("tagger", info, answer, rows=2, source="127.0.0.1:8001",
+                      delivered=frozenset({"a"}))

@@ -76,7 +76,6 @@ def ramped(plan: list[tuple[int, int]], row_bytes: int,
     return head + list(plan[1:-1]) + tail[::-1]
 
 
-
 def tail_start(plan: list[tuple[int, int]], last_start: int) -> int:
     """Index in a ramped ``plan`` of the first piece cut from the last request (whose rows begin
     at ``last_start``); ``len(plan)`` if none is.

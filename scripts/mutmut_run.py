@@ -29,13 +29,15 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from mutation import MODULES as OURS, limit_memory  # scripts/ is this script's folder
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / ".mutmut-tools"
 OUT = ROOT / "benchmarks" / "results" / "mutmut"
 VERSION = "3.8.1"
 #: what mutmut's wheel brings that the project's .venv already has, in its own versions
 SHADOWING = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
-MODULES = ("validation", "ragged", "cache.key", "retry", "answers", "transport.choice", "routing")
+MODULES = tuple(OURS)
 
 
 def install() -> None:
@@ -52,8 +54,6 @@ def mutmut(*args: str, capture: bool = False) -> str:
     # the in-process tests only, as scripts/mutation.py runs them (tests/conftest.py)
     env = {**os.environ, "PYTHONPATH": str(TOOLS), "COFFEA_SONIC_TESTS_IN_PROCESS": "1"}
     code = "import sys; from mutmut.__main__ import cli; sys.argv[0] = 'mutmut'; cli()"
-    from mutation import limit_memory  # each mutant's tests under the same memory cap as there
-
     done = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env, check=True,
                           text=True, stdout=subprocess.PIPE if capture else None,
                           preexec_fn=limit_memory)
@@ -75,8 +75,6 @@ def function_of(mutant: str) -> str:
 
 def server_only(mutant: str) -> bool:
     """A mutant in a function that only tests with a server reach (scripts/mutation.py's list)."""
-    from mutation import MODULES as OURS  # scripts/ is this script's folder
-
     prefixes = OURS[module_of(mutant)][2]
     return function_of(mutant).startswith(prefixes) if prefixes else False
 

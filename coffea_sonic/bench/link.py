@@ -23,9 +23,9 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -93,42 +93,63 @@ def raw_tcp(address: str, seconds: float) -> float:
         return sent / (time.perf_counter() - began)
 
 
+#: The wire sampler: a process of its own, so that its readings are never late for want of the
+#: caller's interpreter lock (a thread of the caller reads 1 ms late or more while the caller
+#: encodes). It records a reading only when the count changed, every ``period`` seconds.
+_SAMPLER = """
+import json, os, signal, sys, time
+fd, period, stop = os.open(sys.argv[1], os.O_RDONLY), float(sys.argv[2]), []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+samples, last = [], -1
+print("ready", flush=True)
+while not stop:
+    value = int(os.pread(fd, 64, 0))
+    if value != last:
+        samples.append((time.perf_counter(), value))
+        last = value
+    time.sleep(period)
+samples.append((time.perf_counter(), last))
+json.dump(samples, sys.stdout)
+"""
+
+
 class WireSampler:
-    """The caller's interface's sent bytes every half millisecond, in a thread (a context)."""
+    """The caller's interface's sent bytes, read every ``period_s`` by a process of its own (a
+    context); ``samples``: ``(time.perf_counter(), bytes)`` at every change."""
 
-    def __init__(self, interface: str) -> None:
+    def __init__(self, interface: str, period_s: float = 0.0002) -> None:
         self.path = f"/sys/class/net/{interface}/statistics/tx_bytes"
+        self.period_s = period_s
         self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.0005):
-            with open(self.path) as counter:
-                self.samples.append((time.perf_counter(), int(counter.read())))
+        self._process: subprocess.Popen | None = None
 
     def __enter__(self) -> "WireSampler":
-        self._thread.start()
+        self._process = subprocess.Popen([sys.executable, "-c", _SAMPLER, self.path,
+                                          str(self.period_s)], stdout=subprocess.PIPE, text=True)
+        self._process.stdout.readline()  # "ready": its first reading is taken
         return self
 
     def __exit__(self, *_) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._process.terminate()
+        out, _ = self._process.communicate(timeout=60)
+        self.samples = [(float(t), int(b)) for t, b in json.loads(out)]
 
 
 def call_phases(calls: list[tuple[float, float]], samples: list[tuple[float, int]]) -> dict:
     """Median per back-to-back call (ms): ``head`` from the call to its first 20 kB on the wire
     (the client's own setup), ``sending`` to 98 % of its bytes, ``tail`` from there to the call's
-    return (the round trip, the server's last piece and its answer, the client's assembly). The
-    first and last call are left out (the sampler starts and stops around them)."""
+    return (the round trip, the server's last piece and its answer, the client's assembly).
+    ``samples`` are readings of the wire's byte count at its changes (or more often); a call's
+    bytes count from the last reading at or before its start. The first and last call are left
+    out (the sampler starts and stops around them)."""
     times = np.array([t for t, _ in samples])
     sent = np.array([b for _, b in samples])
     heads, sends, tails = [], [], []
     for start, end in calls[1:-1]:
-        inside = (times >= start) & (times <= end)
-        if inside.sum() < 4:
+        before, by_end = (int(np.searchsorted(times, when, "right")) - 1 for when in (start, end))
+        if before < 0 or by_end <= before or sent[by_end] - sent[before] <= 20_000:
             continue
-        t, b = times[inside], sent[inside] - sent[inside][0]
+        t, b = times[before + 1:by_end + 1], sent[before + 1:by_end + 1] - sent[before]
         first, last = t[np.argmax(b > 20_000)], t[np.argmax(b >= 0.98 * b[-1])]
         heads.append(first - start)
         sends.append(last - first)

@@ -10,13 +10,21 @@ server or Dask workers left out as there.
 
 mutmut is not a project dependency: this script installs it into ``.mutmut-tools/`` (ignored by
 git), without the pytest it would bring, so the project's ``.venv`` runs the tests unchanged.
-mutmut works in ``mutants/`` (ignored by git); the table goes to
-``benchmarks/results/mutmut/mutmut.md``.
+mutmut works in ``mutants/`` (ignored by git). Each module's per-mutant status goes to
+``benchmarks/results/mutmut/results-<module>.txt``, headed by the commit and time of its run, so
+that a run of some modules keeps the others' results; the table in ``mutmut.md`` is written from
+all of those files.
+
+A survivor that no test can tell from the original is listed, with why, in
+``scripts/mutmut_equivalent/<module>.toml`` (``"<mutant name>" = "<reason>"``) and counted as
+equivalent, not survived; a listed mutant that a test kills counts as killed, and is named on
+the output so its entry can go.
 
 Example::
 
-    .venv/bin/python scripts/mutmut_run.py             # install if needed, run, write the table
-    .venv/bin/python scripts/mutmut_run.py --table     # only the table, from the last run
+    .venv/bin/python scripts/mutmut_run.py                          # every module
+    .venv/bin/python scripts/mutmut_run.py --modules ragged,cache.key -j 1
+    .venv/bin/python scripts/mutmut_run.py --table    # only the table, from the results files
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from pathlib import Path
 
@@ -34,6 +43,7 @@ from mutation import MODULES as OURS, limit_memory  # scripts/ is this script's 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / ".mutmut-tools"
 OUT = ROOT / "benchmarks" / "results" / "mutmut"
+EQUIVALENT_DIR = ROOT / "scripts" / "mutmut_equivalent"
 VERSION = "3.8.1"
 #: what mutmut's wheel brings that the project's .venv already has, in its own versions
 SHADOWING = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
@@ -79,46 +89,90 @@ def server_only(mutant: str) -> bool:
     return function_of(mutant).startswith(prefixes) if prefixes else False
 
 
-def table(results: str, command: str, seconds: float | None) -> str:
-    counts: dict[str, Counter] = {}
-    for line in results.splitlines():
-        name, _, status = line.strip().partition(": ")
-        if name.startswith("coffea_sonic."):
-            status = status.strip()
-            if status in ("survived", "no tests") and server_only(name):
-                status = "server only"
-            counts.setdefault(module_of(name), Counter())[status] += 1
-    rows = ["| module | mutants | killed | timeout | survived | no test reaches | survived (only "
-            "server tests reach) | not run yet | % killed (killed + timeout of those run and "
-            "in-process) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def equivalents(module: str) -> dict[str, str]:
+    """The module's survivors shown equivalent: mutant name -> why."""
+    path = EQUIVALENT_DIR / f"{module}.toml"
+    return tomllib.loads(path.read_text()) if path.exists() else {}
+
+
+def statuses(results: str) -> dict[str, str]:
+    """``mutmut results`` lines (``name: status``) -> name -> status."""
+    pairs = (line.strip().partition(": ") for line in results.splitlines())
+    return {name: status.strip() for name, _, status in pairs if name.startswith("coffea_sonic.")}
+
+
+def count(module: str, status_of: dict[str, str], stale: list[str]) -> Counter:
+    listed, counts = equivalents(module), Counter()
+    for name, status in status_of.items():
+        if name in listed and status in ("killed", "timeout"):
+            stale.append(name)
+        elif status in ("survived", "no tests"):
+            status = ("equivalent" if name in listed
+                      else "server only" if server_only(name) else status)
+        counts[status] += 1
+    return counts
+
+
+HEADER = ("| module | mutants | killed | timeout | survived | equivalent (listed) | no test reaches "
+          "| survived (only server tests reach) | not run | % killed = (killed + timeout) / (run "
+          "- equivalent), run = in-process and not left unrun | run at |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+
+
+def table() -> tuple[str, list[str]]:
+    """The table from every ``results-<module>.txt``, and the listed equivalents now killed."""
+    rows, stale = list(HEADER), []
     for module in MODULES:
-        c = counts.get(module, Counter())
-        total = sum(c.values())
-        run = total - c["not checked"] - c["server only"]
-        caught = c["killed"] + c["timeout"]
-        rows.append(f"| {module} | {total} | {c['killed']} | {c['timeout']} | {c['survived']} | "
-                    f"{c['no tests']} | {c['server only']} | {c['not checked']} | "
-                    f"{100 * caught / run if run else 0:.1f} |")
-    took = f"\nWall time: {seconds:.0f} s\n" if seconds is not None else ""
-    return f"Command: `{command}` (mutmut {VERSION})\n\n" + "\n".join(rows) + "\n" + took
+        path = OUT / f"results-{module}.txt"
+        if not path.exists():
+            continue
+        text = path.read_text()
+        c = count(module, statuses(text), stale)
+        run = sum(c.values()) - c["not checked"] - c["server only"]
+        caught, judged = c["killed"] + c["timeout"], run - c["equivalent"]
+        note = text.splitlines()[0].removeprefix("# ") if text.startswith("#") else ""
+        rows.append(f"| {module} | {sum(c.values())} | {c['killed']} | {c['timeout']} | "
+                    f"{c['survived']} | {c['equivalent']} | {c['no tests']} | "
+                    f"{c['server only']} | {c['not checked']} | "
+                    f"{100 * caught / judged if judged else 0:.1f} | {note} |")
+    return (f"mutmut {VERSION}, `.venv/bin/python scripts/mutmut_run.py --modules ...`; "
+            "per-mutant status in results-<module>.txt\n\n" + "\n".join(rows) + "\n"), stale
+
+
+def run(modules: list[str], jobs: int) -> None:
+    """Run mutmut over ``modules`` and write each one's ``results-<module>.txt``."""
+    started = time.gmtime()
+    mutmut("run", "--max-children", str(jobs), *(f"coffea_sonic.{m}.*" for m in modules))
+    status_of = statuses(mutmut("results", "--all", "true", capture=True))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                            capture_output=True).stdout.strip()
+    when = (time.strftime("%Y-%m-%d %H:%M", started) + time.strftime("-%H:%M UTC", time.gmtime()))
+    OUT.mkdir(parents=True, exist_ok=True)
+    for module in modules:
+        lines = [f"{name}: {s}" for name, s in status_of.items() if module_of(name) == module]
+        (OUT / f"results-{module}.txt").write_text(
+            f"# {commit}, {when}\n" + "\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--table", action="store_true", help="only write the last run's table")
+    parser.add_argument("--table", action="store_true", help="only write the table")
+    parser.add_argument("--modules", default=",".join(MODULES),
+                        help=f"comma-separated, of {', '.join(MODULES)} (default: all)")
     parser.add_argument("-j", "--jobs", type=int, default=2, help="mutants run at once")
     args = parser.parse_args(argv)
-    install()
-    started = time.monotonic()
+    modules = [m.strip() for m in args.modules.split(",") if m.strip()]
+    unknown = sorted(set(modules) - set(MODULES))
+    if unknown:
+        parser.error(f"unknown module(s) {', '.join(unknown)}; known: {', '.join(MODULES)}")
     if not args.table:
-        mutmut("run", "--max-children", str(args.jobs))
-    results = mutmut("results", "--all", "true", capture=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.txt").write_text(results)
-    text = table(results, ".venv/bin/python scripts/mutmut_run.py",
-                 None if args.table else time.monotonic() - started)
+        install()
+        run(modules, args.jobs)
+    text, stale = table()
     (OUT / "mutmut.md").write_text(text)
     sys.stdout.write(text)
+    for name in stale:
+        sys.stdout.write(f"listed as equivalent but killed (drop its entry): {name}\n")
     return 0
 
 

@@ -22,7 +22,7 @@ from coffea_sonic.data.agc_sample import write_agc_sample
 from real_samples import fetch_coffea_test_samples
 from coffea_sonic.examples.agc import MODEL_NAME, AgcProcessor, agc_features, select
 from coffea_sonic.examples.agc_features import FEATURE_NAMES, features_from_arrays, permutations
-from coffea_sonic.zoo.train_agc_bdt import truth_labelled_permutations
+from zoo_training.train_agc_bdt import truth_labelled_permutations
 from coffea_sonic.zoo.trees import tree_file
 
 QuietSchema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
@@ -251,7 +251,7 @@ def test_real_cms_jets_make_features_the_server_scores_like_xgboost(url):
 
 
 def test_training_again_gives_the_committed_models(tmp_path):
-    from coffea_sonic.zoo.train_agc_bdt import main
+    from zoo_training.train_agc_bdt import main
 
     main(tmp_path)
     rows, _, _, _ = truth_labelled_permutations(300, seed=13)

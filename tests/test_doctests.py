@@ -24,6 +24,7 @@ from typing import Callable
 import pytest
 
 import coffea_sonic
+import zoo_training
 
 #: Top-level modules of the package's optional extras (pyproject.toml): without them the modules
 #: that need them are skipped, not failed. Anything else that does not import is a failure.
@@ -62,10 +63,11 @@ SERVER = Need("the tritonserver binary (the 'server' extra)", lambda: _has("pytr
 #: something optional. Checked when the test runs, so a GPU machine runs them.
 NEEDS: dict[str, Need] = {
     "coffea_sonic.zoo.torch_models": TORCH,
-    "coffea_sonic.zoo.train.train_jet_tagger": TORCH,
     "coffea_sonic.zoo.trackgnn.pipeline": TORCH,
     "coffea_sonic.zoo.trackgnn.run_direct": TORCH,
-    "coffea_sonic.zoo.trackgnn_train": TORCH,
+    "zoo_training.train.train_jet_tagger": TORCH,
+    "zoo_training.trackgnn_train": TORCH,
+    "zoo_training.physics": TORCH,
     "coffea_sonic.engines.GpuEngine": CUDA_GPU,
     "coffea_sonic.server.launcher": SERVER,
 }
@@ -84,9 +86,10 @@ class Case:
 def _module_names() -> list[str]:
     # A subpackage that fails to import is still listed (walk_packages yields it before importing
     # it to look inside); _cases then reports its import error as a failing case.
-    return [coffea_sonic.__name__] + [
+    # the zoo's training (scripts/zoo_training, outside the package) keeps its examples checked
+    return [name for package in (coffea_sonic, zoo_training) for name in [package.__name__] + [
         info.name for info in pkgutil.walk_packages(
-            coffea_sonic.__path__, f"{coffea_sonic.__name__}.", onerror=lambda name: None)]
+            package.__path__, f"{package.__name__}.", onerror=lambda name: None)]]
 
 
 def _cases() -> list[Case]:

@@ -14,7 +14,7 @@ from coffea_sonic.columns import jagged_counts, jet_features, unflatten
 from coffea_sonic.data import draw_labelled_jets, write_sample
 from coffea_sonic.errors import InputValidationError
 from coffea_sonic.zoo.spec import JET_CLASSES, JET_TAGGER_FEATURES
-from coffea_sonic.zoo.train import b_vs_light_auc, roc_auc, train_jet_tagger
+from zoo_training.train import b_vs_light_auc, roc_auc, train_jet_tagger
 
 torch = pytest.importorskip("torch")
 

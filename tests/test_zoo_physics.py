@@ -16,7 +16,8 @@ from coffea_sonic.zoo.inputs import pad_constituents
 from coffea_sonic.data import write_sample
 from coffea_sonic.engines import CpuEngine
 from coffea_sonic.zoo import physics
-from coffea_sonic.zoo.train import b_vs_light_auc
+from zoo_training import physics as training
+from zoo_training.train import b_vs_light_auc
 
 pytestmark = pytest.mark.filterwarnings("ignore:Missing cross-reference")
 
@@ -66,21 +67,21 @@ def test_shipped_deepmet_resolution_is_better_than_pf_met_in_a_fresh_sample_file
         met = CpuEngine("deepmet")(physics.deepmet_inputs(events.PFCands))["met"]
         gen = physics.met_vector(events.GenMET.pt, events.GenMET.phi)
         pf = physics.met_vector(events.MET.pt, events.MET.phi)
-        ours, theirs = physics.met_resolution(met, gen), physics.met_resolution(pf, gen)
+        ours, theirs = training.met_resolution(met, gen), training.met_resolution(pf, gen)
         assert ours < 0.8 * theirs, (ours, theirs)
 
 
 def test_particlenet_training_is_reproducible_and_learns():
-    first, auc = physics.train_particlenet(n_events=1000, epochs=3, n_validation=300)
-    second, again = physics.train_particlenet(n_events=1000, epochs=3, n_validation=300)
+    first, auc = training.train_particlenet(n_events=1000, epochs=3, n_validation=300)
+    second, again = training.train_particlenet(n_events=1000, epochs=3, n_validation=300)
     for (key, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
         assert np.array_equal(a.numpy(), b.numpy()), key
     assert auc == again and auc > 0.7
 
 
 def test_deepmet_training_is_reproducible_and_beats_pf_met():
-    first, ours, pf = physics.train_deepmet(n_events=2000, epochs=4, n_validation=500)
-    second, again, _ = physics.train_deepmet(n_events=2000, epochs=4, n_validation=500)
+    first, ours, pf = training.train_deepmet(n_events=2000, epochs=4, n_validation=500)
+    second, again, _ = training.train_deepmet(n_events=2000, epochs=4, n_validation=500)
     for (key, a), (_, b) in zip(first.state_dict().items(), second.state_dict().items()):
         assert np.array_equal(a.numpy(), b.numpy()), key
     assert ours == again and ours < pf

@@ -3,7 +3,7 @@
 * ``jet_tagger``: per-jet MLP on NanoAOD Jet features (trained here on the synthetic sample).
 * ``particlenet_lite``: ParticleNet-like EdgeConv tagger over PF constituents (untrained).
 * ``particlenet``: ParticleNet-like EdgeConv tagger over PF constituents, trained here
-  (:mod:`coffea_sonic.zoo.physics`).
+  (``scripts/zoo_training``; its inputs: :mod:`coffea_sonic.zoo.physics`).
 * ``deepmet``: DeepMET-like per-candidate weights -> MET (px, py), trained here.
 * ``emtrk_cnn``: the ProtoDUNE EmTrkMichelId CNN (generated on first use and cached, ~48 MB).
 
@@ -108,8 +108,8 @@ def onnx_path(name: str) -> Path:
         path = Path(str(shipped))
         if not path.is_file():
             raise ModelNotFoundError(
-                f"package data {path} is missing; reinstall coffea-sonic or run "
-                f"`python -m coffea_sonic.zoo.export {name}`")
+                f"package data {path} is missing; reinstall coffea-sonic (in a checkout: "
+                f"`python -m zoo_training.export {name}` in scripts/)")
         return path
     path = cache_dir() / "zoo" / f"{name}-r{GENERATED_MODEL_REVISION}.onnx"
     if not path.is_file():
@@ -140,7 +140,7 @@ def torch_module(name: str):
     if missing:
         raise ModelNotFoundError(
             f"{onnx_path(name)} lacks weights {missing[:4]} of the torch definition of {name}; "
-            "re-export it with `python -m coffea_sonic.zoo.export`")
+            "re-export it with `python -m zoo_training.export` in a checkout's scripts/")
     module.load_state_dict({key: torch.from_numpy(np.array(initializers[key])) for key in wanted})
     return module.eval()
 

@@ -3,7 +3,7 @@
 Stages (:mod:`coffea_sonic.zoo.trackgnn_pipeline`, the one numeric implementation): embedding
 MLP -> neighbour graph in the embedding, per event -> edge filter MLP -> GNN edge classifier ->
 connected components. Trained here on the synthetic sample's hits
-(:mod:`coffea_sonic.data.hits`, :mod:`coffea_sonic.zoo.trackgnn_train`); the weights ship as
+(:mod:`coffea_sonic.data.hits`, ``scripts/zoo_training/trackgnn_train.py``); the weights ship as
 ``trackgnn.npz``.
 
 Three ways to run the same code, with identical labels on CPU:
@@ -86,7 +86,7 @@ def weights_path() -> Path:
     path = Path(str(resources.files(__package__) / "trackgnn.npz"))
     if not path.is_file():
         raise ModelNotFoundError(f"package data {path} is missing; reinstall coffea-sonic or run "
-                                 "`python -m coffea_sonic.zoo.trackgnn_train`")
+                                 "`python -m zoo_training.trackgnn_train` in a checkout's scripts/")
     return path
 
 

@@ -3,7 +3,7 @@
 * ``reconstruction_bdt_xgb``: the Analysis Grand Challenge's jet-parton assignment BDT in its
   shape and under its name (20 features per jet permutation, ``input__0`` FP32 [20],
   ``output__0`` FP32 [2] with ``predict_proba``), trained here on the synthetic AGC-like sample
-  (:mod:`coffea_sonic.zoo.train_agc_bdt`): version 1 was trained on odd-numbered events
+  (``scripts/zoo_training/train_agc_bdt.py``): version 1 was trained on odd-numbered events
   (``agc_bdt_odd.json``), version 2 on even ones (``agc_bdt_even.json``), as the AGC numbers
   its versions.
 

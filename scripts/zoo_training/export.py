@@ -1,7 +1,8 @@
-"""Re-export the shipped zoo ONNX files: ``python -m coffea_sonic.zoo.export [NAME ...]``.
+"""Re-export the shipped zoo ONNX files: ``python -m zoo_training.export [NAME ...]`` (from
+``scripts/``).
 
-``jet_tagger`` is trained first (:mod:`coffea_sonic.zoo.train`), ``particlenet`` and ``deepmet`` too
-(:mod:`coffea_sonic.zoo.physics`); the others use deterministic weights.
+``jet_tagger`` is trained first (:mod:`zoo_training.train`), ``particlenet`` and ``deepmet`` too
+(:mod:`zoo_training.physics`); the others use deterministic weights.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from . import MODEL_SPECS, export_onnx
+from coffea_sonic import zoo
+from coffea_sonic.zoo import MODEL_SPECS, export_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     wanted = args.names or [name for name, s in MODEL_SPECS.items() if s.shipped]
-    here = Path(__file__).parent
+    here = Path(zoo.__file__).parent
     for name in wanted:
         module = None
         if name == "jet_tagger":

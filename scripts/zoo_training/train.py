@@ -3,7 +3,7 @@
 Jets come from :func:`coffea_sonic.data.synthetic.draw_labelled_jets`, i.e. the distributions of
 the synthetic NanoAOD sample; labels are ``Jet_hadronFlavour`` mapped to the class order of
 :data:`~coffea_sonic.zoo.spec.JET_CLASSES` (b, c, light). The shipped ``jet_tagger.onnx`` is made
-by ``python -m coffea_sonic.zoo.export jet_tagger``, which calls :func:`train_jet_tagger`.
+by ``python -m zoo_training.export jet_tagger`` (from ``scripts/``), which calls :func:`train_jet_tagger`.
 
 The metric helpers need only numpy:
 
@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import InputValidationError, require
-from .spec import JET_CLASSES
+from coffea_sonic.errors import InputValidationError, require
+from coffea_sonic.zoo.spec import JET_CLASSES
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +88,9 @@ def train_jet_tagger(n_jets: int = 60_000, seed: int = 0, epochs: int = 10,
     torch.Size([1, 3])
     """
     torch = require("torch", "training the jet tagger")
-    from . import torch_models
-
-    from ..data.synthetic import draw_labelled_jets
-    from .spec import JET_TAGGER_FEATURES
+    from coffea_sonic.data.synthetic import draw_labelled_jets
+    from coffea_sonic.zoo import torch_models
+    from coffea_sonic.zoo.spec import JET_TAGGER_FEATURES
 
     if n_jets < batch_size or epochs < 1:
         raise InputValidationError(

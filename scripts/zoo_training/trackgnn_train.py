@@ -7,8 +7,8 @@
 2. filter: binary cross-entropy on the graph's edges (true: both hits on the same track);
 3. GNN: binary cross-entropy on the filtered edges, a batch of events' graphs at a time.
 
-Every stage uses the zoo's one training loop (:func:`coffea_sonic.zoo.train.fit`) and seeded
-shuffling. ``python -m coffea_sonic.zoo.trackgnn_train`` writes the shipped ``trackgnn.npz`` and
+Every stage uses the zoo's one training loop (:func:`zoo_training.train.fit`) and seeded
+shuffling. ``python -m zoo_training.trackgnn_train`` (from ``scripts/``) writes the shipped ``trackgnn.npz`` and
 logs the edge and track efficiencies and purities on fresh events.
 
 >>> weights, report = train_trackgnn(n_events=40, epochs=(1, 1, 1), n_validation=10)
@@ -21,14 +21,15 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..data.hits import generate_hits
-from ..errors import InputValidationError, require
-from . import trackgnn_pipeline as tp
+from coffea_sonic.data.hits import generate_hits
+from coffea_sonic.errors import InputValidationError, require
+from coffea_sonic.zoo import trackgnn_pipeline as tp
+from coffea_sonic.zoo.trackgnn import track_metrics, weights_path
+
 from .train import fit
 
 logger = logging.getLogger(__name__)
@@ -208,8 +209,6 @@ def _train_gnn(torch: Any, nets: Any, events: dict[str, np.ndarray], edges: np.n
 
 def evaluate(weights: dict[str, np.ndarray], n_events: int, seed: int) -> dict[str, float]:
     """Track efficiency and purity of ``weights`` on ``n_events`` fresh events (CPU)."""
-    from .trackgnn import track_metrics
-
     events = _events(n_events, seed)
     labels = tp.TrackPipeline(weights, "cpu").run(events["rows"], events["counts"])
     metrics = track_metrics(labels, events["track_id"], events["counts"])
@@ -218,7 +217,7 @@ def evaluate(weights: dict[str, np.ndarray], n_events: int, seed: int) -> dict[s
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(Path(__file__).with_name("trackgnn.npz")))
+    parser.add_argument("--out", default=str(weights_path()))
     parser.add_argument("--events", type=int, default=TRAIN_EVENTS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)

@@ -6,7 +6,7 @@ AGC-like sample (:mod:`coffea_sonic.data.agc_sample`), in the AGC's shape: XGBoo
 (``agc_bdt_even.json``, served as version 2) and one on odd ones (``agc_bdt_odd.json``,
 version 1). Small (60 trees of depth 4) and deterministic.
 
-Regenerate the committed files with ``python -m coffea_sonic.zoo.train_agc_bdt``.
+Regenerate the committed files with ``python -m zoo_training.train_agc_bdt`` (from ``scripts/``).
 
 >>> rows, labels, counts, events = truth_labelled_permutations(40, seed=5)
 >>> rows.shape[1], int(labels.sum()) == len(counts), int(counts.sum()) == len(rows)
@@ -22,8 +22,9 @@ from typing import Any
 import awkward as ak
 import numpy as np
 
-from ..data.agc_sample import B_TOPHAD, B_TOPLEP, W_JET, generate_events
-from ..examples.agc_features import MAX_N_JETS, features_from_arrays, permutation_table
+from coffea_sonic import zoo
+from coffea_sonic.data.agc_sample import B_TOPHAD, B_TOPLEP, W_JET, generate_events
+from coffea_sonic.examples.agc_features import MAX_N_JETS, features_from_arrays, permutation_table
 
 __all__ = ["truth_labelled_permutations", "train_pair", "main", "TRAINING_EVENTS", "PARAMETERS"]
 
@@ -35,6 +36,8 @@ ROUNDS = 60
 PARAMETERS: dict[str, Any] = {"objective": "binary:logistic", "max_depth": 4, "eta": 0.2,
                               "subsample": 0.8, "seed": 7, "nthread": 1,
                               "eval_metric": "logloss"}
+#: Where the committed boosters live: the package's zoo.
+_ZOO = Path(zoo.__file__).parent
 _JET_FIELDS = ("pt", "eta", "phi", "mass", "btagCSVV2", "qgl")
 
 
@@ -85,7 +88,7 @@ def train_pair(events: int = TRAINING_EVENTS, *, seed: int = TRAINING_SEED,
 
 def main(folder: str | Path | None = None) -> None:
     """Write ``agc_bdt_even.json`` and ``agc_bdt_odd.json`` into ``folder`` (default: the zoo)."""
-    target = Path(folder) if folder is not None else Path(__file__).parent
+    target = Path(folder) if folder is not None else _ZOO
     for name, booster in train_pair().items():
         booster.save_model(str(target / f"agc_bdt_{name}.json"))
 

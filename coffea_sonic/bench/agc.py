@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from .files import pyplot, save_figure, write_report
+from .files import pyplot, save_figure, table, write_report
 from .machine import machine_info, uptime_line
 
 __all__ = ["AgcBench", "JET_MULTIPLICITY", "agc_chunk", "markdown", "plot_agc", "run_agc",
@@ -250,13 +250,10 @@ def markdown(report: dict) -> str:
              f"({m['cpu_model']}, {m['cpu_cores']} cores, {', '.join(m.get('gpus') or []) or 'no GPU'}, "
              f"{m['date']})", "", f"load: before `{report['uptime_before']}`, after "
              f"`{report.get('uptime_after', '')}`", "", f"command: `{report['command']}`", "",
-             "| case | events/s | events/s per client core | vs local xgboost |", "|---|---|---|---|"]
-    for case in report["cases"]:
-        lines.append(f"| {case['case']} | {case['events_per_s']:,.0f} | "
-                     f"{case['events_per_s_per_core']:,.0f} | {case['vs_local']:.2f}x |")
-    for row in report.get("end_to_end", []):
-        lines.append(f"| {row['case']} | {row['events_per_s']:,.0f} | "
-                     f"{row['events_per_s_per_core']:,.0f} | - |")
+             *table(["case", "events/s", "events/s per client core", "vs local xgboost"], [
+                 [row["case"], f"{row['events_per_s']:,.0f}", f"{row['events_per_s_per_core']:,.0f}",
+                  f"{row['vs_local']:.2f}x" if "vs_local" in row else "-"]
+                 for row in [*report["cases"], *report.get("end_to_end", [])]])]
     return "\n".join(lines) + "\n"
 
 

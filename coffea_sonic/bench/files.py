@@ -1,5 +1,8 @@
-"""A scenario's report on disk: the JSON (every raw number) beside its Markdown table, and its
+"""A scenario's report on disk: the JSON (every raw number) beside its Markdown tables, and its
 figures (matplotlib on the file-only Agg backend), written the same way by every scenario.
+
+Every scenario's tables come from :func:`table` (one Markdown table) and :func:`section` (a
+titled table, nothing where there are no rows).
 
 >>> import tempfile
 >>> out = Path(tempfile.mkdtemp()) / "run"
@@ -16,9 +19,38 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["pyplot", "save_figure", "write_json", "write_report"]
+__all__ = ["pyplot", "save_figure", "section", "table", "write_json", "write_report"]
+
+
+def table(header: Sequence[Any], rows: Iterable[Sequence[Any]], align: str = "") -> list[str]:
+    """A Markdown table's lines: ``header``, the rule (one letter of ``align`` a column: ``r``
+    right-aligns it, anything else or a missing letter leaves it left) and a line a row.
+
+    >>> table(["model", "rows/s"], [["m", 3], ["n", "1 | 2"]], "lr")
+    ['| model | rows/s |', '|---|---:|', '| m | 3 |', '| n | 1 | 2 |']
+    """
+    rule = "|" + "".join("---:|" if align[i:i + 1] == "r" else "---|" for i in range(len(header)))
+    return [_line(header), rule, *(_line(row) for row in rows)]
+
+
+def _line(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def section(title: str, header: Sequence[Any], rows: Iterable[Sequence[Any]], align: str = "",
+            intro: Sequence[str] = ()) -> list[str]:
+    """A blank line, ``## title``, a blank line, the ``intro`` lines and the :func:`table`; no
+    lines at all where there are no rows.
+
+    >>> section("Sweep", ["a"], [])
+    []
+    >>> section("Sweep", ["a"], [[1]], intro=["one row", ""])
+    ['', '## Sweep', '', 'one row', '', '| a |', '|---|', '| 1 |']
+    """
+    rows = list(rows)
+    return ["", f"## {title}", "", *intro, *table(header, rows, align)] if rows else []
 
 
 def write_report(report: dict, out: str | Path, stem: str, table: Callable[[dict], str]) -> str:

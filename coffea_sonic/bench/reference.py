@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 from .. import zoo
 from .clients import ClientPool, ready_then_start
-from .files import pyplot, save_figure, write_report
+from .files import pyplot, save_figure, table, write_report
 from .machine import machine_info, uptime_line
 from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
 from .perf_analyzer import PerfAnalyzerUnavailable, install
@@ -194,19 +194,19 @@ def _rate(value: float | None) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     """The report's table: TritonModel's best window, perf_analyzer's best point, the ratio."""
-    lines = ["| model | transport | rows per call | TritonModel (rows/s) | perf_analyzer best "
-             "(rows/s) | ratio |", "|---|---|---|---|---|---|"]
-    for row in rows:
-        best = row["pa_best"]
-        pa = (f"{_rate(best['rows_per_s'])} (b {best['batch']}, c {best['concurrency']})"
-              if best else f"– ({row['pa_error'][:80]})")
-        tm = _rate(row["tm_best"]) if not row["tm_error"] else f"– ({row['tm_error'][:80]})"
-        if row["tm_transport_used"] and row["tm_transport_used"] != row["transport"]:
-            tm += f" (used {row['tm_transport_used']})"
-        ratio = f"**{row['ratio']:.2f}x**" if row["ratio"] is not None else "–"
-        lines.append(f"| {row['model']} | {row['transport']} | {row['call_rows']} | {tm} | "
-                     f"{pa} | {ratio} |")
-    return "\n".join(lines)
+    return "\n".join(table(["model", "transport", "rows per call", "TritonModel (rows/s)",
+                            "perf_analyzer best (rows/s)", "ratio"], map(_cells, rows)))
+
+
+def _cells(row: dict) -> list:
+    best = row["pa_best"]
+    pa = (f"{_rate(best['rows_per_s'])} (b {best['batch']}, c {best['concurrency']})"
+          if best else f"– ({row['pa_error'][:80]})")
+    tm = _rate(row["tm_best"]) if not row["tm_error"] else f"– ({row['tm_error'][:80]})"
+    if row["tm_transport_used"] and row["tm_transport_used"] != row["transport"]:
+        tm += f" (used {row['tm_transport_used']})"
+    ratio = f"**{row['ratio']:.2f}x**" if row["ratio"] is not None else "–"
+    return [row["model"], row["transport"], row["call_rows"], tm, pa, ratio]
 
 
 def _title(results: dict) -> str:

@@ -11,11 +11,12 @@ import logging
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .config import MODES
-from .files import pyplot, save_figure
+from .files import pyplot, save_figure, section, table
 from .machine import machine_label
 
 logger = logging.getLogger(__name__)
@@ -167,128 +168,113 @@ def _header_section(results: dict) -> list[str]:
 
 
 def _batch_section(results: dict) -> list[str]:
-    """Throughput by mode and batch size (one client process)."""
-    lines: list[str] = []
-    lines += ["", "## Throughput by mode and batch size (one client process)", "",
-              "| model | mode | batch | in flight | rows/s | spread | events/s | latency p50 / p99 ms "
-              "| server queue / compute ms per request (avg batch) | client RSS growth / tensor bytes, median chunk "
-              "| max abs diff |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in _sweep(results, "batch"):
-        diff = r.get("max_abs_diff")
-        lines.append(
-            f"| {r['model']} | {r['mode']} | {batch_cell(r)} | {r['in_flight']} | "
-            f"{_rate_cells(r)} | {format_rate(r['events_per_s']['median'])} | "
-            f"{_latency_cell(r)} | {_server_cell(r)} | {_rss_cell(r)} | "
-            f"{'–' if diff is None else f'{diff:.1e}'} |")
-    return lines
+    """Throughput by mode and batch size (one client process); the table even when empty."""
+    header = ["model", "mode", "batch", "in flight", "rows/s", "spread", "events/s",
+              "latency p50 / p99 ms", "server queue / compute ms per request (avg batch)",
+              "client RSS growth / tensor bytes, median chunk", "max abs diff"]
+    rows = [[r["model"], r["mode"], batch_cell(r), r["in_flight"], _rate_cells(r),
+             format_rate(r["events_per_s"]["median"]), _latency_cell(r), _server_cell(r),
+             _rss_cell(r), _optional(r.get("max_abs_diff"), ".1e")]
+            for r in _sweep(results, "batch")]
+    return ["", "## Throughput by mode and batch size (one client process)", "",
+            *table(header, rows, "llrrrrrrrrr")]
+
+
+def _optional(value: float | None, spec: str, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
 def _in_flight_section(results: dict) -> list[str]:
     """Requests in flight (remote, one client)."""
-    lines: list[str] = []
-    in_flight = _sweep(results, "in_flight")
-    if in_flight:
-        lines += ["", "## Requests in flight (remote, one client)", "",
-                  "| model | batch | in flight | rows/s | spread | latency p50 / p99 ms | "
-                  "server queue / compute ms (avg batch) |", "|---|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['model']} | {batch_cell(r)} | {r['in_flight']} | {_rate_cells(r)} | "
-                  f"{_latency_cell(r)} | {_server_cell(r)} |" for r in in_flight]
-    return lines
+    return section("Requests in flight (remote, one client)",
+                   ["model", "batch", "in flight", "rows/s", "spread", "latency p50 / p99 ms",
+                    "server queue / compute ms (avg batch)"],
+                   ([r["model"], batch_cell(r), r["in_flight"], _rate_cells(r), _latency_cell(r),
+                     _server_cell(r)] for r in _sweep(results, "in_flight")), "lrrrrrr")
+
+
+def _clients_row(r: dict) -> list:
+    busy = (r.get("server") or {}).get("busy_fraction")
+    gpu = r.get("gpu") or {}
+    gpu_cell = ("–" if gpu.get("mean_percent") is None
+                else f"{gpu['mean_percent']:.0f} / {gpu['max_percent']:.0f}")
+    return [r["model"], r["mode"], batch_cell(r), r["clients"], _rate_cells(r),
+            format_rate(r["events_per_s"]["median"]),
+            _optional(None if busy is None else 100 * busy, ".0f", " %"), gpu_cell, _rss_cell(r)]
 
 
 def _clients_section(results: dict) -> list[str]:
     """Concurrent client processes."""
-    lines: list[str] = []
-    clients = _sweep(results, "clients")
-    if clients:
-        lines += ["", "## Concurrent client processes", "",
-                  "| model | mode | batch | clients | aggregate rows/s | spread | events/s | "
-                  "server busy | GPU util mean / max % | client RSS growth / tensor bytes, median chunk of the worst process |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in clients:
-            busy = (r.get("server") or {}).get("busy_fraction")
-            gpu = r.get("gpu") or {}
-            gpu_cell = ("–" if gpu.get("mean_percent") is None
-                        else f"{gpu['mean_percent']:.0f} / {gpu['max_percent']:.0f}")
-            lines.append(
-                f"| {r['model']} | {r['mode']} | {batch_cell(r)} | {r['clients']} | "
-                f"{_rate_cells(r)} | {format_rate(r['events_per_s']['median'])} | "
-                f"{'–' if busy is None else f'{100 * busy:.0f} %'} | {gpu_cell} | "
-                f"{_rss_cell(r)} |")
-    return lines
+    return section("Concurrent client processes",
+                   ["model", "mode", "batch", "clients", "aggregate rows/s", "spread", "events/s",
+                    "server busy", "GPU util mean / max %", "client RSS growth / tensor bytes, "
+                    "median chunk of the worst process"],
+                   map(_clients_row, _sweep(results, "clients")), "llrrrrrrrr")
+
+
+def _target_row(t: dict) -> list:
+    goal = "–" if t["target"] is None else (("≤ " if t.get("lower_is_better") else "≥ ")
+                                            + f"{t['target']:g}")
+    met = {True: "yes", False: "**no**", None: "–"}[t["met"]]
+    note = t["detail"] + (f"; {t['shortfall']}" if t.get("shortfall") else "")
+    return [t["name"], t["model"], _optional(t["measured"], ".2f"), goal, met, note]
 
 
 def _targets_section(results: dict) -> list[str]:
     """The targets and whether they were met."""
-    lines: list[str] = []
-    targets = results.get("targets") or []
-    if targets:
-        lines += ["", "## Targets", "", "| target | model | measured | goal | met | how |",
-                  "|---|---|---:|---:|---|---|"]
-        for t in targets:
-            goal = "–" if t["target"] is None else (("≤ " if t.get("lower_is_better") else "≥ ")
-                                                    + f"{t['target']:g}")
-            met = {True: "yes", False: "**no**", None: "–"}[t["met"]]
-            measured = "–" if t["measured"] is None else f"{t['measured']:.2f}"
-            note = t["detail"] + (f"; {t['shortfall']}" if t.get("shortfall") else "")
-            lines.append(f"| {t['name']} | {t['model']} | {measured} | {goal} | {met} | {note} |")
-    return lines
+    return section("Targets", ["target", "model", "measured", "goal", "met", "how"],
+                   map(_target_row, results.get("targets") or []), "llrr")
+
+
+def _profile_row(r: dict) -> list:
+    p = r["profile"]
+    return [r["model"], r["mode"], batch_cell(r), r["in_flight"], r["clients"],
+            f"{p['request_mb']:.2f}", _ms(p["observed_ms"]), _ms(p["client_ms"]),
+            _ms(p["wire_and_server_overhead_ms"]), _ms(p["queue_ms"]),
+            f"{p['compute_input_ms']:.2f} / {p['compute_infer_ms']:.2f} / "
+            f"{p['compute_output_ms']:.2f}", _ms(p["observed_gb_per_s"])]
 
 
 def _profile_section(results: dict) -> list[str]:
     """Where the time goes, per request (served modes)."""
-    lines: list[str] = []
     profiled = [r for r in results["measurements"] if r.get("profile")
                 and ("in_flight" in r.get("sweeps", ()) or "clients" in r.get("sweeps", ())
                      or r["batch_size"] == 0 or r["mode"] != "remote")]
-    if profiled:
-        lines += ["", "## Where the time goes (served modes, per request, means)", "",
-                  "observed = what the caller waited; client = observed − round trip (encode, "
-                  "decode, waiting for a window slot); wire + server overhead = round trip − "
-                  "Triton's queue and compute timers (gRPC transfer and (de)serialisation, request "
-                  "handling, python-backend copies). coffea's wrapper has no round-trip clock: its "
-                  "client and wire time are in one column.", "",
-                  "| model | mode | batch | in flight | clients | request MB | observed ms | client ms "
-                  "| wire + server overhead ms | queue ms | compute in / infer / out ms | GB/s per stream |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in _sorted(profiled):
-            p = r["profile"]
-            lines.append(
-                f"| {r['model']} | {r['mode']} | {batch_cell(r)} | {r['in_flight']} | "
-                f"{r['clients']} | {p['request_mb']:.2f} | {_ms(p['observed_ms'])} | "
-                f"{_ms(p['client_ms'])} | {_ms(p['wire_and_server_overhead_ms'])} | "
-                f"{_ms(p['queue_ms'])} | {p['compute_input_ms']:.2f} / {p['compute_infer_ms']:.2f} "
-                f"/ {p['compute_output_ms']:.2f} | "
-                f"{_ms(p['observed_gb_per_s'])} |")
-    return lines
+    return section(
+        "Where the time goes (served modes, per request, means)",
+        ["model", "mode", "batch", "in flight", "clients", "request MB", "observed ms",
+         "client ms", "wire + server overhead ms", "queue ms", "compute in / infer / out ms",
+         "GB/s per stream"], map(_profile_row, _sorted(profiled)), "llrrrrrrrrrr",
+        intro=["observed = what the caller waited; client = observed − round trip (encode, "
+               "decode, waiting for a window slot); wire + server overhead = round trip − "
+               "Triton's queue and compute timers (gRPC transfer and (de)serialisation, request "
+               "handling, python-backend copies). coffea's wrapper has no round-trip clock: its "
+               "client and wire time are in one column.", ""])
+
+
+def _scaling_row(name: str, fit: dict) -> list:
+    model = fit["model"]
+    links = ", ".join(f"{gbps}: {count:.3g}" for gbps, count in fit["network_bound_clients"].items())
+    per_client_gbps = fit["bytes_per_event"] * 8 / model["t_ideal"] / 1e9
+    return [name, f"{fit['rows_per_event']:g}", format_seconds(model["t_gpu"]),
+            format_seconds(model["t_latency"]), format_seconds(model["t_ideal"]),
+            f"{model['saturation_clients']:.1f}", f"{model['recommended_cpu_per_gpu']}:1",
+            f"{100 * fit['rms_relative_error']:.0f} %",
+            "yes" if fit["saturation_observed"] else "no (t_GPU from server stats)",
+            f"{per_client_gbps:.2f} Gb/s", links]
 
 
 def _scaling_section(results: dict) -> list[str]:
     """The scaling model fitted to the clients sweep."""
-    lines: list[str] = []
     scaling = {k: v for k, v in (results.get("scaling") or {}).items() if k != "analysis"}
-    if scaling:
-        lines += ["", "## Scaling model (fitted to the clients sweep)", "",
-                  "t_SONIC = (1−p)·t_CPU + t_GPU·[1 + max(0, N_CPU/N_GPU − t_ideal/t_GPU)] + "
-                  "t_latency, with p = 1 for pure-inference clients; times per event.", "",
-                  "| model | rows/event | t_GPU | t_latency | t_ideal | saturation clients "
-                  "| CPU:GPU | rms error | saturation seen | one client's traffic | max clients by link (Gb/s) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
-        for name, fit in scaling.items():
-            model = fit["model"]
-            links = ", ".join(f"{gbps}: {count:.3g}"
-                              for gbps, count in fit["network_bound_clients"].items())
-            per_client_gbps = fit["bytes_per_event"] * 8 / model["t_ideal"] / 1e9
-            lines.append(
-                f"| {name} | {fit['rows_per_event']:g} | {format_seconds(model['t_gpu'])} | "
-                f"{format_seconds(model['t_latency'])} | {format_seconds(model['t_ideal'])} | "
-                f"{model['saturation_clients']:.1f} | {model['recommended_cpu_per_gpu']}:1 | "
-                f"{100 * fit['rms_relative_error']:.0f} % | "
-                f"{'yes' if fit['saturation_observed'] else 'no (t_GPU from server stats)'} | "
-                f"{per_client_gbps:.2f} Gb/s | {links} |")
-        for name, fit in scaling.items():
-            lines.append(f"- {name}: {fit['recommendation']}.")
+    lines = section(
+        "Scaling model (fitted to the clients sweep)",
+        ["model", "rows/event", "t_GPU", "t_latency", "t_ideal", "saturation clients", "CPU:GPU",
+         "rms error", "saturation seen", "one client's traffic", "max clients by link (Gb/s)"],
+        [_scaling_row(name, fit) for name, fit in scaling.items()], "lrrrrrrrlrl",
+        intro=["t_SONIC = (1−p)·t_CPU + t_GPU·[1 + max(0, N_CPU/N_GPU − t_ideal/t_GPU)] + "
+               "t_latency, with p = 1 for pure-inference clients; times per event.", ""])
+    lines += [f"- {name}: {fit['recommendation']}." for name, fit in scaling.items()]
     analysis = (results.get("scaling") or {}).get("analysis")
     if analysis:
         lines += ["", "### Analysis-level prediction (demo analysis, measured p and t_CPU)", "",
@@ -298,43 +284,33 @@ def _scaling_section(results: dict) -> list[str]:
 
 def _equality_section(results: dict) -> list[str]:
     """Outputs equal across modes."""
-    lines: list[str] = []
     equality = results.get("equality") or {}
-    if equality.get("max_abs_diff"):
-        lines += ["", "## Outputs equal across modes", "",
-                  f"Reference: {equality['reference']}; tolerance {equality['tolerance']:g} "
-                  f"({equality.get('gpu_tolerance', 1e-4):g} where the model ran on a GPU); "
-                  f"all equal: **{'yes' if equality['all_equal'] else 'NO'}**.", "",
-                  "| model | " + " | ".join(MODES) + " |", "|---|" + "---:|" * len(MODES)]
-        for name, per_mode in equality["max_abs_diff"].items():
-            cells = [("–" if per_mode.get(mode) is None else f"{per_mode[mode]:.1e}")
-                     for mode in MODES]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        for name, per_mode in (equality.get("max_abs_diff_vs_local_gpu") or {}).items():
-            cells = [("–" if per_mode.get(mode) is None else f"{per_mode[mode]:.1e}")
-                     for mode in MODES]
-            lines.append(f"| {name}, vs local-gpu | " + " | ".join(cells) + " |")
-    return lines
+    if not equality.get("max_abs_diff"):
+        return []
+    rows = [[name, *(_optional(per_mode.get(mode), ".1e") for mode in MODES)]
+            for name, per_mode in equality["max_abs_diff"].items()]
+    rows += [[f"{name}, vs local-gpu", *(_optional(per_mode.get(mode), ".1e") for mode in MODES)]
+             for name, per_mode in (equality.get("max_abs_diff_vs_local_gpu") or {}).items()]
+    return section(
+        "Outputs equal across modes", ["model", *MODES], rows, "l" + "r" * len(MODES),
+        intro=[f"Reference: {equality['reference']}; tolerance {equality['tolerance']:g} "
+               f"({equality.get('gpu_tolerance', 1e-4):g} where the model ran on a GPU); "
+               f"all equal: **{'yes' if equality['all_equal'] else 'NO'}**.", ""])
 
 
 def _e2e_section(results: dict) -> list[str]:
     """The end-to-end demo analysis."""
-    lines: list[str] = []
     e2e = results.get("e2e")
-    if e2e:
-        lines += ["", "## End to end: demo analysis", "", e2e.get("summary", "")]
-        if e2e.get("rows"):
-            lines += ["", "| inference | workers | events | wall s | events/s | inference share | "
-                      "speedup vs CPU |", "|---|---:|---:|---:|---:|---:|---:|"]
-            for row in e2e["rows"]:
-                share = row.get("inference_share")
-                speedup = row.get("speedup")
-                lines.append(
-                    f"| {row['inference']} | {row['workers']} | {row['events']} | "
-                    f"{row['wall_s']:.2f} | {format_rate(row['events_per_s'])} | "
-                    f"{'–' if share is None else f'{100 * share:.0f} %'} | "
-                    f"{'–' if speedup is None else f'{speedup:.2f}×'} |")
-    return lines
+    if not e2e:
+        return []
+    rows = [[row["inference"], row["workers"], row["events"], f"{row['wall_s']:.2f}",
+             format_rate(row["events_per_s"]),
+             _optional(None if row.get("inference_share") is None
+                       else 100 * row["inference_share"], ".0f", " %"),
+             _optional(row.get("speedup"), ".2f", "×")] for row in e2e.get("rows") or []]
+    return ["", "## End to end: demo analysis", "", e2e.get("summary", ""),
+            *(["", *table(["inference", "workers", "events", "wall s", "events/s",
+                           "inference share", "speedup vs CPU"], rows, "lrrrrrr")] if rows else [])]
 
 
 def _save_figure(figure, path: Path, results: dict | None = None) -> bool:
@@ -344,71 +320,56 @@ def _save_figure(figure, path: Path, results: dict | None = None) -> bool:
     return True
 
 
-def _plot_batch(results: dict, path: Path) -> bool:
-    plt = pyplot()
-    records = _sweep(results, "batch")
+def _panels(records: list[dict]) -> tuple[Any, list[tuple[Any, str]]]:
+    """A figure with a panel per model of ``records`` (None without records), with its models."""
     models = sorted({r["model"] for r in records})
     if not models:
-        return False
-    figure, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
-    for axis, model in zip(axes[0], models):
+        return None, []
+    figure, axes = pyplot().subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    return figure, list(zip(axes[0], models))
+
+
+def _spread(axis, points: list[dict], x: str, y: str, **style) -> None:
+    """``y``'s median against ``x``, its min–max as error bars."""
+    median = np.array([r[y]["median"] for r in points])
+    low = median - np.array([r[y]["min"] for r in points])
+    high = np.array([r[y]["max"] for r in points]) - median
+    axis.errorbar([r[x] for r in points], median, yerr=[low, high], marker="o", capsize=3, **style)
+
+
+def _plot_batch(results: dict, path: Path) -> bool:
+    records = _sweep(results, "batch")
+    figure, panels = _panels(records)
+    for axis, model in panels:
         for mode in MODES:
-            points = [r for r in records if r["model"] == model and r["mode"] == mode
-                      and r["batch_size"] > 0]
-            defaults = [r for r in records if r["model"] == model and r["mode"] == mode
-                        and r["batch_size"] == 0 and r.get("effective_batch")]
-            for record in defaults:
+            mine = [r for r in records if r["model"] == model and r["mode"] == mode]
+            for record in (r for r in mine if r["batch_size"] == 0 and r.get("effective_batch")):
                 axis.plot([record["effective_batch"]], [record["rows_per_s"]["median"]],
                           marker="*", markersize=14, linestyle="none",
                           color=MODE_COLOURS.get(mode))
-            if not points:
-                continue
-            x = [r["batch_size"] for r in points]
-            y = np.array([r["rows_per_s"]["median"] for r in points])
-            low = y - np.array([r["rows_per_s"]["min"] for r in points])
-            high = np.array([r["rows_per_s"]["max"] for r in points]) - y
-            axis.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, label=mode,
-                          color=MODE_COLOURS.get(mode))
+            points = [r for r in mine if r["batch_size"] > 0]
+            if points:
+                _spread(axis, points, "batch_size", "rows_per_s", label=mode,
+                        color=MODE_COLOURS.get(mode))
         axis.set(xscale="log", yscale="log", xlabel="batch size (rows per request)",
                  ylabel="rows / s (median, min–max)",
                  title=f"{model}: one client process (★ = tool's default batching)")
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()
-    return _save_figure(figure, path, results)
+    return bool(panels) and _save_figure(figure, path, results)
 
 
 def _plot_clients(results: dict, path: Path) -> bool:
-    plt = pyplot()
-    from .scaling import ScalingModel
-
     records = _sweep(results, "clients")
-    models = sorted({r["model"] for r in records})
-    if not models:
-        return False
-    figure, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
-    for axis, model in zip(axes[0], models):
+    figure, panels = _panels(records)
+    for axis, model in panels:
         for mode in MODES:
             points = sorted((r for r in records if r["model"] == model and r["mode"] == mode),
                             key=lambda r: r["clients"])
-            if not points:
-                continue
-            x = [r["clients"] for r in points]
-            y = np.array([r["events_per_s"]["median"] for r in points])
-            low = y - np.array([r["events_per_s"]["min"] for r in points])
-            high = np.array([r["events_per_s"]["max"] for r in points]) - y
-            axis.errorbar(x, y, yerr=[low, high], marker="o", capsize=3, linestyle="none",
-                          label=f"{mode} (measured)", color=MODE_COLOURS.get(mode))
-        fit = (results.get("scaling") or {}).get(model)
-        if fit:
-            params = {key: fit["model"][key] for key in
-                      ("t_gpu", "t_latency", "p", "t_cpu", "n_gpu")}
-            scaling = ScalingModel(**params)
-            top = max(max(fit["clients"]) * 1.5, scaling.saturation_clients() * 1.3)
-            n = np.linspace(1, top, 200)
-            axis.plot(n, [scaling.throughput(k) for k in n], color="black",
-                      label=f"SONIC model (t_GPU {format_seconds(scaling.t_gpu)}/event)")
-            axis.axvline(scaling.saturation_clients(), color="black", linestyle=":",
-                         label=f"saturation ≈ {scaling.saturation_clients():.1f} clients")
+            if points:
+                _spread(axis, points, "clients", "events_per_s", linestyle="none",
+                        label=f"{mode} (measured)", color=MODE_COLOURS.get(mode))
+        _plot_fit(axis, (results.get("scaling") or {}).get(model))
         for mode in ("cpu", "local-gpu"):
             single = [r for r in results["measurements"]
                       if r["model"] == model and r["mode"] == mode and r["clients"] == 1]
@@ -421,7 +382,23 @@ def _plot_clients(results: dict, path: Path) -> bool:
         axis.set_ylim(bottom=0)
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=8)
-    return _save_figure(figure, path, results)
+    return bool(panels) and _save_figure(figure, path, results)
+
+
+def _plot_fit(axis, fit: dict | None) -> None:
+    """The fitted scaling model's curve and saturation point, where there is a fit."""
+    from .scaling import ScalingModel
+
+    if not fit:
+        return
+    scaling = ScalingModel(**{key: fit["model"][key]
+                              for key in ("t_gpu", "t_latency", "p", "t_cpu", "n_gpu")})
+    top = max(max(fit["clients"]) * 1.5, scaling.saturation_clients() * 1.3)
+    n = np.linspace(1, top, 200)
+    axis.plot(n, [scaling.throughput(k) for k in n], color="black",
+              label=f"SONIC model (t_GPU {format_seconds(scaling.t_gpu)}/event)")
+    axis.axvline(scaling.saturation_clients(), color="black", linestyle=":",
+                 label=f"saturation ≈ {scaling.saturation_clients():.1f} clients")
 
 
 def _plot_in_flight(results: dict, path: Path) -> bool:

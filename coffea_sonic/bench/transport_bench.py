@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from .clients import ClientPool, ready_then_start
-from .files import pyplot, save_figure, write_report
+from .files import pyplot, save_figure, table, write_report
 from .machine import machine_info, machine_label, uptime_line
 from .modes import row_bytes as model_row_bytes
 from .report import format_rate
@@ -350,24 +350,27 @@ def _round(value: float | None) -> str:
     return "–" if value is None else f"{value:.3g}"
 
 
-def table_row(record: dict) -> str:
-    """One markdown row: rates, client and server times of a window.
+def table_row(record: dict) -> list:
+    """One window's cells: rates, client and server times (an error where it failed).
 
     >>> table_row({"kind": "shm", "model": "payload_sink", "rows": 2048, "procs": 1,
     ...     "in_flight": 2, "rows_per_s": 390000, "gb_per_s": 3.594, "client_submit_ms": 1.2,
     ...     "latency_ms_p50": 5.0, "gpu_util": None, "server": {"queue_ms": 0.1,
     ...     "compute_input_ms": 2.0, "compute_infer_ms": 1.0, "compute_output_ms": 0.1,
     ...     "avg_batch": 2048.0}})
-    '| shm | payload_sink | 2048 | 1 x 2 | 390 k | 3.594 | – | 1.2 | 5 | 0.1 / 2 / 1 / 0.1 | 2048.0 |'
+    ['shm', 'payload_sink', 2048, '1 x 2', '390 k', 3.594, '–', '1.2', '5', '0.1 / 2 / 1 / 0.1', 2048.0]
     """
+    if not record.get("rows_per_s"):
+        return [record.get("kind"), record.get("model"), record.get("rows"),
+                f"ERROR: {'; '.join(record['errors'])[:300]}"]
     server = record.get("server") or {}
     profile = " / ".join(_round(server.get(f"{part}_ms")) for part in
                          ("queue", "compute_input", "compute_infer", "compute_output"))
-    return (f"| {_kind(record)} | {record['model']} | {record['rows']} | {record['procs']} x "
-            f"{record['in_flight']} | {format_rate(record['rows_per_s'])} | {record['gb_per_s']} | "
-            f"{_round(record.get('gpu_util'))} | {_round(record.get('client_submit_ms'))} | "
-            f"{_round(record.get('latency_ms_p50'))} | {profile if server else '–'} | "
-            f"{server.get('avg_batch', '–')} |")
+    return [_kind(record), record["model"], record["rows"],
+            f"{record['procs']} x {record['in_flight']}", format_rate(record["rows_per_s"]),
+            record["gb_per_s"], _round(record.get("gpu_util")),
+            _round(record.get("client_submit_ms")), _round(record.get("latency_ms_p50")),
+            profile if server else "–", server.get("avg_batch", "–")]
 
 
 def _where(report: dict) -> str:
@@ -378,22 +381,17 @@ def _where(report: dict) -> str:
 
 def markdown(report: dict) -> str:
     """The machine, load, command and one row per window (failed windows with their error)."""
-    header = ("| transport | model | rows/request | procs x in flight | rows/s | GB/s | GPU % | "
-              "client submit ms | p50 ms | server queue / in / infer / out ms | avg batch |")
     lines = [f"# Transports: rows/s and GB/s per window, {_where(report)}", "",
              f"device {report.get('device')}, {report.get('instances')} model instance(s), "
              f"staging {report.get('staging')}, "
              f"{report.get('duration', report.get('duration_s'))} s per window", "",
              f"load: before `{report.get('uptime_before', '')}`, after "
              f"`{report.get('uptime_after', '')}`", "",
-             f"command: `{report.get('command', '')}`", "", header,
-             "|" + "---|" * (header.count(" | ") + 1)]
-    for record in report["records"]:
-        if record.get("rows_per_s"):
-            lines.append(table_row(record))
-        elif record.get("errors"):
-            lines.append(f"| {record.get('kind')} | {record.get('model')} | {record.get('rows')} |"
-                         f" ERROR: {'; '.join(record['errors'])[:300]} |")
+             f"command: `{report.get('command', '')}`", "",
+             *table(["transport", "model", "rows/request", "procs x in flight", "rows/s", "GB/s",
+                     "GPU %", "client submit ms", "p50 ms", "server queue / in / infer / out ms",
+                     "avg batch"], (table_row(record) for record in report["records"]
+                                    if record.get("rows_per_s") or record.get("errors")))]
     return "\n".join(lines) + "\n"
 
 

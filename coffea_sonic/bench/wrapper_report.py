@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .files import pyplot, save_figure, write_report
+from .files import pyplot, save_figure, table, write_report
 from .report import format_rate
 
 __all__ = ["markdown", "write_wrapper"]
@@ -26,32 +26,26 @@ __all__ = ["markdown", "write_wrapper"]
 _PARTS = ("compute_input", "compute_infer", "compute_output")
 
 
-def _row(*cells: Any) -> str:
-    return "| " + " | ".join(str(cell) for cell in cells) + " |"
-
-
-def _comparison_row(row: dict[str, Any]) -> str:
+def _comparison_row(row: dict[str, Any]) -> list[Any]:
     if "error" in row:
-        return _row(row["client"], *["–"] * 6, f"not measured: {row['error']}")
+        return [row["client"], *["–"] * 6, f"not measured: {row['error']}"]
     ratio, paired = row.get("ratio_to_wrapper"), row.get("ratio_to_wrapper_paired_median")
     requests = row.get("sent", {}).get("requests_per_call")
     server = row.get("server", {})
     parts = " / ".join(f"{server.get(f'{part}_ms_per_call', 0):.1f}" for part in _PARTS)
-    return _row(row["client"], format_rate(row["rows_per_s_median"]),
-                f"{format_rate(row['rows_per_s_p25'])}–{format_rate(row['rows_per_s_p75'])}",
-                f"{row['ms_per_call_median']:.1f}", f"**{ratio:.2f}x**" if ratio else "–",
-                f"{paired:.2f}x" if paired else "–",
-                f"{requests:g}" if requests is not None else "–",
-                f"{server['request_ms_per_call']:.1f} ({parts})" if server else "–")
+    return [row["client"], format_rate(row["rows_per_s_median"]),
+            f"{format_rate(row['rows_per_s_p25'])}–{format_rate(row['rows_per_s_p75'])}",
+            f"{row['ms_per_call_median']:.1f}", f"**{ratio:.2f}x**" if ratio else "–",
+            f"{paired:.2f}x" if paired else "–", f"{requests:g}" if requests is not None else "–",
+            f"{server['request_ms_per_call']:.1f} ({parts})" if server else "–"]
 
 
-def _serial_row(transport: str, row: dict[str, Any] | str) -> str:
+def _serial_row(transport: str, row: dict[str, Any] | str) -> list[Any]:
     if isinstance(row, str):
-        return _row(transport, row, "", "", "", "")
-    return _row(transport, f"{row['wall_ms_per_call']:.1f}",
-                f"{row['server_request_ms_per_call']:.1f}",
-                " / ".join(f"{row[f'server_{part}_ms_per_call']:.1f}" for part in _PARTS),
-                f"{row['outside_server_ms_per_call']:.1f}", f"{row['requests_per_call']:.0f}")
+        return [transport, row, "", "", "", ""]
+    return [transport, f"{row['wall_ms_per_call']:.1f}", f"{row['server_request_ms_per_call']:.1f}",
+            " / ".join(f"{row[f'server_{part}_ms_per_call']:.1f}" for part in _PARTS),
+            f"{row['outside_server_ms_per_call']:.1f}", f"{row['requests_per_call']:.0f}"]
 
 
 def _sweep_grid(records: list[dict[str, Any]], transport: str
@@ -71,12 +65,10 @@ def _sweep_tables(records: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     for transport in sorted({r["transport"] for r in records}):
         sizes, windows, grid = _sweep_grid(records, transport)
-        lines += [f"**{transport}** (rows/s, median)", "",
-                  _row("max_request_bytes \\ max_in_flight", *windows),
-                  "|---|" + "---|" * len(windows)]
-        lines += [_row(f"{size:g} MiB", *[format_rate(v) if np.isfinite(v) else "–"
-                                          for v in values]) for size, values in zip(sizes, grid)]
-        lines.append("")
+        lines += [f"**{transport}** (rows/s, median)", "", *table(
+            ["max_request_bytes \\ max_in_flight", *windows],
+            ([f"{size:g} MiB", *(format_rate(v) if np.isfinite(v) else "–" for v in values)]
+             for size, values in zip(sizes, grid))), ""]
     return lines
 
 
@@ -84,16 +76,16 @@ def _run_section(run: dict[str, Any]) -> list[str]:
     config = run["config"]
     lines = [f"## max_batch_size {config['max_batch_size']}, dynamic batching "
              f"{'on' if config['dynamic_batching'] else 'off'}, {config['rounds']} calls "
-             "per client", "",
-             "| client | rows/s (median) | p25–p75 | ms/call | vs wrapper (medians) | vs wrapper "
-             "(paired per round) | requests/call | server ms/call: request (input / infer / "
-             "output) |", "|" + "---|" * 8]
-    lines += [_comparison_row(row) for row in run["comparison"]]
+             "per client", "", *table(
+                 ["client", "rows/s (median)", "p25–p75", "ms/call", "vs wrapper (medians)",
+                  "vs wrapper (paired per round)", "requests/call",
+                  "server ms/call: request (input / infer / output)"],
+                 map(_comparison_row, run["comparison"]))]
     if run.get("serial_breakdown"):
-        lines += ["", "One request in flight (``max_in_flight=1``), ms per call:", "",
-                  "| transport | wall | inside Triton (request) | of which input / infer / output"
-                  " | outside Triton (client + gRPC) | requests |", "|" + "---|" * 6]
-        lines += [_serial_row(t, row) for t, row in run["serial_breakdown"].items()]
+        lines += ["", "One request in flight (``max_in_flight=1``), ms per call:", "", *table(
+            ["transport", "wall", "inside Triton (request)", "of which input / infer / output",
+             "outside Triton (client + gRPC)", "requests"],
+            (_serial_row(t, row) for t, row in run["serial_breakdown"].items()))]
     if run.get("sweep"):
         lines += ["", "TritonModel knobs (``max_request_bytes`` x ``max_in_flight``):", ""]
         lines += _sweep_tables(run["sweep"])

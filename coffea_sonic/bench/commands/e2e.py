@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...cliargs import add_list_option
-from ..files import pyplot, save_figure, write_report
+from ..files import pyplot, save_figure, table, write_report
 from . import print_written, progress_printer, scenario_parser
 
 
@@ -71,18 +71,9 @@ def markdown(result: dict, machine: str, command: str, date: str) -> str:
     lines = [f"**{machine}**, {date}: `{command}`", "",
              f"{result['events']} events, chunks of {result['chunksize']}, {result['workers']} "
              f"Dask workers, models {', '.join(result['models'])}.", "",
-             "| inference | GPUs | events/s | vs in-process CPU | inference share | GPU busy "
-             "| worker memory limit / peak | scaling model predicts |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for row in result["rows"]:
-        gpu = f"{row['gpu_percent']:.0f} %" if row.get("gpu_percent") is not None else "–"
-        predicted = (f"{row['predicted_events_per_s']:.0f}" if row.get("predicted_events_per_s")
-                     else "–")
-        lines.append(
-            f"| {row['inference']} | {row['gpus']} | {row['events_per_s']:.0f} | "
-            f"{row['speedup']:.2f}× | {row['inference_share']:.2f} | {gpu} | "
-            f"{row['worker_memory_bytes'] / 2**30:.1f} / {row['worker_peak_rss_bytes'] / 2**30:.2f}"
-            f" GiB | {predicted} |")
+             *table(["inference", "GPUs", "events/s", "vs in-process CPU", "inference share",
+                     "GPU busy", "worker memory limit / peak", "scaling model predicts"],
+                    map(_cells, result["rows"]), "lrrrrrrr")]
     if result.get("scaling_inputs"):
         inputs = result["scaling_inputs"]
         lines += ["", f"Scaling model from the {inputs['from']}: p = {inputs['p']:.2f}, t_CPU = "
@@ -90,6 +81,15 @@ def markdown(result: dict, machine: str, command: str, date: str) -> str:
                       f"µs/event, t_latency = {1e3 * inputs['t_latency']:.3f} ms/event; "
                       f"{result.get('advice', '')}."]
     return "\n".join(lines) + "\n"
+
+
+def _cells(row: dict) -> list:
+    gpu = f"{row['gpu_percent']:.0f} %" if row.get("gpu_percent") is not None else "–"
+    predicted = (f"{row['predicted_events_per_s']:.0f}" if row.get("predicted_events_per_s")
+                 else "–")
+    return [row["inference"], row["gpus"], f"{row['events_per_s']:.0f}", f"{row['speedup']:.2f}×",
+            f"{row['inference_share']:.2f}", gpu, f"{row['worker_memory_bytes'] / 2**30:.1f} / "
+            f"{row['worker_peak_rss_bytes'] / 2**30:.2f} GiB", predicted]
 
 
 def machine_words(info: dict) -> str:

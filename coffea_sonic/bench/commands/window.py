@@ -26,6 +26,7 @@ import statistics
 import sys
 
 from ...cliargs import add_deprecated_alias, add_list_option
+from ..files import table
 from . import add_numbers, scenario_parser
 
 __all__ = ["markdown", "register", "run"]
@@ -104,10 +105,9 @@ def markdown(report: dict) -> str:
              f"{machine['cpu_cores']} cores, {machine['date']})", "",
              f"load: before `{report['uptime_before']}`, after `{report['uptime_after']}`", "",
              f"command: `{report['command']}`", "",
-             "| transport, request size x in flight | best M rows/s | median M rows/s |",
-             "|---|---|---|"]
-    lines += [f"| {key} | {max(windows) / 1e6:.2f} | {statistics.median(windows) / 1e6:.2f} |"
-              for key, windows in report["windows"].items()]
+             *table(["transport, request size x in flight", "best M rows/s", "median M rows/s"],
+                    ([key, f"{max(windows) / 1e6:.2f}", f"{statistics.median(windows) / 1e6:.2f}"]
+                     for key, windows in report["windows"].items()))]
     return "\n".join(lines) + "\n"
 
 

@@ -4,6 +4,8 @@ friends back (no server at all) and fills the identical histogram."""
 
 from __future__ import annotations
 
+import doctest
+
 import awkward as ak
 import hist
 import numpy as np
@@ -12,8 +14,10 @@ from coffea.nanoevents import NanoAODSchema
 
 from coffea_sonic import SonicMixin, columns
 from coffea_sonic.data.synthetic import write_sample
-from coffea_sonic.friends import FriendColumns
 from coffea_sonic.server import LocalTritonServer
+
+import friends as friends_module
+from friends import FriendColumns
 
 SCHEMA = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
 
@@ -64,3 +68,10 @@ def test_friend_columns_written_once_are_read_back_with_another_chunk_size(tmp_p
     np.testing.assert_array_equal(read["b"].values(), written["b"].values())
     assert written["b"].sum() > 1000
     assert len(list((tmp_path / "friends").rglob("*.parquet"))) == 6
+
+
+def test_friend_pieces_overlapping_a_range_are_joined_and_a_gap_reads_none():
+    """The module's examples: pieces written for two ranges are read back for a third that
+    straddles them; a range with an entry never written reads None."""
+    failed, attempted = doctest.testmod(friends_module)
+    assert attempted and not failed

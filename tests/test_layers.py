@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                 "coffea_sonic.discovery", "coffea_sonic.provenance",
                 "coffea_sonic.model_options", "coffea_sonic.incidents", "coffea_sonic.unserved",
                 "coffea_sonic.shadow", "coffea_sonic.sizing", "coffea_sonic.ramp")),
-    ("glue", ("coffea_sonic.processor", "coffea_sonic.columns", "coffea_sonic.friends",
+    ("glue", ("coffea_sonic.processor", "coffea_sonic.columns",
               "coffea_sonic.repeats",
               "coffea_sonic.preflight", "coffea_sonic.run_report")),
     ("top", ("coffea_sonic.zoo", "coffea_sonic.engines", "coffea_sonic.server",

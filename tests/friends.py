@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 import awkward as ak
 
-from .errors import InputValidationError
+from coffea_sonic.errors import InputValidationError
 
 __all__ = ["FriendColumns"]
 

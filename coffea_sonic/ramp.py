@@ -16,7 +16,9 @@ the call's last requests (the halving pieces but the first) until its other requ
 answered: they go out last, alone, and the server's work after the last byte is one 256 kB
 request. The link idles for the server's last answer meanwhile: a round trip, which is little
 where the round trip is short; so :class:`TailHold` holds them only while the last held request
-came back within :data:`HOLD_TURNAROUND_S`, and tries again every :data:`RETRY_CALLS` calls.
+came back within :data:`HOLD_TURNAROUND_S`, and tries again after :data:`RETRY_CALLS` calls, twice
+as many after each try that comes back late (up to :data:`MAX_RETRY_CALLS`): a try costs its call
+a round trip.
 
 >>> ramped([(0, 1000), (1000, 2000)], row_bytes=1024, first_bytes=128 * 1024)
 [(0, 128), (128, 384), (384, 1000), (1000, 1616), (1616, 1872), (1872, 2000)]
@@ -28,7 +30,8 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["FIRST_BYTES", "HOLD_TURNAROUND_S", "RETRY_CALLS", "TailHold", "ramped", "tail_start"]
+__all__ = ["FIRST_BYTES", "HOLD_TURNAROUND_S", "MAX_RETRY_CALLS", "RETRY_CALLS", "TailHold", "ramped",
+           "tail_start"]
 
 #: Bytes of the first (and last) request of a ramped call: encoded in well under 1 ms here, and
 #: above the size where a request's fixed cost outweighs its bytes on a 1 Gb/s link.
@@ -38,8 +41,11 @@ FIRST_BYTES = 256 * 1024
 #: 2-core box the last held request comes back 2-3 ms after it was sent, after 20 ms or more with
 #: 20 ms added to the round trip.
 HOLD_TURNAROUND_S = 0.010
-#: Calls between two tries of holding where the last one came back late.
+#: Calls between two tries of holding after a held call came back late; doubled after each try
+#: that comes back late too, up to :data:`MAX_RETRY_CALLS`.
 RETRY_CALLS = 32
+#: At most this many calls between two tries (a minute of 12.8 MB calls at 1 Gb/s and 20 ms).
+MAX_RETRY_CALLS = 512
 
 
 def _doubling(rows: int, first: int) -> list[int]:
@@ -96,7 +102,10 @@ class TailHold:
     >>> hold.answered(0.025)  # its last request took 25 ms: a long round trip
     >>> [hold.next_call() for _ in range(RETRY_CALLS)].count(True)  # tried again once
     1
-    >>> hold.answered(0.004)
+    >>> hold.answered(0.025)  # late again: the next try waits twice as long
+    >>> [hold.next_call() for _ in range(2 * RETRY_CALLS)].index(True) + 1
+    64
+    >>> hold.answered(0.004)  # short: every call holds again
     >>> hold.next_call()
     True
     """
@@ -104,6 +113,7 @@ class TailHold:
     def __init__(self) -> None:
         self._holding = True
         self._calls_since = 0
+        self._interval = RETRY_CALLS
         self._lock = threading.Lock()
 
     def next_call(self) -> bool:
@@ -112,7 +122,7 @@ class TailHold:
             if self._holding:
                 return True
             self._calls_since += 1
-            if self._calls_since < RETRY_CALLS:
+            if self._calls_since < self._interval:
                 return False
             self._calls_since = 0
             return True
@@ -120,5 +130,9 @@ class TailHold:
     def answered(self, turnaround_s: float) -> None:
         """A held call's last request came back ``turnaround_s`` after it was sent."""
         with self._lock:
+            if turnaround_s < HOLD_TURNAROUND_S:
+                self._interval = RETRY_CALLS
+            elif not self._holding:  # a try came back late
+                self._interval = min(2 * self._interval, MAX_RETRY_CALLS)
             self._holding = turnaround_s < HOLD_TURNAROUND_S
             self._calls_since = 0

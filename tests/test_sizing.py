@@ -13,7 +13,8 @@ from coffea_sonic import ramp, sizing
 from coffea_sonic.bench.passthrough import PASSTHROUGH, passthrough_inputs
 from coffea_sonic.calls import Window
 from coffea_sonic.hooks import CallHooks
-from coffea_sonic.ramp import HOLD_TURNAROUND_S, RETRY_CALLS, TailHold, ramped, tail_start
+from coffea_sonic.ramp import (HOLD_TURNAROUND_S, MAX_RETRY_CALLS, RETRY_CALLS, TailHold, ramped,
+                               tail_start)
 from coffea_sonic.validation import plan_pieces
 from coffea_sonic.model import TritonModel
 from coffea_sonic.sizing import ALONE, SHARED, ShareSizer
@@ -231,3 +232,21 @@ def test_a_long_round_trip_stops_the_hold_and_it_is_tried_again_later():
     assert tries.count(True) == 3 and tries[RETRY_CALLS - 1]
     hold.answered(HOLD_TURNAROUND_S / 2)
     assert all(hold.next_call() for _ in range(RETRY_CALLS))
+
+
+def test_each_late_try_of_the_hold_doubles_the_calls_to_the_next_up_to_a_bound():
+    hold = TailHold()
+    assert hold.next_call()
+    hold.answered(HOLD_TURNAROUND_S * 2)  # holding stops: tried again after RETRY_CALLS
+    gaps = []
+    while len(gaps) < 7:
+        calls = 1
+        while not hold.next_call():
+            calls += 1
+        gaps.append(calls)
+        hold.answered(HOLD_TURNAROUND_S * 2)  # each try late again
+    assert gaps == [RETRY_CALLS * 2 ** i for i in range(5)] + [MAX_RETRY_CALLS] * 2
+    hold.answered(HOLD_TURNAROUND_S / 2)  # a short one: every call holds, the interval restarts
+    assert all(hold.next_call() for _ in range(3))
+    hold.answered(HOLD_TURNAROUND_S * 2)
+    assert [hold.next_call() for _ in range(RETRY_CALLS)].index(True) == RETRY_CALLS - 1

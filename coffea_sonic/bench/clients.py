@@ -91,6 +91,24 @@ class ClientPool:
                 results.append(value)
         return start_at, results
 
+    def measure(self, task: dict, procs: int, *, server: str | None = None,
+                model: str | None = None, gpu: Any = None) -> dict[str, Any]:
+        """:meth:`run`, and what the server and the GPUs did meanwhile: ``start``, ``results``,
+        ``errors`` (the failed processes'), ``server_profile`` (Triton's, of ``model`` at the
+        gRPC address ``server``, over ``task["duration"]``; None without both) and
+        ``gpu_percent`` (the mean busy of ``gpu``, a GpuUtilisation; None without)."""
+        from .probes import run_gpu_mean, server_profile, server_statistics, statistics_transport
+
+        stats = (statistics_transport(server) if server and model else None)
+        before = server_statistics(stats, model) if stats and model else None
+        start, results = self.run(task, procs)
+        profile = (server_profile(before, server_statistics(stats, model), task["duration"])
+                   if stats and model and before is not None else None)
+        return {"start": start, "results": results, "server_profile": profile,
+                "errors": [result["error"] for result in results if "error" in result],
+                "gpu_percent": (None if gpu is None
+                                else run_gpu_mean(gpu, start, start + task["duration"]))}
+
     def _get(self, procs: int, timeout_s: float) -> tuple[str, Any]:
         """The next control message; RuntimeError if a process died or nothing came in time."""
         deadline = time.time() + timeout_s

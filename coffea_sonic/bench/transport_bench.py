@@ -265,36 +265,28 @@ def _record(entry: Entry, results: list[dict], duration: float, **measured: Any)
 
 
 def _measure(pool: ClientPool, server: Any, entry: Entry, device: str, duration: float,
-             gpu: Any, statistics: Any) -> dict:
+             gpu: Any) -> dict:
     """The record of ``entry`` (RuntimeError if a client process died or hung)."""
-    from .probes import run_gpu_mean, server_profile, server_statistics
-
     task = {**entry._asdict(), "duration": duration, "device": device,
             "grpc": server.grpc_address, "http": server.http_address}
-    if entry.kind == "local":
-        start, results = pool.run(task, entry.procs)
-        return _record(entry, results, duration, server={},
-                       gpu_util=run_gpu_mean(gpu, start, start + duration))
-    before = server_statistics(statistics, entry.model)
-    start, results = pool.run(task, entry.procs)
-    after = server_statistics(statistics, entry.model)
-    return _record(entry, results, duration, gpu_util=run_gpu_mean(gpu, start, start + duration),
-                   server=server_profile(before, after, duration))
+    window = pool.measure(task, entry.procs, gpu=gpu, model=entry.model,
+                          server=None if entry.kind == "local" else server.grpc_address)
+    return _record(entry, window["results"], duration, gpu_util=window["gpu_percent"],
+                   server=window["server_profile"] or {})
 
 
 def _measure_all(server: Any, entries: list[Entry], device: str, duration: float,
                  records: list[dict]) -> None:
     """Every entry once on ``server``; a crashed client pool is replaced and the run goes on."""
-    from .probes import GpuUtilisation, statistics_transport
+    from .probes import GpuUtilisation
 
-    statistics = statistics_transport(server.grpc_address)
     size = max(entry.procs for entry in entries)
     pool = ClientPool(size, transport_task)
     try:
         with GpuUtilisation() as gpu:
             for entry in entries:
                 try:
-                    record = _measure(pool, server, entry, device, duration, gpu, statistics)
+                    record = _measure(pool, server, entry, device, duration, gpu)
                 except RuntimeError as error:
                     logger.error("%s: %s", entry, error)
                     record = {**entry._asdict(), "errors": [str(error)]}

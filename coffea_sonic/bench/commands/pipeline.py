@@ -230,15 +230,6 @@ def served_stage_ms(path: str | None) -> dict:
     return medians
 
 
-def _stats(server: Any, model: str | None) -> Any:
-    """Triton's cumulative statistics of a served ``model`` (None for direct runs)."""
-    if server is None or model is None:
-        return None
-    from ..probes import server_statistics, statistics_transport
-
-    return server_statistics(statistics_transport(server.grpc_address), model)
-
-
 def table(records: list[dict], device: str, events: int) -> str:
     """The Markdown table of the runs, with labels that changed under load and server profiles."""
     lines = [f"trackgnn pipeline, device {device}, {events} events per call",
@@ -331,17 +322,13 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
     if mode in SERVED:
         task["url"] = server.url(SERVED[mode])
     record: dict = {"mode": mode, "clients": clients}
-    before = _stats(server, SERVED.get(mode))
-    start_at, results = pool.run(task, clients)
-    after = _stats(server, SERVED.get(mode))
-    if before is not None and after is not None:
-        # where a served call's time goes on the server: queue, input, run, output
-        from ..probes import server_profile
-
-        record["server_profile"] = server_profile(before, after, config.duration)
-    errors = [r["error"] for r in results if "error" in r]
-    if errors:
-        record["error"] = errors[0]
+    window = pool.measure(task, clients, gpu=gpu, model=SERVED.get(mode),
+                          server=None if server is None else server.grpc_address)
+    if window["server_profile"]:  # where a served call's time goes: queue, input, run, output
+        record["server_profile"] = window["server_profile"]
+    results = window["results"]
+    if window["errors"]:
+        record["error"] = window["errors"][0]
         return record
     record["events_per_s"] = sum(r["events_per_s"] for r in results)
     record["hits_per_s"] = sum(r["hits"] / r["elapsed_s"] for r in results)
@@ -349,8 +336,7 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
                                               if r["chunk_ms_p50"]] or [0.0]))
     # the worst client: the share of its hits labelled as when its chunk ran alone
     record["labels_as_alone"] = min(r["labels_as_alone"] for r in results)
-    busy = gpu.mean_between(start_at + 0.2, start_at + config.duration)
-    record["gpu_percent"] = None if busy is None else round(busy, 1)
+    record["gpu_percent"] = window["gpu_percent"]
     return record
 
 

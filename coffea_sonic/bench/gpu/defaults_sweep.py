@@ -55,13 +55,6 @@ from coffea_sonic.bench.report import format_rate
 logger = logging.getLogger("defaults_sweep")
 
 
-def server_stats(grpc_address: str, model: str) -> Any:
-    """Triton's cumulative statistics of ``model`` (every version), through the transport layer."""
-    from coffea_sonic.bench.probes import server_statistics, statistics_transport
-
-    return server_statistics(statistics_transport(grpc_address), model)
-
-
 # -- servers ------------------------------------------------------------------------------------------
 
 def start_server(config: Server, models: list[str], device: str):
@@ -236,8 +229,6 @@ def _run_one(sweep: _Sweep, run: Run, config: Server, server) -> None:
 
 def measure(run: Run, config: Server, server, pool: ClientPool, gpu: Any, duration: float,
             device: str) -> dict:
-    from coffea_sonic.bench.probes import run_gpu_mean, server_profile
-
     rows = CHUNK_ROWS[run.model]
     seconds = run.duration or (duration + (0.5 if run.procs >= 8 else 0.0))
     task = {"kind": run.kind, "model": run.model, "rows": rows, "client": run.client,
@@ -250,15 +241,14 @@ def measure(run: Run, config: Server, server, pool: ClientPool, gpu: Any, durati
                               "client_options": run.client, "model": run.model, "rows": rows,
                               "procs": run.procs}
     served = server is not None and run.kind != "local"
-    before = server_stats(server.grpc_address, run.model) if served else None
     try:
-        start_at, results = pool.run(task, run.procs)
+        window = pool.measure(task, run.procs, server=server.grpc_address if served else None,
+                              model=run.model, gpu=gpu)
     except RuntimeError as error:
         record["errors"] = [str(error)]
         return record
-    errors = [r["error"] for r in results if "error" in r]
-    good = [r for r in results if "error" not in r]
-    record["errors"] = errors
+    good = [r for r in window["results"] if "error" not in r]
+    record["errors"] = window["errors"]
     if run.kind == "verify":
         record["max_abs_diff"] = good[0]["max_abs_diff"] if good else None
         return record
@@ -270,12 +260,10 @@ def measure(run: Run, config: Server, server, pool: ClientPool, gpu: Any, durati
         record["client"] += f" [{record['transport']}]"
     record["chunk_ms_p50"] = round(float(np.median([r["chunk_ms_p50"] for r in good
                                                      if r["chunk_ms_p50"]])), 3) if good else None
-    record["gpu_busy"] = run_gpu_mean(gpu, start_at, start_at + seconds)
+    record["gpu_busy"] = window["gpu_percent"]
     record["duration_s"] = seconds
     if served:
-        record["server_profile"] = server_profile(
-            before, server_stats(server.grpc_address, run.model), seconds)
-        profile = record["server_profile"]
+        profile = record["server_profile"] = window["server_profile"]
         record["profile"] = (f"{profile['queue_ms']}/{profile['compute_input_ms']}/"
                             f"{profile['compute_infer_ms']}/{profile['compute_output_ms']} "
                             f"b={profile['avg_batch']}")

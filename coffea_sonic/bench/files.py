@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["pyplot", "save_figure", "section", "table", "write_json", "write_report"]
+__all__ = ["cell", "pyplot", "save_figure", "section", "table", "write_json", "write_report"]
 
 
 def table(header: Sequence[Any], rows: Iterable[Sequence[Any]], align: str = "") -> list[str]:
@@ -33,6 +33,15 @@ def table(header: Sequence[Any], rows: Iterable[Sequence[Any]], align: str = "")
     """
     rule = "|" + "".join("---:|" if align[i:i + 1] == "r" else "---|" for i in range(len(header)))
     return [_line(header), rule, *(_line(row) for row in rows)]
+
+
+def cell(value: Any, spec: str = "", suffix: str = "") -> str:
+    """A table cell: ``value`` formatted by ``spec`` with ``suffix``, or ``–`` where it is None.
+
+    >>> cell(None, ".2f"), cell(0.123, ".2f"), cell(25.0, ".0f", " %")
+    ('–', '0.12', '25 %')
+    """
+    return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
 def _line(cells: Sequence[Any]) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .config import MODES
-from .files import pyplot, save_figure, section, table
+from .files import cell, pyplot, save_figure, section, table
 from .machine import machine_label
 
 logger = logging.getLogger(__name__)
@@ -61,10 +61,6 @@ def format_seconds(value: float | None) -> str:
         if abs(value) >= scale:
             return f"{value / scale:.3g} {unit}"
     return f"{value / 1e-9:.3g} ns"
-
-
-def _ms(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2f}"
 
 
 def _clean(value):
@@ -120,7 +116,8 @@ def _rate_cells(record: dict) -> str:
 
 def _latency_cell(record: dict) -> str:
     """``p50 / p99`` of a record's latency in ms."""
-    return f"{_ms(record['latency'].get('p50_ms'))} / {_ms(record['latency'].get('p99_ms'))}"
+    latency = record["latency"]
+    return f"{cell(latency.get('p50_ms'), '.2f')} / {cell(latency.get('p99_ms'), '.2f')}"
 
 
 def _server_cell(record: dict) -> str:
@@ -174,14 +171,10 @@ def _batch_section(results: dict) -> list[str]:
               "client RSS growth / tensor bytes, median chunk", "max abs diff"]
     rows = [[r["model"], r["mode"], batch_cell(r), r["in_flight"], _rate_cells(r),
              format_rate(r["events_per_s"]["median"]), _latency_cell(r), _server_cell(r),
-             _rss_cell(r), _optional(r.get("max_abs_diff"), ".1e")]
+             _rss_cell(r), cell(r.get("max_abs_diff"), ".1e")]
             for r in _sweep(results, "batch")]
     return ["", "## Throughput by mode and batch size (one client process)", "",
             *table(header, rows, "llrrrrrrrrr")]
-
-
-def _optional(value: float | None, spec: str, suffix: str = "") -> str:
-    return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
 def _in_flight_section(results: dict) -> list[str]:
@@ -200,7 +193,7 @@ def _clients_row(r: dict) -> list:
                 else f"{gpu['mean_percent']:.0f} / {gpu['max_percent']:.0f}")
     return [r["model"], r["mode"], batch_cell(r), r["clients"], _rate_cells(r),
             format_rate(r["events_per_s"]["median"]),
-            _optional(None if busy is None else 100 * busy, ".0f", " %"), gpu_cell, _rss_cell(r)]
+            cell(None if busy is None else 100 * busy, ".0f", " %"), gpu_cell, _rss_cell(r)]
 
 
 def _clients_section(results: dict) -> list[str]:
@@ -217,7 +210,7 @@ def _target_row(t: dict) -> list:
                                             + f"{t['target']:g}")
     met = {True: "yes", False: "**no**", None: "–"}[t["met"]]
     note = t["detail"] + (f"; {t['shortfall']}" if t.get("shortfall") else "")
-    return [t["name"], t["model"], _optional(t["measured"], ".2f"), goal, met, note]
+    return [t["name"], t["model"], cell(t["measured"], ".2f"), goal, met, note]
 
 
 def _targets_section(results: dict) -> list[str]:
@@ -229,10 +222,10 @@ def _targets_section(results: dict) -> list[str]:
 def _profile_row(r: dict) -> list:
     p = r["profile"]
     return [r["model"], r["mode"], batch_cell(r), r["in_flight"], r["clients"],
-            f"{p['request_mb']:.2f}", _ms(p["observed_ms"]), _ms(p["client_ms"]),
-            _ms(p["wire_and_server_overhead_ms"]), _ms(p["queue_ms"]),
+            f"{p['request_mb']:.2f}", cell(p["observed_ms"], ".2f"), cell(p["client_ms"], ".2f"),
+            cell(p["wire_and_server_overhead_ms"], ".2f"), cell(p["queue_ms"], ".2f"),
             f"{p['compute_input_ms']:.2f} / {p['compute_infer_ms']:.2f} / "
-            f"{p['compute_output_ms']:.2f}", _ms(p["observed_gb_per_s"])]
+            f"{p['compute_output_ms']:.2f}", cell(p["observed_gb_per_s"], ".2f")]
 
 
 def _profile_section(results: dict) -> list[str]:
@@ -254,7 +247,8 @@ def _profile_section(results: dict) -> list[str]:
 
 def _scaling_row(name: str, fit: dict) -> list:
     model = fit["model"]
-    links = ", ".join(f"{gbps}: {count:.3g}" for gbps, count in fit["network_bound_clients"].items())
+    links = ", ".join(f"{gbps}: {count:.3g}"
+                      for gbps, count in fit["network_bound_clients"].items())
     per_client_gbps = fit["bytes_per_event"] * 8 / model["t_ideal"] / 1e9
     return [name, f"{fit['rows_per_event']:g}", format_seconds(model["t_gpu"]),
             format_seconds(model["t_latency"]), format_seconds(model["t_ideal"]),
@@ -287,9 +281,9 @@ def _equality_section(results: dict) -> list[str]:
     equality = results.get("equality") or {}
     if not equality.get("max_abs_diff"):
         return []
-    rows = [[name, *(_optional(per_mode.get(mode), ".1e") for mode in MODES)]
+    rows = [[name, *(cell(per_mode.get(mode), ".1e") for mode in MODES)]
             for name, per_mode in equality["max_abs_diff"].items()]
-    rows += [[f"{name}, vs local-gpu", *(_optional(per_mode.get(mode), ".1e") for mode in MODES)]
+    rows += [[f"{name}, vs local-gpu", *(cell(per_mode.get(mode), ".1e") for mode in MODES)]
              for name, per_mode in (equality.get("max_abs_diff_vs_local_gpu") or {}).items()]
     return section(
         "Outputs equal across modes", ["model", *MODES], rows, "l" + "r" * len(MODES),
@@ -305,9 +299,9 @@ def _e2e_section(results: dict) -> list[str]:
         return []
     rows = [[row["inference"], row["workers"], row["events"], f"{row['wall_s']:.2f}",
              format_rate(row["events_per_s"]),
-             _optional(None if row.get("inference_share") is None
+             cell(None if row.get("inference_share") is None
                        else 100 * row["inference_share"], ".0f", " %"),
-             _optional(row.get("speedup"), ".2f", "×")] for row in e2e.get("rows") or []]
+             cell(row.get("speedup"), ".2f", "×")] for row in e2e.get("rows") or []]
     return ["", "## End to end: demo analysis", "", e2e.get("summary", ""),
             *(["", *table(["inference", "workers", "events", "wall s", "events/s",
                            "inference share", "speedup vs CPU"], rows, "lrrrrrr")] if rows else [])]

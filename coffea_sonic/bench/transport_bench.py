@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from .clients import ClientPool, ready_then_start
-from .files import pyplot, save_figure, table, write_report
+from .files import cell, pyplot, save_figure, table, write_report
 from .machine import machine_info, machine_label, uptime_line
 from .modes import row_bytes as model_row_bytes
 from .report import format_rate
@@ -338,10 +338,6 @@ def label(record: dict) -> str:
     return f"{_kind(record)} {record['rows']} rows, {record['procs']} x {record['in_flight']}"
 
 
-def _round(value: float | None) -> str:
-    return "–" if value is None else f"{value:.3g}"
-
-
 def table_row(record: dict) -> list:
     """One window's cells: rates, client and server times (an error where it failed).
 
@@ -356,12 +352,12 @@ def table_row(record: dict) -> list:
         return [record.get("kind"), record.get("model"), record.get("rows"),
                 f"ERROR: {'; '.join(record['errors'])[:300]}"]
     server = record.get("server") or {}
-    profile = " / ".join(_round(server.get(f"{part}_ms")) for part in
+    profile = " / ".join(cell(server.get(f"{part}_ms"), ".3g") for part in
                          ("queue", "compute_input", "compute_infer", "compute_output"))
     return [_kind(record), record["model"], record["rows"],
             f"{record['procs']} x {record['in_flight']}", format_rate(record["rows_per_s"]),
-            record["gb_per_s"], _round(record.get("gpu_util")),
-            _round(record.get("client_submit_ms")), _round(record.get("latency_ms_p50")),
+            record["gb_per_s"], cell(record.get("gpu_util"), ".3g"),
+            cell(record.get("client_submit_ms"), ".3g"), cell(record.get("latency_ms_p50"), ".3g"),
             profile if server else "–", server.get("avg_batch", "–")]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .files import pyplot, save_figure, table, write_report
+from .files import cell, pyplot, save_figure, table, write_report
 from .report import format_rate
 
 __all__ = ["markdown", "write_wrapper"]
@@ -36,7 +36,7 @@ def _comparison_row(row: dict[str, Any]) -> list[Any]:
     return [row["client"], format_rate(row["rows_per_s_median"]),
             f"{format_rate(row['rows_per_s_p25'])}–{format_rate(row['rows_per_s_p75'])}",
             f"{row['ms_per_call_median']:.1f}", f"**{ratio:.2f}x**" if ratio else "–",
-            f"{paired:.2f}x" if paired else "–", f"{requests:g}" if requests is not None else "–",
+            f"{paired:.2f}x" if paired else "–", cell(requests, "g"),
             f"{server['request_ms_per_call']:.1f} ({parts})" if server else "–"]
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ...cliargs import add_list_option
-from ..files import pyplot, save_figure, table, write_report
+from ..files import cell, pyplot, save_figure, table, write_report
 from . import print_written, progress_printer, scenario_parser
 
 
@@ -84,12 +84,11 @@ def markdown(result: dict, machine: str, command: str, date: str) -> str:
 
 
 def _cells(row: dict) -> list:
-    gpu = f"{row['gpu_percent']:.0f} %" if row.get("gpu_percent") is not None else "–"
-    predicted = (f"{row['predicted_events_per_s']:.0f}" if row.get("predicted_events_per_s")
-                 else "–")
     return [row["inference"], row["gpus"], f"{row['events_per_s']:.0f}", f"{row['speedup']:.2f}×",
-            f"{row['inference_share']:.2f}", gpu, f"{row['worker_memory_bytes'] / 2**30:.1f} / "
-            f"{row['worker_peak_rss_bytes'] / 2**30:.2f} GiB", predicted]
+            f"{row['inference_share']:.2f}", cell(row.get("gpu_percent"), ".0f", " %"),
+            f"{row['worker_memory_bytes'] / 2**30:.1f} / "
+            f"{row['worker_peak_rss_bytes'] / 2**30:.2f} GiB",
+            cell(row.get("predicted_events_per_s") or None, ".0f")]
 
 
 def machine_words(info: dict) -> str:

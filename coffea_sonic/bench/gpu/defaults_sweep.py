@@ -50,6 +50,7 @@ from coffea_sonic.bench.clients import ClientPool
 from coffea_sonic.bench.gpu.defaults_plans import (CHUNK_ROWS, PLANS, MiB, Run, Server, plan_final,
                                                    run_task)
 from coffea_sonic.bench.machine import machine_info
+from coffea_sonic.bench.files import cell, table
 from coffea_sonic.bench.report import format_rate
 
 logger = logging.getLogger("defaults_sweep")
@@ -275,6 +276,22 @@ def measure(run: Run, config: Server, server, pool: ClientPool, gpu: Any, durati
     return record
 
 
+def _cells(r: dict, base: dict) -> list:
+    """A run's table row: its rate beside in-process's; a verify run's max |diff|; the error."""
+    if r.get("kind") == "verify":
+        diff = r.get("max_abs_diff")
+        return [r["server"], "served vs in-process, max abs diff", r["model"], 1,
+                "ERROR " + "; ".join(r.get("errors") or []) if diff is None else f"{diff:.2e}",
+                *[""] * 5]
+    if r.get("rows_per_s") is None:
+        errors = "; ".join(r.get("errors") or [r.get("error", "")])[:300]
+        return [r.get("server"), r.get("client", ""), r.get("model", ""), r.get("procs", ""),
+                f"ERROR {errors}"]
+    return [r["server"], r["client"], r["model"], r["procs"], format_rate(r["rows_per_s"]),
+            format_rate(base.get(r["model"])), r.get("ratio", "–"), cell(r.get("gpu_busy")),
+            r.get("chunk_ms_p50"), r.get("profile", "–")]
+
+
 def summary_markdown(report: dict) -> str:
     """The sweep's markdown table, under a line that names the machine (card, cores) and date.
 
@@ -290,28 +307,10 @@ def summary_markdown(report: dict) -> str:
     lines = [f"card: {card}; {m.get('cpu_cores')} cores ({m.get('cpu_model', '?')}); "
              f"date {m.get('date')}; plan {report['plan']}; {report['duration_s']} s per run; "
              f"chunks: emtrk_cnn {CHUNK_ROWS['emtrk_cnn']} rows, jet_tagger {CHUNK_ROWS['jet_tagger']}",
-             "",
-             "| server | client | model | procs | rows/s | in-process | ratio | GPU % | chunk ms | "
-             "server queue/in/infer/out ms, avg batch |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    base = report.get("baseline_rows_per_s") or {}
-    for r in report["records"]:
-        if r.get("kind") == "verify":
-            diff = r.get("max_abs_diff")
-            lines.append(f"| {r['server']} | served vs in-process, max abs diff | {r['model']} | 1 | "
-                         f"{'ERROR ' + '; '.join(r.get('errors') or []) if diff is None else f'{diff:.2e}'}"
-                         f" |  |  |  |  |  |")
-            continue
-        if r.get("rows_per_s") is None:
-            errors = "; ".join(r.get("errors") or [r.get("error", "")])[:300]
-            lines.append(f"| {r.get('server')} | {r.get('client', '')} | {r.get('model', '')} | "
-                         f"{r.get('procs', '')} | ERROR {errors} |")
-            continue
-        lines.append(
-            f"| {r['server']} | {r['client']} | {r['model']} | {r['procs']} | "
-            f"{format_rate(r['rows_per_s'])} | {format_rate(base.get(r['model']))} | "
-            f"{r.get('ratio', '–')} | {r.get('gpu_busy') if r.get('gpu_busy') is not None else '–'} | "
-            f"{r.get('chunk_ms_p50')} | {r.get('profile', '–')} |")
+             "", *table(["server", "client", "model", "procs", "rows/s", "in-process", "ratio",
+                         "GPU %", "chunk ms", "server queue/in/infer/out ms, avg batch"],
+                        [_cells(r, report.get("baseline_rows_per_s") or {})
+                         for r in report["records"]], "lllrrrrrr")]
     if report["plan"] == "final":
         lines += ["", "targets: emtrk_cnn 1 process >= 0.7x, 8 processes >= 0.9x with GPU "
                   ">= 80 %; jet_tagger 8 processes >= 1x"]

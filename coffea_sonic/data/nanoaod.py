@@ -17,7 +17,6 @@ NanoAOD v12 files (``Jet_nConstituents`` and ``Jet_hadronFlavour`` are ``UChar_t
 
 from __future__ import annotations
 
-from ..zoo.spec import JET_TAGGER_FEATURES
 from .hits import HIT_BRANCH_DTYPES
 
 #: Event-level branches (one value per event) and their dtypes.
@@ -69,12 +68,6 @@ COLLECTIONS: dict[str, dict[str, str]] = {
     "JetPFCands": JETPFCANDS_BRANCH_DTYPES,
     "Hit": HIT_BRANCH_DTYPES,
 }
-
-#: Jet fields that only simulation has; readers must tolerate their absence in data.
-SIMULATION_ONLY_JET_FIELDS: tuple[str, ...] = ("hadronFlavour", "partonFlavour")
-
-#: Jet fields the zoo ``jet_tagger`` reads, in input order (re-exported from the zoo declaration).
-TAGGER_JET_FIELDS: tuple[str, ...] = JET_TAGGER_FEATURES
 
 #: PF-candidate fields :func:`coffea_sonic.columns.jet_constituents` gathers by default.
 CONSTITUENT_FIELDS: tuple[str, ...] = ("pt", "eta", "phi", "mass", "charge")

@@ -45,7 +45,6 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO
@@ -480,16 +479,3 @@ def _with_caches(pairs: Sequence[tuple[Snapshot | None, Snapshot]], threshold_ms
         text += "\n\n" + "\n".join(shadow_lines(root))
     return text
 
-
-def sum_over_servers(snapshots: Sequence[Snapshot]) -> dict[str, float]:
-    """Counters summed over servers, by field name (what a load balancer's pool serves).
-
-    >>> sum_over_servers([Snapshot("a", 0.0, {("m", "1"): ModelCounters("m", "1", inferences=2)})])["inferences"]
-    2.0
-    """
-    totals: dict[str, float] = defaultdict(float)
-    for snapshot in snapshots:
-        for counters in snapshot.models.values():
-            for name in _COUNTERS.values():
-                totals[name] += getattr(counters, name)
-    return dict(totals)

@@ -3,8 +3,8 @@
 The kernel on the project's machines has tbf but no netem: a link here has a rate, and a round
 trip time is added by a user-space relay (:mod:`coffea_sonic.netlab.relay`), not by the kernel.
 
->>> Link(rate_mbit=1000).tbf_arguments()
-['rate', '1000mbit', 'burst', '1250000', 'latency', '20ms']
+>>> Link(rate_mbit=1000).burst_bytes(), QUEUE_LATENCY_MS
+(1250000, 20)
 >>> Link().shaped, Link(rate_mbit=25000, rtt_ms=0).shaped
 (False, True)
 """
@@ -12,7 +12,7 @@ trip time is added by a user-space relay (:mod:`coffea_sonic.netlab.relay`), not
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..errors import NetworkLabError
 from .netlink import netlink
@@ -34,8 +34,6 @@ class Link:
 
     >>> Link(1000, rtt_ms=20)
     Link(rate_mbit=1000, rtt_ms=20)
-    >>> Link(1000).with_rate(100).rate_mbit
-    100
     """
 
     rate_mbit: float | None = None
@@ -51,17 +49,6 @@ class Link:
     def shaped(self) -> bool:
         """Whether tbf limits the link's rate."""
         return self.rate_mbit is not None
-
-    def with_rate(self, rate_mbit: float | None) -> "Link":
-        """The same link at another rate."""
-        return replace(self, rate_mbit=rate_mbit)
-
-    def tbf_arguments(self) -> list[str]:
-        """``tc qdisc ... tbf`` arguments for this link's rate."""
-        if self.rate_mbit is None:
-            raise NetworkLabError("an unshaped link has no tbf arguments")
-        rate = f"{self.rate_mbit:g}mbit"
-        return ["rate", rate, "burst", str(self.burst_bytes()), "latency", f"{QUEUE_LATENCY_MS}ms"]
 
     def burst_bytes(self) -> int:
         """tbf's bucket for this link's rate (:data:`BURST_S` of it, at least 64 KiB)."""

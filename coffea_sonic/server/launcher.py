@@ -400,7 +400,6 @@ class LocalTritonServer:
             self, finalize, self.process, self.shm_prefix, workdir if self.workdir is None else None,
             self.keep_workdir, 10.0)
         atexit.register(self._finalizer)
-        self._workdir_in_use = workdir
 
     def _discard_failed_start(self) -> None:
         """Clean up after a process that failed to bind, keeping the workdir for the next try."""

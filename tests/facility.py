@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -39,8 +40,8 @@ from coffea_sonic.netlab.gateway import Gateway, start_gateway
 from coffea_sonic.netlab.lab import Host, Lab
 from coffea_sonic.netlab.links import Link
 from coffea_sonic.netlab.processes import HostProcess
-from coffea_sonic.netlab.services import (TritonHost, start_prometheus, start_scheduler,
-                                          start_triton, start_worker)
+from coffea_sonic.netlab.processes import CommandUnavailableError
+from coffea_sonic.netlab.services import TritonHost, ensure_command, start_triton
 from coffea_sonic.netlab.tokens import TokenIssuer
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ logger = logging.getLogger(__name__)
 WORKER_HOSTS = ("worker1", "worker2")
 SERVER_HOSTS = ("gpu1", "gpu2")
 AUDIENCE = "coffea-sonic"
+SCHEDULER_PORT = 8786
+PROMETHEUS_PORT = 9090
 
 
 class Facility:
@@ -133,3 +136,56 @@ class Facility:
     def url(self, model: str) -> str:
         """``model`` behind the gateway."""
         return self.gateway.url(model)
+
+
+def _dask_command() -> str:
+    dask = Path(sys.executable).with_name("dask")
+    if not dask.exists():
+        raise CommandUnavailableError(f"no dask command beside {sys.executable} "
+                                      "(pip install distributed)")
+    return str(dask)
+
+
+def start_scheduler(host: Host, *, worker_ttl: str = "15s") -> str:
+    """A Dask scheduler on ``host``; returns its ``tcp://ip:8786`` address.
+
+    ``worker_ttl``: how long a silent worker (its host cut off) keeps its tasks before the
+    scheduler gives them to others (Dask's default, 5 minutes, outlasts most runs).
+    """
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": worker_ttl}
+    process = host.popen([_dask_command(), "scheduler", "--host", host.ip, "--port",
+                          str(SCHEDULER_PORT), "--no-dashboard"], name="dask-scheduler", env=env)
+    process.wait_for_port(SCHEDULER_PORT)
+    return f"tcp://{host.address(SCHEDULER_PORT)}"
+
+
+def start_worker(host: Host, scheduler: str, *, name: str | None = None, threads: int = 1,
+                 env: dict | None = None) -> HostProcess:
+    """A Dask worker (no nanny) on ``host`` joined to ``scheduler``; ``env`` is added to this
+    process' environment (tokens, settings)."""
+    worker_name = name or host.name
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    return host.popen([_dask_command(), "worker", scheduler, "--host", host.ip, "--name",
+                       worker_name, "--nthreads", str(threads), "--no-nanny", "--no-dashboard",
+                       "--death-timeout", "120"], name=f"dask-worker-{worker_name}",
+                      env=environment, grace_s=3.0)  # its goodbye to a stopped scheduler hangs
+
+
+def start_prometheus(host: Host, targets: Sequence[str], directory: Path) -> str:
+    """Prometheus on ``host`` scraping ``targets`` (``ip:port`` metrics endpoints) with the job
+    of ``deploy/prometheus.yml``; returns its ``http://ip:9090`` address."""
+    import yaml
+
+    prometheus = ensure_command("prometheus", "prometheus")
+    deploy = Path(__file__).resolve().parents[1] / "deploy" / "prometheus.yml"
+    config = yaml.safe_load(deploy.read_text())
+    config["scrape_configs"][0]["static_configs"][0]["targets"] = list(targets)
+    config["global"]["scrape_interval"] = "1s"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
+    process = host.popen([prometheus, f"--config.file={directory / 'prometheus.yml'}",
+                          f"--storage.tsdb.path={directory / 'data'}",
+                          f"--web.listen-address={host.address(PROMETHEUS_PORT)}"],
+                         name="prometheus")
+    process.wait_for_port(PROMETHEUS_PORT)
+    return f"http://{host.address(PROMETHEUS_PORT)}"

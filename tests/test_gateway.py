@@ -16,6 +16,7 @@ deploy/haproxy/gateway.cfg) fails them."""
 
 from __future__ import annotations
 
+import doctest
 import logging
 import re
 import shutil
@@ -35,10 +36,11 @@ from coffea_sonic.netlab import LocalHost
 from coffea_sonic.netlab.gateway import GATEWAY_CONFIG, Gateway, start_gateway
 from coffea_sonic.netlab.processes import CommandUnavailableError, ServiceStartError
 from coffea_sonic.netlab.services import ensure_command
-from coffea_sonic.netlab.tokens import (TokenIssuer, sign_hs256, unsigned, with_claims,
-                                        without_signature)
+from coffea_sonic.netlab.tokens import TokenIssuer
 from coffea_sonic.server import LocalTritonServer
 from coffea_sonic.server.launcher import free_port
+import forged_tokens
+from forged_tokens import sign_hs256, unsigned, with_claims, without_signature
 from helpers import CheckedThread, run_in_threads, wait_for
 
 #: inference requests per second per token subject, and the wait an over-quota answer asks for
@@ -341,3 +343,9 @@ def test_over_http_shared_memory_and_model_control_are_refused_and_nothing_passe
     inputs = _rows(7)
     np.testing.assert_array_equal(setup.model(token, "http")(inputs)["probs"],
                                   _direct(setup, inputs))
+
+
+def test_forged_tokens_carry_the_claims_the_attacker_wrote():
+    """The forging helpers' own examples: what the gateway is shown is what the attacker meant."""
+    failed, attempted = doctest.testmod(forged_tokens)
+    assert attempted and not failed

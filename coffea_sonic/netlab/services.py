@@ -1,4 +1,4 @@
-"""The facility's processes, started inside lab hosts: tritonserver, Dask, HAProxy, Prometheus.
+"""The facility's processes, started inside lab hosts: tritonserver, and the commands they need.
 
 Each returns once its service answers, or raises
 :class:`~coffea_sonic.netlab.processes.ServiceStartError` with the process' log (it started and
@@ -15,8 +15,8 @@ listen on their usual ports at the host's address.
 
 The usual ports, at each host's address; a command that is already there is used as it is:
 
->>> GRPC_PORT, HTTP_PORT, METRICS_PORT, SCHEDULER_PORT, PROMETHEUS_PORT
-(8001, 8000, 8002, 8786, 9090)
+>>> GRPC_PORT, HTTP_PORT, METRICS_PORT
+(8001, 8000, 8002)
 >>> ensure_command("sh", "dash") == shutil.which("sh")
 True
 """
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 8001, 8000, 8002
-SCHEDULER_PORT = 8786
-PROMETHEUS_PORT = 9090
 
 
 def ensure_command(command: str, package: str) -> str:
@@ -83,14 +81,6 @@ def ensure_command(command: str, package: str) -> str:
     if not found:
         raise CommandUnavailableError(f"installing {package} gave no {command} command")
     return found
-
-
-def _dask_command() -> str:
-    dask = Path(sys.executable).with_name("dask")
-    if not dask.exists():
-        raise CommandUnavailableError(f"no dask command beside {sys.executable} "
-                                      "(pip install distributed)")
-    return str(dask)
 
 
 @dataclass
@@ -149,56 +139,6 @@ def start_triton(host: "Host", models: Sequence[str], *, extra_args: Sequence[st
         argv.append(f"--extra-arg={argument}")
     triton = TritonHost(host, host.popen(argv, name="tritonserver", grace_s=30.0), list(models))
     return triton.wait_ready(startup_timeout_s) if wait else triton
-
-
-def start_scheduler(host: "Host", *, worker_ttl: str = "15s") -> str:
-    """A Dask scheduler on ``host``; returns its ``tcp://ip:8786`` address.
-
-    ``worker_ttl``: how long a silent worker (its host cut off) keeps its tasks before the
-    scheduler gives them to others (Dask's default, 5 minutes, outlasts most runs).
-    """
-    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__WORKER_TTL": worker_ttl}
-    process = host.popen([_dask_command(), "scheduler", "--host", host.ip, "--port",
-                          str(SCHEDULER_PORT), "--no-dashboard"], name="dask-scheduler", env=env)
-    process.wait_for_port(SCHEDULER_PORT)
-    return f"tcp://{host.address(SCHEDULER_PORT)}"
-
-
-def start_worker(host: "Host", scheduler: str, *, name: str | None = None, threads: int = 1,
-                 env: dict | None = None) -> HostProcess:
-    """A Dask worker (no nanny) on ``host`` joined to ``scheduler``; wait for it with
-    :func:`wait_for_workers`. ``env`` is added to this process' environment (tokens, settings)."""
-    worker_name = name or host.name
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return host.popen([_dask_command(), "worker", scheduler, "--host", host.ip, "--name",
-                       worker_name, "--nthreads", str(threads), "--no-nanny", "--no-dashboard",
-                       "--death-timeout", "120"], name=f"dask-worker-{worker_name}",
-                      env=environment, grace_s=3.0)  # its goodbye to a stopped scheduler hangs
-
-
-def wait_for_workers(client, count: int, timeout_s: float = 120.0) -> None:
-    """Wait until ``client``'s scheduler has ``count`` workers (``Client.wait_for_workers``)."""
-    client.wait_for_workers(count, timeout=timeout_s)
-
-
-def start_prometheus(host: "Host", targets: Sequence[str], directory: Path) -> str:
-    """Prometheus on ``host`` scraping ``targets`` (``ip:port`` metrics endpoints) with the job
-    of ``deploy/prometheus.yml``; returns its ``http://ip:9090`` address."""
-    import yaml
-
-    prometheus = ensure_command("prometheus", "prometheus")
-    deploy = Path(__file__).resolve().parents[2] / "deploy" / "prometheus.yml"
-    config = yaml.safe_load(deploy.read_text())
-    config["scrape_configs"][0]["static_configs"][0]["targets"] = list(targets)
-    config["global"]["scrape_interval"] = "1s"
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
-    process = host.popen([prometheus, f"--config.file={directory / 'prometheus.yml'}",
-                          f"--storage.tsdb.path={directory / 'data'}",
-                          f"--web.listen-address={host.address(PROMETHEUS_PORT)}"],
-                         name="prometheus")
-    process.wait_for_port(PROMETHEUS_PORT)
-    return f"http://{host.address(PROMETHEUS_PORT)}"
 
 
 def serve_main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,8 @@
 
 A facility's token issuer (an identity provider) holds the private key; the gateway holds only the
 public one (``deploy/haproxy/gateway.cfg``: ``GATEWAY_JWT_KEY``). :class:`TokenIssuer` plays the
-issuer in tests and benchmarks; :func:`sign_hs256`, :func:`unsigned`, :func:`without_signature`
-and :func:`with_claims` play an attacker who has the public key and a token of their own, so
-that tests can check the gateway refuses what they make.
+issuer in tests and benchmarks (the tests' forged tokens, which the gateway must refuse, are
+``tests/forged_tokens.py``).
 
 >>> import tempfile
 >>> issuer = TokenIssuer(tempfile.mkdtemp())                    # doctest: +SKIP
@@ -13,15 +12,11 @@ that tests can check the gateway refuses what they make.
 2
 >>> claims(_encode({"sub": "alice"}) + "." + _encode({"aud": "x"}) + ".sig")
 {'aud': 'x'}
->>> claims(with_claims(unsigned({"sub": "mallory"}), sub="alice"))
-{'sub': 'alice'}
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import os
 import subprocess
@@ -53,44 +48,6 @@ def _openssl(*args: str, data: bytes | None = None) -> bytes:
     if result.returncode != 0:
         raise NetworkLabError(f"openssl {args[0]} failed: {result.stderr.decode(errors='replace')}")
     return result.stdout
-
-
-def sign_hs256(body: dict, secret: bytes | str) -> str:
-    """A token for claims ``body`` signed HS256 with ``secret``: the key-confusion attack, with the
-    gateway's *public* key (its PEM text, or the path it is configured with) as the HMAC secret.
-
-    >>> claims(sign_hs256({"sub": "mallory"}, b"the gateway's key"))
-    {'sub': 'mallory'}
-    """
-    key = secret.encode() if isinstance(secret, str) else secret
-    signed = f"{_encode({'alg': 'HS256', 'typ': 'JWT'})}.{_encode(body)}"
-    return f"{signed}.{_encode(hmac.new(key, signed.encode(), hashlib.sha256).digest())}"
-
-
-def unsigned(body: dict, alg: str = "none") -> str:
-    """A token for claims ``body`` that says it is ``alg`` (``none``: not signed) and has an
-    empty signature part.
-
-    >>> unsigned({"sub": "mallory"}).endswith(".")
-    True
-    """
-    return f"{_encode({'alg': alg, 'typ': 'JWT'})}.{_encode(body)}."
-
-
-def without_signature(token: str) -> str:
-    """``token`` as header and payload alone, its signature part dropped (no trailing dot).
-
-    >>> without_signature("h.p.s")
-    'h.p'
-    """
-    return ".".join(token.split(".")[:2])
-
-
-def with_claims(token: str, **changes) -> str:
-    """``token`` with its payload edited after signing (claims in ``changes`` replaced, e.g.
-    another ``sub`` or a later ``exp``), header and signature kept as they were."""
-    header, _, signature = token.split(".")
-    return f"{header}.{_encode({**claims(token), **changes})}.{signature}"
 
 
 class TokenIssuer:

@@ -40,7 +40,7 @@ import numpy as np
 from ...cliargs import add_deprecated_alias, add_device_option, add_list_option, resolve_device
 from ...errors import ConfigurationError
 from ..clients import ClientPool, ready_then_start
-from ..files import write_report
+from ..files import table as markdown_table, write_report
 from ..machine import machine_info
 from . import add_numbers, scenario_parser
 
@@ -230,27 +230,23 @@ def served_stage_ms(path: str | None) -> dict:
     return medians
 
 
+def _cells(record: dict) -> list:
+    if "error" in record:  # one cell to the end of the row
+        return [record["mode"], record["clients"], f"error: {record['error'][:80]} | | | |"]
+    ratio, rounds = record.get("ratio"), record.get("round_ratios")
+    shown = ("" if ratio is None else f"{ratio:.2f}x") + (
+        f" (rounds {min(rounds):.2f}-{max(rounds):.2f})" if rounds else "")
+    return [record["mode"] + (" (again)" if record.get("again") else ""), record["clients"],
+            f"{record['events_per_s']:.1f}", f"{record['hits_per_s']:.0f}", shown,
+            f"{record['chunk_ms_p50']:.1f}",
+            "" if record.get("gpu_percent") is None else record["gpu_percent"]]
+
+
 def table(records: list[dict], device: str, events: int) -> str:
     """The Markdown table of the runs, with labels that changed under load and server profiles."""
-    lines = [f"trackgnn pipeline, device {device}, {events} events per call",
-             "", "| mode | clients | events/s | hits/s | vs direct (same clients) | call p50 ms "
-             "| GPU busy % |", "|---|---|---|---|---|---|---|"]
-    for record in records:
-        if "error" in record:
-            lines.append(f"| {record['mode']} | {record['clients']} | error: "
-                         f"{record['error'][:80]} | | | | |")
-            continue
-        ratio = record.get("ratio")
-        mode = record["mode"] + (" (again)" if record.get("again") else "")
-        shown = "" if ratio is None else f"{ratio:.2f}x"
-        if record.get("round_ratios"):
-            shown += (f" (rounds {min(record['round_ratios']):.2f}-"
-                      f"{max(record['round_ratios']):.2f})")
-        lines.append(
-            f"| {mode} | {record['clients']} | {record['events_per_s']:.1f} | "
-            f"{record['hits_per_s']:.0f} | {shown} | "
-            f"{record['chunk_ms_p50']:.1f} | "
-            f"{'' if record.get('gpu_percent') is None else record['gpu_percent']} |")
+    lines = [f"trackgnn pipeline, device {device}, {events} events per call", "",
+             *markdown_table(["mode", "clients", "events/s", "hits/s", "vs direct (same clients)",
+                            "call p50 ms", "GPU busy %"], map(_cells, records))]
     changed = [f"{r['mode']} x {r['clients']}: {r['labels_as_alone']:.6f}" for r in records
                if r.get("labels_as_alone", 1.0) < 1.0]
     if changed:

@@ -24,7 +24,7 @@ import queue as queues
 import time
 from typing import Any, Callable
 
-__all__ = ["ClientPool", "ready_then_start"]
+__all__ = ["ClientPool", "ready_then_start", "timed_calls"]
 
 RunTask = Callable[[dict, Any, Any, dict], Any]
 
@@ -36,6 +36,28 @@ def ready_then_start(tasks: Any, control: Any) -> float:
     while time.time() < start_at:
         time.sleep(0.0005)
     return start_at
+
+
+def timed_calls(call: Callable[[int], Any], start_at: float, duration: float,
+                then: Callable[[int, Any], None] | None = None) -> tuple[list[float], float]:
+    """In a client process: ``call(i)`` back to back from ``start_at`` (``time.time()``, the
+    pool's common start) until ``duration`` s later, ``then(i, answer)`` after each outside its
+    time; each call's seconds and the seconds from ``start_at`` to the end of the last call.
+
+    >>> seconds, elapsed = timed_calls(lambda i: i, time.time(), 0.01)
+    >>> len(seconds) > 0 and elapsed > 0
+    True
+    """
+    seconds: list[float] = []
+    last = start_at
+    while time.time() < start_at + duration:
+        began = time.perf_counter()
+        answer = call(len(seconds))
+        seconds.append(time.perf_counter() - began)
+        last = time.time()
+        if then is not None:
+            then(len(seconds) - 1, answer)
+    return seconds, last - start_at
 
 
 def _serve(run_task: RunTask, tasks: Any, control: Any) -> None:

@@ -27,13 +27,12 @@ import contextlib
 import logging
 import math
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from .. import zoo
-from .clients import ClientPool, ready_then_start
+from .clients import ClientPool, ready_then_start, timed_calls
 from .files import pyplot, save_figure, table, write_report
 from .machine import machine_info, uptime_line
 from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
@@ -123,13 +122,9 @@ def tritonmodel_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
                                          **task.get("options", {}))
     for _ in range(3):  # connections, shared-memory regions, the server's first batches
         model(inputs)
-    ready_then_start(tasks, control)
-    calls, began = 0, time.perf_counter()
-    while time.perf_counter() - began < task["duration"]:
-        model(inputs)
-        calls += 1
-    elapsed = time.perf_counter() - began
-    return {"rows_per_s": calls * task["rows"] / elapsed, "calls": calls,
+    seconds, elapsed = timed_calls(lambda _: model(inputs), ready_then_start(tasks, control),
+                                   task["duration"])
+    return {"rows_per_s": len(seconds) * task["rows"] / max(elapsed, 1e-9), "calls": len(seconds),
             "transport_used": model.transport_kind}
 
 

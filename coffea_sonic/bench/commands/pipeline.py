@@ -39,7 +39,7 @@ import numpy as np
 
 from ...cliargs import add_deprecated_alias, add_device_option, add_list_option, resolve_device
 from ...errors import ConfigurationError
-from ..clients import ClientPool, ready_then_start
+from ..clients import ClientPool, ready_then_start, timed_calls
 from ..files import table as markdown_table, write_report
 from ..machine import machine_info
 from . import add_numbers, scenario_parser
@@ -163,22 +163,17 @@ def _run_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     run = _runner(task, cache)
     # warm-up, and each chunk's labels alone, which every answer under load must repeat
     alone = [np.asarray(run(rows, counts)) for rows, counts in parts]
-    start_at = ready_then_start(tasks, control)
-    end = start_at + task["duration"]
-    events = hits = same = done = 0
-    last = start_at
-    latencies = []
-    while time.time() < end:
+    sums = {"events": 0, "hits": 0, "same": 0}
+
+    def check(done: int, labels: Any) -> None:
         rows, counts = parts[done % len(parts)]
-        began = time.perf_counter()
-        labels = run(rows, counts)
-        latencies.append(time.perf_counter() - began)
-        same += int(np.count_nonzero(np.asarray(labels) == alone[done % len(parts)]))
-        events += len(counts)
-        hits += len(rows)
-        done += 1
-        last = time.time()
-    elapsed = max(last - start_at, 1e-9)
+        sums["same"] += int(np.count_nonzero(np.asarray(labels) == alone[done % len(parts)]))
+        sums["events"] += len(counts)
+        sums["hits"] += len(rows)
+
+    latencies, elapsed = timed_calls(lambda done: run(*parts[done % len(parts)]),
+                                     ready_then_start(tasks, control), task["duration"], check)
+    events, hits, same, elapsed = sums["events"], sums["hits"], sums["same"], max(elapsed, 1e-9)
     return {"events": events, "hits": hits, "elapsed_s": elapsed,
             "labels_as_alone": same / hits if hits else 1.0,
             "events_per_s": events / elapsed if events else 0.0,

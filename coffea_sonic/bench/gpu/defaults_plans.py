@@ -14,14 +14,13 @@ fixed chunks through ``TritonModel`` or an in-process engine.
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from coffea_sonic.bench.client import max_abs_difference
-from coffea_sonic.bench.clients import ready_then_start
+from coffea_sonic.bench.clients import ready_then_start, timed_calls
 
 MiB = 1 << 20
 #: Rows per chunk, per model (the workloads the defaults were chosen for).
@@ -152,19 +151,10 @@ def run_task(task: dict, tasks, control, cache: dict) -> dict:
     for _ in range(3):  # warm-up: connections, regions, kernels
         runner(inputs)
     before = _client_stats(client) if client is not None else {}
-    start_at = ready_then_start(tasks, control)
-    end = start_at + task["duration"]
-    done = 0
-    last = start_at
-    latencies = []
-    while time.time() < end:
-        began = time.perf_counter()
-        runner(inputs)
-        latencies.append(time.perf_counter() - began)
-        done += rows
-        last = time.time()
-    result = {"rows": done, "elapsed_s": last - start_at,
-              "rows_per_s": done / (last - start_at) if done else 0.0,
+    latencies, elapsed = timed_calls(lambda _: runner(inputs), ready_then_start(tasks, control),
+                                     task["duration"])
+    done = rows * len(latencies)
+    result = {"rows": done, "elapsed_s": elapsed, "rows_per_s": done / elapsed if done else 0.0,
               "chunk_ms_p50": 1e3 * float(np.median(latencies)) if latencies else None,
               "chunks": len(latencies)}
     if client is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from coffea_sonic.data.hits import generate_hits
 from coffea_sonic.errors import InputValidationError, require
 from coffea_sonic.zoo import trackgnn_pipeline as tp
-from coffea_sonic.zoo.trackgnn import track_metrics, weights_path
+from coffea_sonic.zoo.trackgnn import track_metrics
 
 from .train import fit
 
@@ -217,7 +218,7 @@ def evaluate(weights: dict[str, np.ndarray], n_events: int, seed: int) -> dict[s
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(weights_path()))
+    parser.add_argument("--out", default=str(Path(tp.__file__).with_name("trackgnn.npz")))
     parser.add_argument("--events", type=int, default=TRAIN_EVENTS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)

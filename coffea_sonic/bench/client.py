@@ -32,29 +32,16 @@ from .probes import PeakRss
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ClientJob:
-    """One client's part of a measurement (picklable: sent to spawned processes)."""
+@dataclass(frozen=True, kw_only=True)
+class ClientJob(RunnerSpec):
+    """One client's part of a measurement: its runner, and the chunks it times (picklable:
+    sent to spawned processes)."""
 
-    mode: str
-    model: str
-    batch_size: int
     chunk_rows: int
     repetitions: int
     warmup: int = 1
-    in_flight: int = 1
-    server_address: str | None = None
-    model_version: str = "1"
-    timeout_s: float = 120.0
-    cpu_threads: int = 0
     seed: int = 0
     keep_outputs: bool = False
-
-    def runner_spec(self) -> RunnerSpec:
-        return RunnerSpec(mode=self.mode, model=self.model, batch_size=self.batch_size,
-                          in_flight=self.in_flight, server_address=self.server_address,
-                          model_version=self.model_version, timeout_s=self.timeout_s,
-                          cpu_threads=self.cpu_threads)
 
 
 def _counter_delta(after: dict, before: dict) -> dict:
@@ -70,7 +57,7 @@ def run_client(job: ClientJob, on_ready: Callable[[], None] | None = None) -> di
     ``job.keep_outputs`` the outputs of the last chunk.
     """
     inputs = zoo.example_inputs(job.model, job.chunk_rows, seed=job.seed)
-    runner = make_runner(job.runner_spec())
+    runner = make_runner(job)
     try:
         for _ in range(job.warmup):
             runner.run(inputs)

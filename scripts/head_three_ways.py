@@ -7,7 +7,7 @@ before: it reads only when it gets the interpreter lock), a process of its own r
 0.2 ms (`coffea_sonic.bench.link.WireSampler`), and tcpdump's kernel time stamps of the packets
 to the server (their TCP payload summed). Prints the median head of each.
 
-    sudo .venv/bin/python benchmarks/studies/head_three_ways.py [SECONDS] [lab|serve]
+    sudo .venv/bin/python scripts/head_three_ways.py [SECONDS] [lab|serve]
 """
 
 import subprocess, sys, tempfile, threading, time

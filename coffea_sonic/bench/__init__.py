@@ -27,7 +27,14 @@ and nothing else: the CLI lists that package and calls each module's ``register(
         print_written(write_results(results, args.output))
         return 0
 
-tests/test_bench_cli.py checks that every such module registers a parser of its own name.
+tests/test_cli_shape.py checks that every such module registers a parser of its own name.
+
+What scenarios share instead of writing again: client processes that start together
+(:class:`~coffea_sonic.bench.clients.ClientPool`; ``measure`` adds Triton's profile and the GPUs'
+busy around a window, :func:`~coffea_sonic.bench.clients.timed_calls` is a process's timed loop),
+the server's statistics and the GPU sampler (:mod:`~coffea_sonic.bench.probes`), the machine
+(:mod:`~coffea_sonic.bench.machine`) and the report on disk (:mod:`~coffea_sonic.bench.files`:
+``write_report``, ``write_json``, Markdown ``table`` / ``section`` / ``cell``, ``save_figure``).
 
 From Python:
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import random
 import threading
 import time
@@ -71,8 +70,6 @@ class Router:
                           for settings in servers]
         self.policy = policy
         self.connect_timeout_s = connect_timeout_s
-        self.transport = transport
-        self.pid = os.getpid()
         self._lock = threading.Lock()
         self._rotation = itertools.count()
         self._rng = random.Random()

@@ -115,7 +115,7 @@ class RaggedSignature:
         return tuple(t.name for t in self.object_outputs)
 
 
-def _declaration_help(name: str) -> str:
+def _declaration_help() -> str:
     return (f"a ragged model declares max_batch_size >= 1, inputs 'x' (dims [-1, ...], "
             f"allow_ragged_batch: true) and 'x{COUNTS_SUFFIX}' (TYPE_INT64, dims [-1], "
             "allow_ragged_batch: true), and its per-object outputs in a batch_output of kind "
@@ -138,7 +138,7 @@ def signature(info: ModelInfo) -> RaggedSignature:
     if not info.batching:
         raise InputValidationError(
             f"model {name!r} cannot take ragged calls: expected max_batch_size >= 1, it declares "
-            f"{info.max_batch_size} (no batching); {_declaration_help(name)}")
+            f"{info.max_batch_size} (no batching); {_declaration_help()}")
     declared = {t.name: t for t in info.inputs}
     ragged = [declared[n] for n in info.ragged_inputs if n in declared]
     data = [t for t in ragged if not t.name.endswith(COUNTS_SUFFIX)]
@@ -146,7 +146,7 @@ def signature(info: ModelInfo) -> RaggedSignature:
         raise InputValidationError(
             f"model {name!r} declares no ragged input (inputs "
             f"{[t.describe() for t in info.inputs]}, none with allow_ragged_batch: true besides "
-            f"counts); expected {_declaration_help(name)}. Send padded rows without counts/ragged "
+            f"counts); expected {_declaration_help()}. Send padded rows without counts/ragged "
             "instead")
     counts = [t for t in info.inputs
               if t.name.endswith(COUNTS_SUFFIX) and t.name[: -len(COUNTS_SUFFIX)] in
@@ -156,8 +156,8 @@ def signature(info: ModelInfo) -> RaggedSignature:
         got = [t.name for t in counts]
         raise InputValidationError(
             f"model {name!r}: expected exactly one counts input {expected} (TYPE_INT64, dims [-1]) "
-            f"for its ragged inputs {[t.name for t in data]}, it declares {got or 'none'}; "
-            f"{_declaration_help(name)}")
+            f"for its ragged inputs {[t.name for t in data]}, it declares {got}; "
+            f"{_declaration_help()}")
     count = counts[0] if counts else None
     if count is not None and (count.datatype != "INT64" or tuple(count.dims) != (-1,)):
         raise InputValidationError(
@@ -184,8 +184,7 @@ def _prepared(info: ModelInfo) -> tuple[RaggedSignature, ModelInfo]:
     if entry is not None and entry[0] is info:
         return entry[1], entry[2]
     sig = signature(info)
-    flat = ModelInfo(info.name, info.versions, info.platform, max(info.max_batch_size, 1),
-                     sig.inputs, ())
+    flat = ModelInfo(info.name, info.versions, info.platform, info.max_batch_size, sig.inputs, ())
     if len(_PREPARED) >= 64:
         _PREPARED.clear()
     _PREPARED[id(info)] = (info, sig, flat)  # holding info keeps its id from being reused
@@ -423,7 +422,7 @@ class RaggedCall:
         for tensor, total in ([(t, self.rows) for t in sig.object_outputs]
                               + [(t, self.events) for t in sig.event_outputs]):
             parts = [result[tensor.name] for result in results]  # type: ignore[index]
-            array = np.concatenate(parts) if len(parts) > 1 else np.array(parts[0], copy=True)
+            array = np.concatenate(parts)  # a new array, one part or many
             if len(array) != total:
                 raise InferenceError(
                     f"model {sig.model!r}: assembled {len(array)} rows of output "

@@ -138,5 +138,5 @@ def call_key(arrays: Mapping[str, np.ndarray], counts: np.ndarray | None) -> str
     for name in sorted(arrays):
         array = np.ascontiguousarray(arrays[name])
         digest.update(f"{name}\0{array.dtype.str}\0{array.shape}\0".encode())
-        digest.update(array.tobytes() if array.ndim == 0 else memoryview(array).cast("B"))
+        digest.update(memoryview(array).cast("B") if array.size else b"")  # no cast of 0 bytes
     return digest.hexdigest()

@@ -8,6 +8,7 @@ naming model, source, shape and type, and a request's expected outputs keep thei
 from __future__ import annotations
 
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -124,3 +125,11 @@ def test_an_answer_of_an_unsafe_type_is_refused_naming_model_and_source():
     assert _message(call.check, 0, 2, {"y": np.zeros((1, 3, 4), np.float64),
                                        "e": np.zeros((2, 1), np.int32)}, "server S") == (
         "model 'mm_ragged' output 'y': server S gave float64, the model declares float32")
+
+
+def test_planning_groups_of_events_raises_no_numpy_warning():
+    call = RaggedCall.build(_info(), {"x": np.zeros(40, np.float32)}, [1, 9, 3, 7, 2, 8, 4, 6])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy deprecates a search side spelled other than exactly
+        groups = call.plan(64)
+    assert groups == [(0, 2, 0), (2, 4, 0), (4, 6, 0), (6, 8, 0)]  # 56 bytes each

@@ -334,20 +334,17 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_models_list(args: argparse.Namespace) -> int:
+    document = _models_document()
     if getattr(args, "json", False):
-        print_json(_models_document())
+        print_json(document)
         return 0
-    for name in zoo.names():
-        model_spec = zoo.spec(name)
-        print(f"{name}: {model_spec.description}")
-        for kind, tensors in (("in ", model_spec.inputs), ("out", model_spec.outputs)):
-            for tensor in tensors:
-                print(f"    {kind} {tensor.name:12s} {tensor.dtype} {list(tensor.dims)}")
-        print(f"    max_batch_size {model_spec.max_batch_size}")
-    for name, description in zoo.pipelines().items():
-        print(f"{name}: {description}")
-        print("    in  hits         float32 [-1, 3]  (ragged, with hits__counts int64 [-1])")
-        print("    out labels       int64 [-1]       (one per hit)")
+    for entry in document:
+        print(f"{entry['name']}: {entry['description']}")
+        for kind, key in (("in ", "inputs"), ("out", "outputs")):
+            for tensor in entry[key]:
+                print(f"    {kind} {tensor['name']:12s} {tensor['dtype']} {tensor['dims']}")
+        print(f"    max_batch_size {entry['max_batch_size']}" if entry["kind"] == "model" else
+              "    ragged: hits__counts gives each event's hits; one label per hit")
     return 0
 
 

@@ -1,22 +1,10 @@
 """Where models are served and how to reach them: one place that reads every source of settings.
 
 A processor declares models by URL; at run time the same code can be pointed at another facility's
-servers without edits. Sources of a model's URLs, first match wins (:func:`resolve_model` says
-which one gave them):
-
-1. environment ``COFFEA_SONIC_MODEL_<NAME>`` (upper case; comma-separated URLs),
-2. Dask config ``coffea_sonic.models.<name>`` (so ``dask.config.set`` or
-   ``DASK_COFFEA_SONIC__MODELS__<NAME>`` reach every Dask worker),
-3. the facility file (``$COFFEA_SONIC_CONFIG``, else ``~/.config/coffea-sonic/endpoints.toml``),
-   table ``[models]``: ``jet_tagger = ["triton+grpc://gpu1:8001/jet_tagger", ...]``,
-4. ``COFFEA_SONIC_SERVERS`` / ``coffea_sonic.servers`` / file key ``servers``: a list of
-   ``host:port`` put in place of the declared URL's server (model name and version are kept),
-5. the URL declared in code.
-
-Other settings (``setting("fallback")`` …) are listed in :data:`SETTINGS` and read in the order
-argument, environment, Dask config, endpoints file, default by
-:mod:`coffea_sonic.core.settings` (re-exported here; :func:`effective_settings` resolves them
-all, as ``coffea-sonic config`` prints them).
+servers without edits. The sources of a model's URLs, first match wins (:func:`resolve_model` says
+which one gave them), are listed in docs/facility/servers.md; the other settings
+(:data:`SETTINGS`, read by :mod:`coffea_sonic.core.settings`, re-exported here) in
+docs/facility/settings.md.
 
 >>> import os
 >>> os.environ["COFFEA_SONIC_SERVERS"] = "gpu1.example.org:8001,gpu2.example.org:8001"

@@ -23,30 +23,9 @@ With a server running (``LocalTritonServer``)::
     ...                                                  # other work for this chunk
     probs = handle.result()["probs"]
 
-Policies:
-
-* dtypes: only numpy-'safe' casts are done silently; anything lossy raises ``InputValidationError``.
-* NaN/inf: sent as given (the model sees what the in-process model would), with a WARNING the
-  first time a model's tensor holds any; ``nonfinite="raise"`` rejects them, ``"pass"`` does not
-  look.
-* Empty inputs: no request; correctly shaped, typed empty outputs.
-* Integrity: every answer's row count, outputs and dtypes are checked against its request; a call
-  gets all its outputs, in order, or raises — never a partial or misaligned result.
-* Several servers (a list of URLs): least-outstanding balancing, quarantine of failed servers,
-  retries of transient failures (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``, ``RESOURCE_EXHAUSTED``,
-  resets) with backoff on another server, never of ``INVALID_ARGUMENT``/``NOT_FOUND``/validation
-  errors; optional in-process fallback (see :mod:`coffea_sonic.routing`,
-  :mod:`coffea_sonic.fallback`).
-* Versions: an unpinned URL is resolved once per process to the highest version served, and every
-  request names it; a pinned version must be the one that answers.
-* Transports (:mod:`coffea_sonic.transport`): ``"auto"`` sends tensors through shared memory to a
-  server proven to be on this host (not behind a balancer), over the URL's protocol otherwise;
-  request size and in-flight window default per transport (:data:`TRANSPORT_DEFAULTS`).
-* Connection: never pickled; one channel (and slot pool) per process and server, made after any
-  fork.
-* Secrets: header values are :class:`~coffea_sonic.core.secrets.Secret` (redacted in reprs, never
-  pickled in clear; use ``Secret.bearer_from_env("NAME")`` for Dask workers); so is the key of
-  servers that restrict protocol groups (``protocol_key``).
+What a call checks and guarantees (dtypes, NaN/inf, empty inputs, integrity, connections):
+docs/user/processor.md; several servers, retries, versions and fallback: docs/user/failures.md;
+transports: :mod:`coffea_sonic.transport`; secrets: :mod:`coffea_sonic.core.secrets`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """The preflight: a processor's models checked once against the servers before its run starts.
 
-coffea's executors retry every exception a chunk raises (``Runner``'s automatic retries, and the
-Dask, futures and iterative executors' ``retries=3``), with no way to tell a certain failure from
-a passing one. So a wrong model name or a refused token would otherwise fail every chunk four
-times, each with a long traceback. The preflight runs on the driver, when coffea's ``Runner``
-pickles the processor for its workers (before any chunk task is submitted), with the workers'
-own client (:class:`~coffea_sonic.model.TritonModel`: same URLs, TLS, token, transport). For
-every model in ``sonic_models`` it checks that:
-
-* a server is reachable (with a fallback set, an unreachable server is only logged: the run
-  starts and falls back),
-* the token and TLS settings are accepted,
-* the model (and a pinned version) is served, with the expected checksum if one is set,
-* the inputs the processor declares in ``sonic_inputs`` match what the model takes.
-
-A problem ends the run at once with a :class:`~coffea_sonic.errors.PreflightError` of a few lines:
-what is wrong, and what to do. It is on by default; ``sonic_preflight = False`` on the processor,
-or the setting ``preflight`` (``COFFEA_SONIC_PREFLIGHT=off``), turns it off.
+coffea's executors retry every exception a chunk raises, so a wrong model name or a refused token
+would fail every chunk four times. The preflight runs on the driver when coffea's ``Runner``
+pickles the processor for its workers, with the workers' own client; what it checks, and how to
+turn it off: docs/user/failures.md, "The preflight".
 
 >>> from coffea_sonic import zoo
 >>> takes = zoo.declared_info("jet_tagger")  # what the server's model takes: features FP32 [6]

@@ -22,23 +22,11 @@ ak.num(in)``); requests are split, pipelined and checked by :class:`~coffea_soni
 >>> sorted(Tagger().sonic_model_urls())
 ['jet_tagger']
 
-Where the servers are is decided on the worker at first use (:mod:`coffea_sonic.config`), so
-``COFFEA_SONIC_SERVERS=gpu1:8001`` (or Dask config ``coffea_sonic.servers``) moves the same
-processor to another facility's servers without code changes.
-
-For dask-awkward (``coffea.dataset_tools.apply_to_fileset``), wrap per-partition work in
-:meth:`SonicMixin.sonic_map`: it builds a ``map_partitions`` node and never runs an inference
-while the graph is built.
-
-Under ``processor.Runner`` the mixin also
-
-* checks every declared model against the servers once, before the run's tasks start
-  (:mod:`coffea_sonic.preflight`; ``sonic_inputs`` declares what ``process`` sends, so inputs
-  that do not fit end the run there too);
-* records what happened to inference per chunk (:mod:`coffea_sonic.incidents`: outages,
-  retries, rows by fallback, chunk attempts that failed) and, when ``postprocess`` is done,
-  writes the run's report and logs its summary (:mod:`coffea_sonic.run_report`); the output's
-  ``sonic_stats()`` totals carry the whole record in ``.incidents``.
+Where the servers are is decided on the worker at first use (:mod:`coffea_sonic.config`).
+docs/user/processor.md covers ``sonic_map`` (dask-awkward) and the rest of the mixin's calls;
+docs/user/failures.md what it adds under ``processor.Runner``: the preflight
+(:mod:`coffea_sonic.preflight`) and the per-chunk record of incidents with the run's report
+(:mod:`coffea_sonic.incidents`, :mod:`coffea_sonic.run_report`).
 """
 
 from __future__ import annotations

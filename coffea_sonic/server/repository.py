@@ -11,35 +11,9 @@ Two variants:
 Configs are built as ``model_config_pb2.ModelConfig`` messages and printed with protobuf's
 text_format, so every written config.pbtxt parses back with tritonclient's own schema.
 
-Tuning knobs of :func:`model_config` (see ``benchmarks/transport/RESULTS-transport.md`` for what they
-bought):
-
-* ``instances``: model instances (per GPU with ``device="gpu"``); with the python backend each
-  is its own process, so 2-3 per GPU let one's host copies overlap another's GPU work.
-* ``preferred_batch_sizes`` / ``max_queue_delay_microseconds`` / ``max_queue_size``: Triton's
-  dynamic batcher (defaults from the zoo declaration).
-* python backend on GPU: ``staging`` (``"pinned"``: host inputs go through a reused pinned
-  buffer with asynchronous copies; ``"pageable"``: copied from the backend's memory directly),
-  ``gpu_input_tensors`` (hand inputs that arrive in GPU memory, e.g. from CUDA shared memory,
-  to the model without a trip through the host: ``FORCE_CPU_ONLY_INPUT_TENSORS: no``; default
-  on: host inputs still arrive on the host, measured no slower on an H100),
-  ``torchscript_optimize`` (let TorchScript fuse ops: faster, but then a row's outputs differ
-  in the last bits depending on which call and instance served it; off by default),
-  ``copy_threads`` (threads per instance that copy one large host input, >= 4 MiB, into the
-  pinned buffer in parts, each part's DMA overlapping the next part's copy; default 4, from
-  benchmarks/gpu/defaults_sweep.py: benchmarks/RESULTS.md, "What sets each default").
-* onnxruntime backend on GPU: ``tensorrt`` (TensorRT execution accelerator, FP32).
-* several users on one server: ``priority_levels`` (Triton's batcher serves a request of
-  priority 1 before any of 2, ...; within a level in arrival order), ``default_priority_level``
-  (requests that name none; default: the lowest, ``priority_levels``) and ``queue_policies``
-  (``{level: QueuePolicy}``, e.g. a bounded queue for the lowest level). Clients send the
-  level as the request's ``priority`` (``TritonModel(priority=...)``);
-  :mod:`coffea_sonic.bench.fairness` measures what it buys.
-* ``rate_limiter_resources``: ``{name: count}`` each instance needs to execute; with
-  tritonserver ``--rate-limit=execution_count --rate-limit-resource=NAME:N`` at most ``N``
-  such executions run at once, however many instances wait (Triton's rate limiter).
-* ``response_cache``: ``response_cache { enable: true }``: identical requests answered from
-  the server's cache (the server needs one: :mod:`coffea_sonic.server.response_cache`).
+The tuning knobs of :func:`model_config` (instances, the dynamic batcher, the python backend's
+GPU staging and copy threads, TensorRT, priority levels and queue policies, the rate limiter, the
+response cache) and what each bought are described in docs/internals/repositories.md.
 
 >>> shared = model_config("jet_tagger", priority_levels=4,
 ...                       queue_policies={4: QueuePolicy(max_queue_size=16)})
@@ -49,11 +23,6 @@ bought):
 >>> model_config("jet_tagger", rate_limiter_resources={"execution": 1}
 ...              ).instance_group[0].rate_limiter.resources[0].name
 'execution'
-
->>> import tempfile
->>> repo = write_repository(tempfile.mkdtemp(), models=["jet_tagger"])
->>> sorted(p.name for p in (repo / "jet_tagger").iterdir())
-['1', 'config.pbtxt']
 """
 
 from __future__ import annotations

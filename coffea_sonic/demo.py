@@ -1,19 +1,10 @@
 """``coffea-sonic demo``: the main job, end to end on one machine (or your facility).
 
-1. makes (or reuses) a synthetic NanoAOD-like sample, unless ``--files``/``--fileset`` name yours;
-2. starts the embedded real Triton server, unless ``--server`` names one;
-3. starts a Dask cluster (``--cluster local|slurm|htcondor|ADDRESS``, or ``--scheduler ADDRESS``);
-4. runs :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` (with the trained
-   ``particlenet`` on every selected jet and ``deepmet`` on every event) through coffea's
-   ``Runner`` + ``DaskExecutor`` with a progress bar;
-5. prints a summary (events, objects inferred, events/s, share of time waiting on inference,
-   server-side queue and compute time) and writes ``scores.png`` and ``summary.json``.
-
-``--analysis tracking`` runs :class:`~coffea_sonic.examples.tracking.TrackingProcessor` instead:
-every event's tracker hits go unpadded to the served ``trackgnn`` pipeline (``--pipeline
-ensemble``: the Triton ensemble of its stages); it prints events, hits, tracks found, efficiency
-and purity, checks the served labels against an in-process run of the first events, and writes
-``tracking.png`` and ``summary.json``.
+Sample, embedded server, Dask cluster, the jet-tagging processor
+(:class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor`; ``--analysis tracking``:
+:class:`~coffea_sonic.examples.tracking.TrackingProcessor`) through coffea's ``Runner``, then a
+summary, a plot and ``summary.json``: what each step does and prints, and the options, are in
+docs/user/quickstart.md, "The demo".
 
 >>> args = build_parser().parse_args(["--events", "1000"])
 >>> args.events, args.workers, args.executor, args.analysis

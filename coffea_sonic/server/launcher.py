@@ -5,11 +5,8 @@ backend. The launcher builds the backend folder with the python-backend stub tha
 interpreter, sets PATH / LD_LIBRARY_PATH itself, picks free ports, waits for readiness, and on stop
 leaves no child process and none of its ``/dev/shm`` regions behind.
 
-The binary, the stub and the model's Python come from the server's environment
-(:mod:`.environment`): this one when it has nvidia-pytriton and numpy < 2, else its own.
-Environment overrides (for machines where the server comes from elsewhere, e.g. the GPU machine):
-``COFFEA_SONIC_SERVER_ENV``, ``TRITONSERVER_BIN``, ``TRITON_BACKEND_DIR``, ``TRITON_SERVER_PATH``,
-``TRITON_SERVER_LD_LIBRARY_PATH``.
+Where the binary, the stub and the model's Python come from, and the environment variables that
+override them: :mod:`.process`.
 
 >>> with LocalTritonServer(models=["jet_tagger"], device="cpu") as server:
 ...     server.url("jet_tagger")

@@ -9,14 +9,9 @@ serves on this machine. Configs are ``model_config_pb2.ModelConfig`` messages pr
 protobuf's text_format, then checked against the model file as Triton would
 (:mod:`coffea_sonic.server.model_signatures`).
 
-* ONNX: the signature comes from the graph. Dynamic axes become ``-1``; when every input and
-  output has a dynamic first axis it becomes the batch axis (``max_batch_size``, default
-  :data:`DEFAULT_MAX_BATCH_SIZE`), otherwise the model does not batch (``max_batch_size: 0``).
-* TorchScript records neither shapes nor whether it batches: give ``inputs``/``outputs``
-  (``INPUT__0:FP32:6``) and ``max_batch_size``, or an example input file to trace them.
-* XGBoost (``.json``, ``.ubj``, ``.model``), LightGBM (``.txt``) and Treelite (``.tl``) models
-  get a FIL-backend config (``backend: "fil"``, :func:`~coffea_sonic.server.fil.tree_config`):
-  features and classes from the file, class probabilities for a classifier.
+What each format gives (ONNX: the graph's signature; TorchScript: tensors given or traced from an
+example input; XGBoost, LightGBM and Treelite: a FIL-backend config,
+:func:`~coffea_sonic.server.fil.tree_config`): docs/user/own_model.md, "models add".
 
 >>> import tempfile
 >>> from onnx import TensorProto, helper, save

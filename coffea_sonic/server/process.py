@@ -4,8 +4,9 @@
 public for tools that start the same binary themselves (interop tests, benchmarks).
 
 The binary, the stub and the model's Python come from the server's environment
-(:mod:`.environment`). Environment overrides (for machines where the server comes from
-elsewhere, e.g. the GPU machine): ``TRITONSERVER_BIN``, ``TRITON_BACKEND_DIR``,
+(:mod:`.environment`: this one when it has nvidia-pytriton and numpy < 2, else its own;
+``COFFEA_SONIC_SERVER_ENV`` names another). Environment overrides (for machines where the server
+comes from elsewhere, e.g. the GPU machine): ``TRITONSERVER_BIN``, ``TRITON_BACKEND_DIR``,
 ``TRITON_SERVER_PATH``, ``TRITON_SERVER_LD_LIBRARY_PATH``.
 
 >>> isinstance(parent_death_prefix(), list)

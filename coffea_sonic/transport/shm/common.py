@@ -87,6 +87,22 @@ def shm_parameters(tensor: Any, region: str, offset: int, nbytes: int) -> None:
         tensor.parameters["shared_memory_offset"].int64_param = offset
 
 
+def slot_message(request: InferRequest, slot: Slot, layout: Layout) -> Any:
+    """The gRPC request of ``request`` with its outputs pointed at ``slot`` (an output of unknown
+    size, e.g. classification's BYTES, is answered in the message); the caller adds the inputs."""
+    from tritonclient.grpc import service_pb2
+
+    message = service_pb2.ModelInferRequest(model_name=request.model,
+                                            model_version=request.version, id=request.request_id)
+    for output in request.outputs:
+        tensor = message.outputs.add(name=output.name)
+        if output.name in layout.outputs:
+            shm_parameters(tensor, slot.name, *layout.outputs[output.name])
+        elif output.classification:
+            tensor.parameters["classification"].int64_param = output.classification
+    return message
+
+
 def decode_inline(tensor: Any, content: bytes, model: str) -> np.ndarray:
     """One output that came back in the message (a read-only view of ``content``)."""
     shape = tuple(tensor.shape)

@@ -34,7 +34,7 @@ from ...core.process_local import ProcessLocal
 from ...core.tensors import TensorInfo, triton_dtype
 from ...errors import InferenceError, MissingDependencyError
 from ..base import InferAnswer, InferRequest, TransportFuture
-from .common import Layout, SlotTransport, checked_output, shm_parameters
+from .common import Layout, SlotTransport, checked_output, shm_parameters, slot_message
 from .pool import DEFAULT_MAX_SLOTS, RegionKind, Slot
 from .regions import new_region_name
 
@@ -247,11 +247,8 @@ class CudaShmTransport(SlotTransport):
 
     def _message(self, request: InferRequest, slot: Slot, layout: Layout) -> Any:
         import torch
-        from tritonclient.grpc import service_pb2
 
-        message = service_pb2.ModelInferRequest(model_name=request.model,
-                                                model_version=request.version,
-                                                id=request.request_id)
+        message = slot_message(request, slot, layout)
         with torch.cuda.device(self.device):
             for name, value in request.inputs.items():
                 offset, nbytes = layout.inputs[name]
@@ -268,9 +265,6 @@ class CudaShmTransport(SlotTransport):
                 shm_parameters(tensor, slot.name, offset, nbytes)
             # the server reads the region from its own context: our copies must be finished
             torch.cuda.current_stream().synchronize()
-        for output in request.outputs:
-            tensor = message.outputs.add(name=output.name)
-            shm_parameters(tensor, slot.name, *layout.outputs[output.name])
         return message
 
     def _read(self, response: Any, request: InferRequest, slot: Slot, layout: Layout,

@@ -35,7 +35,8 @@ from ...core.endpoint import ServerSettings
 from ...core.process_local import ProcessLocal
 from ...core.tensors import triton_dtype
 from ..base import InferAnswer, InferRequest, answer_from
-from .common import Layout, SlotTransport, checked_output, decode_inline, shm_parameters
+from .common import (Layout, SlotTransport, checked_output, decode_inline, shm_parameters,
+                     slot_message)
 from .pool import DEFAULT_MAX_SLOTS, Slot, SystemRegions
 
 __all__ = ["SystemShmTransport"]
@@ -76,23 +77,13 @@ class SystemShmTransport(SlotTransport):
         return (_rebuild, (self.settings, self.max_slots, self.copy_threads))
 
     def _message(self, request: InferRequest, slot: Slot, layout: Layout) -> Any:
-        from tritonclient.grpc import service_pb2
-
-        message = service_pb2.ModelInferRequest(model_name=request.model,
-                                                model_version=request.version,
-                                                id=request.request_id)
+        message = slot_message(request, slot, layout)
         for name, array in request.inputs.items():
             offset, nbytes = layout.inputs[name]
             self._copy_in(slot.region.view(offset, array.dtype, array.shape), array)
             tensor = message.inputs.add(name=name, datatype=triton_dtype(array.dtype),
                                         shape=array.shape)
             shm_parameters(tensor, slot.name, offset, nbytes)
-        for output in request.outputs:
-            tensor = message.outputs.add(name=output.name)
-            if output.name in layout.outputs:
-                shm_parameters(tensor, slot.name, *layout.outputs[output.name])
-            elif output.classification:  # BYTES of unknown size: answered in the message
-                tensor.parameters["classification"].int64_param = output.classification
         return message
 
     def _copy_in(self, target: np.ndarray, source: np.ndarray) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Iterable
@@ -42,7 +41,7 @@ from ..core.tensors import TensorInfo
 from ..errors import ConfigurationError
 from ..zoo import trackgnn
 from ..zoo import trackgnn_pipeline as stages
-from .repository import (DEVICES, Backend, Device, config_text, ragged_model_config, write_model,
+from .repository import (DEVICES, Backend, Device, ragged_model_config, write_model,
                          write_repository)
 
 logger = logging.getLogger(__name__)
@@ -199,7 +198,7 @@ def ensemble_config(device: Device = "cpu") -> model_config_pb2.ModelConfig:
     return config
 
 
-def _files(link: bool) -> dict[str, Path]:
+def _files() -> dict[str, Path]:
     return {"trackgnn_pipeline.py": Path(stages.__file__),
             "trackgnn_labels.py": Path(stages.__file__).with_name("trackgnn_labels.py"),
             "trackgnn_batch.py": Path(stages.__file__).with_name("trackgnn_batch.py"),
@@ -233,16 +232,10 @@ def _write_python(dest: Path, config: model_config_pb2.ModelConfig, link: bool,
     """Write one python-backend model; its warm-up sample is ``sample`` (linked or copied), or
     drawn into its folder when None. Returns the sample's path."""
     template = resources.files(__package__) / "trackgnn_model.py.tmpl"
-    folder = write_model(dest, config, {"model.py": template.read_text()})
-    sources = _files(link)
+    files: dict[str, str | Path] = {"model.py": template.read_text(), **_files()}
     if sample is not None:
-        sources["trackgnn_warmup.npz"] = sample
-    for name, source in sources.items():
-        target = folder / "1" / name
-        if link:
-            target.symlink_to(source.resolve())
-        else:
-            shutil.copyfile(source, target)
+        files["trackgnn_warmup.npz"] = sample
+    folder = write_model(dest, config, files, link=link)
     return sample or write_warm_up_sample(folder / "1" / "trackgnn_warmup.npz")
 
 
@@ -270,11 +263,7 @@ def write_pipeline(dest: str | os.PathLike, name: str, *, device: Device = "cpu"
         for stage in stages.STAGES:
             sample = _write_python(dest, stage_config(stage, device, instances, intra_op_threads,
                                                       warm_up, handoff), link, sample)
-        folder = dest / trackgnn.ENSEMBLE_NAME
-        if folder.exists():
-            shutil.rmtree(folder)
-        (folder / "1").mkdir(parents=True)
-        (folder / "config.pbtxt").write_text(config_text(ensemble_config(device)))
+        write_model(dest, ensemble_config(device), {})
     logger.info("wrote pipeline %s into %s (%s)", name, dest, device)
     return dest
 

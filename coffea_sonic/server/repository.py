@@ -213,13 +213,6 @@ def parse_config(path: str | os.PathLike) -> model_config_pb2.ModelConfig:
         raise ConfigurationError(f"{path} is not a valid Triton model config: {error}") from error
 
 
-def _place(source: Path, target: Path, link: bool) -> None:
-    if link:
-        target.symlink_to(source.resolve())
-    else:
-        shutil.copyfile(source, target)
-
-
 def _export_torchscript(name: str, target: Path) -> None:
     """Trace zoo model ``name`` to TorchScript at ``target``, in full fp32.
 
@@ -270,18 +263,14 @@ def write_repository(
     for name in names:
         config = model_config(name, backend=backend, device=device, instances=instances,
                               **config_options)
-        version_dir = dest / name / "1"
-        if version_dir.parent.exists():
-            shutil.rmtree(version_dir.parent)
-        version_dir.mkdir(parents=True)
-        (dest / name / "config.pbtxt").write_text(config_text(config))
+        files: dict[str, str | Path] = {}
         if backend == "onnxruntime" or device == "cpu":
-            _place(zoo.onnx_path(name), version_dir / "model.onnx", link)
+            files["model.onnx"] = zoo.onnx_path(name)
         if backend == "python":
-            (version_dir / "model.py").write_text(template.read_text())
-            if device == "gpu":
-                _export_torchscript(name, version_dir / "model.pt")
-        logger.info("wrote %s (%s backend, %s)", dest / name, backend, device)
+            files["model.py"] = template.read_text()
+        folder = write_model(dest, config, files, link=link)
+        if backend == "python" and device == "gpu":
+            _export_torchscript(name, folder / "1" / "model.pt")
     return dest
 
 
@@ -378,9 +367,12 @@ def _declare_ragged(config: model_config_pb2.ModelConfig, source: str,
 
 
 def write_model(dest: str | os.PathLike, config: model_config_pb2.ModelConfig,
-                files: Mapping[str, str | bytes], version: int = 1) -> Path:
+                files: Mapping[str, str | bytes | Path], version: int = 1, *,
+                link: bool = False) -> Path:
     """Write one model (any config, e.g. :func:`ragged_model_config`) into repository ``dest``:
-    ``dest/<name>/config.pbtxt`` and ``files`` (``{"model.py": source}``) in its version folder.
+    ``dest/<name>/config.pbtxt`` and ``files`` in its version folder, the folder made anew: text
+    or bytes written (``{"model.py": source}``), a ``Path`` copied (``link=True``: symlinked, fast
+    for the embedded server; leave it off for a repository you hand to a facility).
 
     >>> import tempfile
     >>> from coffea_sonic.core.tensors import TensorInfo
@@ -397,7 +389,11 @@ def write_model(dest: str | os.PathLike, config: model_config_pb2.ModelConfig,
     (folder / "config.pbtxt").write_text(config_text(config))
     for file_name, content in files.items():
         target = version_dir / file_name
-        if isinstance(content, bytes):
+        if isinstance(content, Path) and link:
+            target.symlink_to(content.resolve())
+        elif isinstance(content, Path):
+            shutil.copyfile(content, target)
+        elif isinstance(content, bytes):
             target.write_bytes(content)
         else:
             target.write_text(content)

@@ -6,20 +6,9 @@ key: the options given, else the configured ones), and every Triton call goes th
 its router and its transports. So ``check`` passes where the workers pass and fails where they fail.
 
 For every server it reports, in this order, and stops at the first thing that blocks the rest:
-
-1. **reachable**: DNS, TCP connect (refused = server down or wrong port; timeout = firewall);
-2. **protocol**: plaintext gRPC, TLS, Triton's HTTP API (``triton+http://``), or something else
-   (Triton's HTTP or metrics port given as the gRPC port);
-3. **tls**: on/off, whether the client is configured to match, certificate verification;
-4. **auth**: the bearer token accepted or rejected by the server or its gateway;
-5. **server**: Triton ready, its version;
-6. **access**: the protocol groups the server restricts behind a key (model-repository,
-   statistics, shared-memory) and what the workers do without them;
-7. **model**: the model (and version) in the URL as the workers' router finds it (the index, or
-   its metadata where the index is restricted); every model the server lists;
-8. **latency**: health round trips, and tiny inferences through the TritonModel;
-9. **transport**: what the workers' requests use (``shm``, ``grpc``, ``http``) and, if not shared
-   memory, why: not this host, a proxy or balancer in front, restricted, ``/dev/shm``.
+reachable, protocol, tls (the network steps, :mod:`.check_network`), then auth, server, access,
+model, latency, transport (through the workers' client, :mod:`.check_triton`); each module says
+what its steps tell apart, and docs/facility/check.md what a user sees.
 
 Each failure says what to do. :func:`check_servers` returns
 :class:`~coffea_sonic.facility.check_report.ServerReport` objects; :func:`render_reports` makes the

@@ -1,19 +1,10 @@
 """Every run-time setting: one name each, one order of sources, and where a value came from.
 
-A setting ``name`` is read from, first match wins:
-
-1. an **argument** the code passes (``TritonModel(url, transport="grpc")``),
-2. the **environment**, ``COFFEA_SONIC_<NAME>``,
-3. **Dask config** ``coffea_sonic.<name>`` (so ``dask.config.set`` or
-   ``DASK_COFFEA_SONIC__<NAME>`` reach every Dask worker),
-4. the **endpoints file** (``$COFFEA_SONIC_CONFIG``, else ``~/.config/coffea-sonic/endpoints.toml``),
-   key ``name`` at its top level,
-5. the **default**.
-
-:data:`SETTINGS` lists them (``coffea-sonic config`` prints each with its value and source).
-Model endpoints (``models.<name>``, ``servers``) follow the same order, with one difference kept in
-:mod:`coffea_sonic.config`: the URL written in a processor comes *last*, so a facility re-points
-models without code edits.
+A setting ``name`` is read from, first match wins (:data:`SOURCES`): an argument the code passes,
+the environment (``COFFEA_SONIC_<NAME>``), Dask config (``coffea_sonic.<name>``, so it reaches every
+Dask worker), the endpoints file (:func:`config_file`), the default. :data:`SETTINGS` lists them;
+docs/facility/settings.md has the order with examples, and the one difference of model endpoints
+(:mod:`coffea_sonic.config`: the URL written in a processor comes last).
 
 >>> setting("no_such_setting", 3)
 3

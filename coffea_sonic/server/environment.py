@@ -2,10 +2,14 @@
 
 The tritonserver binary comes in the nvidia-pytriton wheel, which requires numpy < 2, and its
 python-backend stubs exist for Python 3.8-3.12 only; under numpy 2 the stub garbles tensors. So the
-server runs from an environment of its own while the user's environment keeps numpy 2; which one,
-in order (``$COFFEA_SONIC_SERVER_ENV``, this interpreter's, the cached venv that ``coffea-sonic
-server install`` builds, ``wheels=DIR`` offline): docs/user/quickstart.md, "The server's own
-environment".
+server runs from an environment of its own while the user's environment keeps numpy 2:
+
+* ``$COFFEA_SONIC_SERVER_ENV`` names an existing environment (a venv or conda prefix) to use;
+* else this interpreter's own environment, when it has nvidia-pytriton, numpy < 2 and a stub;
+* else a venv that ``coffea-sonic server install`` builds (or the first server start builds) under
+  ``$COFFEA_SONIC_CACHE/server-env/``, cached and reused. Its Python is
+  ``$COFFEA_SONIC_SERVER_PYTHON`` or the first of python3.12 ... python3.8 found on PATH.
+  ``wheels=DIR`` installs from a local wheel folder only (machines without a package index).
 
 >>> ServerEnvironment.describe(sys.executable).version == "%d.%d" % sys.version_info[:2]
 True

@@ -83,14 +83,6 @@ def parse_tensor_spec(text: str) -> TensorInfo:
     return TensorInfo(name, datatype, dims)
 
 
-def config_tensor(target: model_config_pb2.ModelInput | model_config_pb2.ModelOutput,
-                  tensor: TensorInfo) -> None:
-    """Fill a config input/output from ``tensor`` (BYTES is written as Triton's TYPE_STRING)."""
-    target.name, target.dims[:] = tensor.name, list(tensor.dims)
-    target.data_type = model_config_pb2.DataType.Value(
-        "TYPE_STRING" if tensor.datatype == "BYTES" else f"TYPE_{tensor.datatype}")
-
-
 @dataclass
 class AddedModel:
     """What :func:`add_model` wrote, and notes worth telling the user."""
@@ -224,9 +216,9 @@ def build_config(name: str, platform: str, max_batch_size: int, inputs: Sequence
             + ("; a model with max_batch_size 0 does not batch" if max_batch_size == 0 else ""))
     config = model_config_pb2.ModelConfig(name=name, platform=platform, max_batch_size=max_batch_size)
     for tensor in inputs:
-        config_tensor(config.input.add(), tensor)
+        signatures.config_tensor(config.input.add(), tensor)
     for tensor in outputs:
-        config_tensor(config.output.add(), tensor)
+        signatures.config_tensor(config.output.add(), tensor)
     if max_batch_size > 0:
         config.dynamic_batching.preferred_batch_size[:] = list(preferred_batch_sizes)
         if max_queue_delay_us is not None:

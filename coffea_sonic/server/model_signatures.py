@@ -97,6 +97,15 @@ def config_datatype(config_type: int) -> str:
     return "BYTES" if name == "STRING" else name
 
 
+def config_tensor(target: Any, tensor: TensorInfo) -> None:
+    """Fill a config input/output from ``tensor`` (BYTES is written as Triton's TYPE_STRING)."""
+    from tritonclient.grpc import model_config_pb2
+
+    target.name, target.dims[:] = tensor.name, list(tensor.dims)
+    target.data_type = model_config_pb2.DataType.Value(
+        "TYPE_STRING" if tensor.datatype == "BYTES" else f"TYPE_{tensor.datatype}")
+
+
 def onnx_tensors(model: Any) -> tuple[list[TensorInfo], list[TensorInfo]]:
     """Graph inputs (initializers aside) and outputs of an ONNX model, full shapes (-1 = dynamic).
 

@@ -57,6 +57,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from ..errors import require
+from . import model_signatures as signatures
 from .agents import agent_problems, strip_agents, verified_files
 
 logger = logging.getLogger(__name__)
@@ -84,12 +85,6 @@ _WHY_NOT: dict[str, str] = {
     "tensorflow": "TensorFlow models need Triton's tensorflow backend, which the embedded server "
                   "does not have (export the model to ONNX, e.g. with tf2onnx, to serve it here)",
 }
-_ONNX_TYPES: dict[int, str] = {
-    1: "TYPE_FP32", 2: "TYPE_UINT8", 3: "TYPE_INT8", 4: "TYPE_UINT16", 5: "TYPE_INT16",
-    6: "TYPE_INT32", 7: "TYPE_INT64", 8: "TYPE_STRING", 9: "TYPE_BOOL", 10: "TYPE_FP16",
-    11: "TYPE_FP64", 12: "TYPE_UINT32", 13: "TYPE_UINT64", 16: "TYPE_BF16"}
-
-
 class Refusal(NamedTuple):
     """A model (``version`` None: every version) the embedded server cannot serve, and why."""
 
@@ -178,35 +173,29 @@ def _backend_of(config: model_config_pb2.ModelConfig | None, model_dir: Path,
 
 def _onnx_signature(config: model_config_pb2.ModelConfig, path: Path) -> list[str]:
     """Complete missing inputs / outputs / max_batch_size from the ONNX graph (Triton's rules)."""
-    onnx = require("onnx", f"completing the config of {path} from its ONNX graph")
-
     if path.is_dir():
         path = path / "model.onnx"
-    graph = onnx.load(str(path), load_external_data=False).graph
-    initializers = {i.name for i in graph.initializer}
-    tensors = {"input": [t for t in graph.input if t.name not in initializers],
-               "output": list(graph.output)}
-    shapes = {kind: [[d.dim_value if d.HasField("dim_value") else -1
-                      for d in t.type.tensor_type.shape.dim] for t in found]
-              for kind, found in tensors.items()}
+    found = dict(zip(("input", "output"), signatures.onnx_tensors(path)))
+    shapes = {tensor.name: () if tensor.dims == (signatures.UNKNOWN_RANK,) else tensor.dims
+              for tensors in found.values() for tensor in tensors}
     notes = []
     if not config.input and not config.output and config.max_batch_size == 0 and all(
-            shape and shape[0] == -1 for found in shapes.values() for shape in found):
+            shape and shape[0] == -1 for shape in shapes.values()):
         config.max_batch_size = DEFAULT_MAX_BATCH_SIZE
         if config.WhichOneof("scheduling_choice") is None:
             config.dynamic_batching.SetInParent()
         notes.append(f"max_batch_size {DEFAULT_MAX_BATCH_SIZE} from the graph's dynamic first axis "
                      "(Triton's default-max-batch-size)")
     skip = 1 if config.max_batch_size > 0 else 0
-    for kind, found in tensors.items():
+    for kind, tensors in found.items():
         target = getattr(config, kind)
         if target:
             continue
-        for tensor, shape in zip(found, shapes[kind]):
-            entry = target.add(name=tensor.name, dims=shape[skip:])
-            entry.data_type = model_config_pb2.DataType.Value(
-                _ONNX_TYPES.get(tensor.type.tensor_type.elem_type, "TYPE_INVALID"))
-        notes.append(f"{kind}s {[t.name for t in found]} read from {path.name}")
+        for tensor in tensors:  # a type Triton has no name for is declared TYPE_INVALID
+            signatures.config_tensor(target.add(), dataclasses.replace(
+                tensor, dims=shapes[tensor.name][skip:],
+                datatype="INVALID" if " " in tensor.datatype else tensor.datatype))
+        notes.append(f"{kind}s {[t.name for t in tensors]} read from {path.name}")
     return notes
 
 
@@ -241,9 +230,6 @@ def _version_problem(backend: str, platform: str, config: model_config_pb2.Model
         # the official container's onnxruntime backend refuses a config that contradicts the
         # graph; the adapter would run it anyway, so refuse it here the same way
         onnx = require("onnx", f"checking the config of {model_dir.name} against its ONNX graph")
-
-        from .model_signatures import compare_onnx
-
         path = model_dir / str(version) / filename
         if path.is_dir():
             path = path / "model.onnx"
@@ -251,7 +237,7 @@ def _version_problem(backend: str, platform: str, config: model_config_pb2.Model
             graph = onnx.load(str(path), load_external_data=False)
         except Exception as error:  # noqa: BLE001 - an unreadable file is the refusal
             return f"{path} is not a readable ONNX model: {type(error).__name__}: {error}"
-        mismatches = compare_onnx(config, graph)
+        mismatches = signatures.compare_onnx(config, graph)
         if mismatches:
             return ("config.pbtxt contradicts the ONNX graph, which the official container "
                     "refuses too: " + "; ".join(m.describe() for m in mismatches)

@@ -31,7 +31,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Iterable, Literal, Mapping
@@ -42,6 +42,7 @@ from tritonclient.grpc import model_config_pb2
 from .. import zoo
 from ..core.tensors import TensorInfo
 from ..errors import ConfigurationError, require
+from .model_signatures import config_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +123,7 @@ def model_config(
                       tensorrt=tensorrt)
     for tensors, targets in ((model_spec.inputs, config.input), (model_spec.outputs, config.output)):
         for tensor in tensors:
-            target = targets.add(name=tensor.name)
-            target.dims[:] = tensor.dims
-            target.data_type = model_config_pb2.DataType.Value(tensor.triton_dtype)
+            config_tensor(targets.add(), tensor.info)
     batching = config.dynamic_batching
     batching.preferred_batch_size[:] = list(preferred_batch_sizes or model_spec.preferred_batch_sizes)
     batching.max_queue_delay_microseconds = (
@@ -341,8 +340,7 @@ def _declare_ragged(config: model_config_pb2.ModelConfig, source: str,
     """The tensors of a ragged model: ragged inputs and their counts, outputs per object
     (scattered by ``source``'s shape) and per event, and the optional index batch input."""
     def declare(target, tensor: TensorInfo, dims: Sequence[int]) -> None:
-        target.name, target.dims[:] = tensor.name, list(dims)
-        target.data_type = model_config_pb2.DataType.Value(f"TYPE_{tensor.datatype}")
+        config_tensor(target, replace(tensor, dims=tuple(dims)))
 
     for tensor in inputs:
         entry = config.input.add()

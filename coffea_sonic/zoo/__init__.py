@@ -224,16 +224,12 @@ def declared_info(name: str):
     >>> declared_info("jet_tagger").inputs[0].describe()
     'features FP32[6]'
     """
-    from ..core.tensors import ModelInfo, TensorInfo
+    from ..core.tensors import ModelInfo
 
     if name not in names():
         return None
     declared = spec(name)
-
-    def tensors(specs) -> tuple:
-        return tuple(TensorInfo(t.name, t.triton_dtype.removeprefix("TYPE_"), tuple(t.dims))
-                     for t in specs)
-
     return ModelInfo(name=name, versions=("1",), platform="python",
-                     max_batch_size=declared.max_batch_size, inputs=tensors(declared.inputs),
-                     outputs=tensors(declared.outputs))
+                     max_batch_size=declared.max_batch_size,
+                     inputs=tuple(t.info for t in declared.inputs),
+                     outputs=tuple(t.info for t in declared.outputs))

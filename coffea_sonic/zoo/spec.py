@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.tensors import NamedTensors
+from ..core.tensors import NamedTensors, TensorInfo, triton_dtype
 
 #: NanoAOD ``Jet`` fields the per-jet tagger reads, in this order (all exist in NanoAOD v9 and later).
 JET_TAGGER_FEATURES: tuple[str, ...] = ("pt", "eta", "phi", "mass", "btagDeepFlavB", "nConstituents")
@@ -42,8 +42,8 @@ EMTRK_PATCH = 48
 class TensorSpec:
     """One named tensor of a model: numpy dtype name and per-row dims (batch dimension excluded).
 
-    >>> TensorSpec("x", "float32", (16,)).triton_dtype
-    'TYPE_FP32'
+    >>> TensorSpec("x", "float32", (16,)).info
+    TensorInfo(name='x', datatype='FP32', dims=(16,))
     """
 
     name: str
@@ -51,11 +51,9 @@ class TensorSpec:
     dims: tuple[int, ...]
 
     @property
-    def triton_dtype(self) -> str:
-        """The Triton ``data_type`` enum name for :attr:`dtype`."""
-        return {"float32": "TYPE_FP32", "float64": "TYPE_FP64", "float16": "TYPE_FP16",
-                "int32": "TYPE_INT32", "int64": "TYPE_INT64", "bool": "TYPE_BOOL",
-                "uint8": "TYPE_UINT8"}[self.dtype]
+    def info(self) -> TensorInfo:
+        """This tensor as servers declare it (Triton datatype, per-row dims)."""
+        return TensorInfo(self.name, triton_dtype(self.dtype), tuple(self.dims))
 
 
 @dataclass(frozen=True)

@@ -236,8 +236,7 @@ class CudaShmTransport(SlotTransport):
         ``outputs``: TensorInfo (or the zoo's TensorSpec). ``rows``: the batch size (default:
         the first input's first dim; None without batching).
         """
-        outputs = tuple(t if isinstance(t, TensorInfo) else TensorInfo(
-            t.name, t.triton_dtype.removeprefix("TYPE_"), tuple(t.dims)) for t in outputs)
+        outputs = tuple(t if isinstance(t, TensorInfo) else t.info for t in outputs)
         if rows == -1:
             first = next(iter(inputs.values()), None)
             rows = int(first.shape[0]) if first is not None and len(first.shape) else None

@@ -6,13 +6,12 @@
   ``trackgnn_cc``, each a python-backend model; ``hits`` and ``hits__counts`` go to every stage
   that needs them.
 
-Both take the ragged convention of :mod:`coffea_sonic.ragged` (``hits [-1, 3]`` FP32 with
-``hits__counts``, per-hit ``labels [-1]`` INT64). Every model folder holds ``model.py``
-(``trackgnn_model.py.tmpl``), the pipeline's numeric code ``trackgnn_pipeline.py`` and
-``trackgnn_labels.py`` (the modules an in-process run imports), ``trackgnn_batch.py`` (a stage
-model's batched requests in one pass), the weights ``trackgnn.npz``
-and a sample of events ``trackgnn_warmup.npz``: a repository runs without coffea-sonic
-installed on the server (torch and numpy < 2 are needed; scipy is used when present).
+Both take the ragged convention (:mod:`coffea_sonic.zoo.trackgnn` says what they take and answer).
+Every model folder holds ``model.py`` (``trackgnn_model.py.tmpl``), the pipeline's numeric code
+``trackgnn_pipeline.py`` and ``trackgnn_labels.py`` (the modules an in-process run imports),
+``trackgnn_batch.py`` (a stage model's batched requests in one pass), the weights ``trackgnn.npz``
+and a sample of events ``trackgnn_warmup.npz``: a repository runs without coffea-sonic installed on
+the server (torch and numpy < 2 are needed; scipy is used when present).
 
 On a GPU each instance runs the pipeline on the sample when it starts (``warm_up``), and the
 ensemble's stages pass their tensors to each other in GPU memory (``handoff: device``); on a

@@ -1,18 +1,9 @@
 """Column recipes of the zoo's models: analysis columns -> the tensors a zoo model takes.
 
 The generic conversions (flatten, unflatten, per-object feature rows, PFNano constituents) are
-in :mod:`coffea_sonic.columns`; what is particular to one model's inputs lives here:
-
-* :func:`pad_constituents`: ``particlenet`` / ``particlenet_lite`` inputs (points, features,
-  mask) per jet from its PF candidates, in :data:`~coffea_sonic.zoo.spec.PARTICLENET_FEATURES`
-  order.
-
-The ``jet_tagger``'s input is ``columns.jet_features(jets)`` (its default fields).
-
->>> import awkward as ak
->>> jet = [[{"pt": 30.0, "eta": 0.1, "phi": 0.0, "mass": 0.1, "charge": 1}]]
->>> pad_constituents(ak.Array([jet]))["pf_points"].shape
-(1, 2, 32)
+in :mod:`coffea_sonic.columns`; what is particular to one model's inputs lives here
+(:func:`pad_constituents`, the ``particlenet`` models'). The ``jet_tagger``'s input is
+``columns.jet_features(jets)`` (its default fields).
 """
 
 from __future__ import annotations

@@ -25,20 +25,21 @@ refused, naming the agent.
 []
 >>> _ = (folder / "1" / "model.onnx").write_bytes(b"changed")
 >>> print(agent_problems(folder, config)[0].describe())
-model 'tagger' checksum agent: MD5 of 1/model.onnx: expected d41d8cd98f00b204e9800998ecf8427e, \
+checksum agent: MD5 of 1/model.onnx: expected d41d8cd98f00b204e9800998ecf8427e, \
 found 8977dfac2f8e04cb96e66882235f5aba (the file is not the one the config was written for)
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from tritonclient.grpc import model_config_pb2
 
-__all__ = ["AgentProblem", "CHECKSUM_AGENT", "agent_problems", "checksum_config", "file_digest",
+from .model_signatures import Mismatch
+
+__all__ = ["CHECKSUM_AGENT", "agent_problems", "checksum_config", "file_digest",
            "strip_agents", "verified_files"]
 
 #: The name Triton's checksum repository agent is configured under.
@@ -46,24 +47,6 @@ CHECKSUM_AGENT = "checksum"
 #: Digest algorithms Triton's checksum agent computes (key prefix, lower case).
 ALGORITHMS: dict[str, str] = {"md5": "md5"}
 _CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class AgentProblem:
-    """Why a model's repository agents refuse it (or cannot run here): what, expected, found."""
-
-    model: str
-    what: str
-    expected: str = ""
-    actual: str = ""
-    fix: str = ""
-
-    def describe(self) -> str:
-        """``model 'm' what: expected X, found Y (fix)``."""
-        text = f"model {self.model!r} {self.what}"
-        if self.expected or self.actual:
-            text += f": expected {self.expected}, found {self.actual}"
-        return text + (f" ({self.fix})" if self.fix else "")
 
 
 def file_digest(path: Path, algorithm: str = "md5") -> str:
@@ -75,19 +58,19 @@ def file_digest(path: Path, algorithm: str = "md5") -> str:
     return digest.hexdigest()
 
 
-def _checksum_problems(model: str, folder: Path,
-                       agent: model_config_pb2.ModelRepositoryAgents.Agent) -> list[AgentProblem]:
+def _checksum_problems(folder: Path,
+                       agent: model_config_pb2.ModelRepositoryAgents.Agent) -> list[Mismatch]:
     problems = []
     for key, expected in sorted(agent.parameters.items()):
         algorithm, separator, relative = key.partition(":")
         if not separator:
-            problems.append(AgentProblem(model, f"checksum agent parameter {key!r}",
-                                         "ALGORITHM:path relative to the model folder", key,
-                                         'e.g. key: "MD5:1/model.onnx"'))
+            problems.append(Mismatch(f"checksum agent parameter {key!r}",
+                                     "ALGORITHM:path relative to the model folder", key,
+                                     'e.g. key: "MD5:1/model.onnx"'))
             continue
         if algorithm.lower() not in ALGORITHMS:
-            problems.append(AgentProblem(
-                model, f"checksum agent algorithm of {relative}", "MD5 (the only one Triton's "
+            problems.append(Mismatch(
+                f"checksum agent algorithm of {relative}", "MD5 (the only one Triton's "
                 "checksum agent computes; the official container refuses this model too)",
                 algorithm, f'write key: "MD5:{relative}" with the file\'s MD5'))
             continue
@@ -95,21 +78,21 @@ def _checksum_problems(model: str, folder: Path,
         try:
             actual = file_digest(path, ALGORITHMS[algorithm.lower()])
         except OSError as error:
-            problems.append(AgentProblem(model, f"checksum agent: {algorithm.upper()} of "
-                                                f"{relative}", "a readable file",
-                                         f"{type(error).__name__}: {error.strerror or error}"))
+            problems.append(Mismatch(f"checksum agent: {algorithm.upper()} of {relative}",
+                                     "a readable file",
+                                     f"{type(error).__name__}: {error.strerror or error}"))
             continue
         if actual != expected:
             case = (" (same digest in upper case: the agent compares lowercase hex exactly)"
                     if actual == expected.lower() else "")
-            problems.append(AgentProblem(model, f"checksum agent: {algorithm.upper()} of "
-                                                f"{relative}", expected, actual + case,
-                                         "the file is not the one the config was written for"))
+            problems.append(Mismatch(f"checksum agent: {algorithm.upper()} of {relative}",
+                                     expected, actual + case,
+                                     "the file is not the one the config was written for"))
     return problems
 
 
 def agent_problems(folder: Path, config: model_config_pb2.ModelConfig | None, *,
-                   others: bool = True) -> list[AgentProblem]:
+                   others: bool = True) -> list[Mismatch]:
     """Every reason ``config``'s repository agents refuse the model in ``folder`` here.
 
     Checksum agents: each listed file's digest is computed and compared; agents of another name
@@ -121,10 +104,10 @@ def agent_problems(folder: Path, config: model_config_pb2.ModelConfig | None, *,
     problems = []
     for agent in config.model_repository_agents.agents:
         if agent.name == CHECKSUM_AGENT:
-            problems += _checksum_problems(folder.name, folder, agent)
+            problems += _checksum_problems(folder, agent)
         elif others:
-            problems.append(AgentProblem(
-                folder.name, f"repository agent {agent.name!r}", "an agent the embedded server "
+            problems.append(Mismatch(
+                f"repository agent {agent.name!r}", "an agent the embedded server "
                 f"can honour ({CHECKSUM_AGENT!r})", f"libtritonrepoagent_{agent.name}.so, which "
                 "it cannot load", "serve this model with the official container that has the agent"))
     return problems

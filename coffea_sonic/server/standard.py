@@ -302,8 +302,7 @@ def _read_config(model_dir: Path) -> tuple[model_config_pb2.ModelConfig | None, 
                                           f"its folder is {name!r}; Triton needs them equal")]
     agents = agent_problems(model_dir, config)
     if agents:
-        return None, [Refusal(name, None, problem.describe().removeprefix(f"model {name!r} "))
-                      for problem in agents]
+        return None, [Refusal(name, None, problem.describe()) for problem in agents]
     return config, []
 
 

@@ -210,13 +210,14 @@ def model_rate(address: str, seconds: float, interface: str, compression: str,
         model = TritonModel(f"triton+grpc://{address}/{PASSTHROUGH}")
         inputs = passthrough_inputs(rows)
         model(inputs)
-        began, wire0 = time.perf_counter(), _tx_bytes(interface)
+        # counted inside the sampler's context: its start and end are not the model's time
         with WireSampler(interface) as wire:
+            began, wire0 = time.perf_counter(), _tx_bytes(interface)
             spans = _call_for(model, inputs, seconds, pipelined)
-        elapsed = time.perf_counter() - began
+            elapsed, sent = time.perf_counter() - began, _tx_bytes(interface) - wire0
         result = {"rows": rows, "payload_Bps": len(spans) * inputs["x"].nbytes / elapsed,
-                  "wire_Bps": (_tx_bytes(interface) - wire0) / elapsed,
-                  "calls_done": len(spans), "transport": model.transport_kind}
+                  "wire_Bps": sent / elapsed, "calls_done": len(spans),
+                  "transport": model.transport_kind}
         model.close()
     return {**result, **(call_phases(spans, wire.samples) if not pipelined else {})}
 

@@ -408,8 +408,8 @@ class LocalTritonServer:
             stop_process_group(self.process, 10.0)
         remove_shm_regions(self.shm_prefix)
 
-    def _metrics_enabled(self) -> bool:
-        return not any(arg.replace(" ", "") in ("--allow-metrics=false", "--allow-metrics=0")
+    def _enabled(self, service: str) -> bool:
+        return not any(arg.replace(" ", "") in (f"--allow-{service}=false", f"--allow-{service}=0")
                        for arg in self.extra_args)
 
     def _taken_picked_port(self) -> str | None:
@@ -444,9 +444,13 @@ class LocalTritonServer:
         return (f"Errors in its log ({self.log_path}):\n{self.log_errors()}"
                 f"Last lines of its log:\n{self.log_tail()}")
 
-    def _answers(self, url: str) -> bool:
+    def _answers(self, target: str | int) -> bool:
+        """An HTTP URL answers 200, or a port of this host (an int) takes a connection."""
         try:
-            with urllib.request.urlopen(url, timeout=1.0) as response:
+            if isinstance(target, int):
+                with socket.create_connection((self.host, target), timeout=1.0):
+                    return True
+            with urllib.request.urlopen(target, timeout=1.0) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
@@ -456,14 +460,15 @@ class LocalTritonServer:
 
         tritonserver opens gRPC, HTTP, then metrics, and exits if any bind fails: HTTP readiness
         alone can come just before it dies on a taken metrics port, so the metrics endpoint must
-        answer too, and a server that has logged a failed start is not ready.
+        answer too and the gRPC port take a connection; a server that logged a failed start is not.
         """
         deadline = time.monotonic() + self.startup_timeout_s
         ready_url = f"http://{self.http_address}/v2/health/ready"
         while time.monotonic() < deadline:
             failed = False
             if self.process.poll() is None and self._answers(ready_url) and (
-                    not self._metrics_enabled() or self._answers(self.metrics_url)):
+                    not self._enabled("metrics") or self._answers(self.metrics_url)) and (
+                    not self._enabled("grpc") or self._answers(self.ports["grpc"])):
                 if "failed to start" not in self.log_errors():
                     return
                 failed = True

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["FIRST_BYTES", "HOLD_TURNAROUND_S", "MAX_RETRY_CALLS", "RETRY_CALLS", "TailHold", "ramped",
-           "tail_start"]
+__all__ = ["FIRST_BYTES", "HOLD_TURNAROUND_S", "MAX_RETRY_CALLS", "RETRY_CALLS", "TailHold",
+           "ramped", "tail_start"]
 
 #: Bytes of the first (and last) request of a ramped call: encoded in well under 1 ms here, and
 #: above the size where a request's fixed cost outweighs its bytes on a 1 Gb/s link.
@@ -130,9 +130,10 @@ class TailHold:
     def answered(self, turnaround_s: float) -> None:
         """A held call's last request came back ``turnaround_s`` after it was sent."""
         with self._lock:
-            if turnaround_s < HOLD_TURNAROUND_S:
+            short = turnaround_s < HOLD_TURNAROUND_S
+            if short:
                 self._interval = RETRY_CALLS
             elif not self._holding:  # a try came back late
                 self._interval = min(2 * self._interval, MAX_RETRY_CALLS)
-            self._holding = turnaround_s < HOLD_TURNAROUND_S
+            self._holding = short
             self._calls_since = 0

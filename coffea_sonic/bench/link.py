@@ -101,12 +101,13 @@ import json, os, signal, sys, time
 fd, period, stop = os.open(sys.argv[1], os.O_RDONLY), float(sys.argv[2]), []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
 samples, last = [], -1
-print("ready", flush=True)
 while not stop:
     value = int(os.pread(fd, 64, 0))
     if value != last:
         samples.append((time.perf_counter(), value))
         last = value
+        if len(samples) == 1:
+            print("ready", flush=True)
     time.sleep(period)
 samples.append((time.perf_counter(), last))
 json.dump(samples, sys.stdout)

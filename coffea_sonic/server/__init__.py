@@ -1,6 +1,6 @@
-"""The embedded real Triton server, the model-repository writer, the planner of repositories
-written for NVIDIA's official container (:func:`plan_repository`), and your own models:
-:func:`add_model` (``coffea-sonic models add``), :func:`validate_repository` (``models validate``).
+"""The embedded real Triton server, the repository writer and planner, and your own models.
+
+How it works: docs/internals/server.md and docs/internals/standard-repositories.md.
 
 >>> from coffea_sonic.server import LocalTritonServer, write_repository
 >>> LocalTritonServer().running

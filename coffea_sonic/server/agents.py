@@ -1,32 +1,7 @@
 """Repository agents of a model config (``model_repository_agents``), honoured without the agents.
 
-Configs written for NVIDIA's official container can carry a block that its repository agents run
-before the model loads. The only one experiments publish is Triton's checksum agent
-(``libtritonrepoagent_checksum.so``)::
-
-    model_repository_agents { agents [ { name: "checksum"
-      parameters { key: "MD5:1/model.onnx" value: "d41d8cd98f00b204e9800998ecf8427e" } } ] }
-
-Each parameter's key is ``ALGORITHM:path`` (the path relative to the model folder, the algorithm
-case-insensitive) and its value the lowercase hex digest, compared exactly. That agent supports MD5
-only: any other algorithm (``SHA256:...``) makes it refuse the model, and so does a file it cannot
-open. The embedded tritonserver has no repository agents at all and refuses every model with such
-a block. So :func:`agent_problems` verifies the digests here, as the agent does, before anything
-starts, and the served mirror's config leaves the block out (:func:`strip_agents`); the user's
-config.pbtxt stays as it is. Agents other than ``checksum`` cannot be honoured here: the model is
-refused, naming the agent.
-
->>> import tempfile, pathlib
->>> folder = pathlib.Path(tempfile.mkdtemp()) / "tagger"
->>> (folder / "1").mkdir(parents=True)
->>> _ = (folder / "1" / "model.onnx").write_bytes(b"")
->>> config = checksum_config({"1/model.onnx": file_digest(folder / "1" / "model.onnx")})
->>> agent_problems(folder, config)
-[]
->>> _ = (folder / "1" / "model.onnx").write_bytes(b"changed")
->>> print(agent_problems(folder, config)[0].describe())
-checksum agent: MD5 of 1/model.onnx: expected d41d8cd98f00b204e9800998ecf8427e, \
-found 8977dfac2f8e04cb96e66882235f5aba (the file is not the one the config was written for)
+The checksum agent's digests are verified here; any other agent is a refusal. How it works:
+docs/internals/standard-repositories.md, "Repository agents".
 """
 
 from __future__ import annotations

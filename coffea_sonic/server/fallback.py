@@ -1,12 +1,6 @@
 """The engine of ``fallback="local"``: an embedded Triton server with the model, per process.
 
-Zoo models are served from the zoo. With the setting ``fallback_repository`` (environment
-``COFFEA_SONIC_FALLBACK_REPOSITORY``, Dask config ``coffea_sonic.fallback_repository`` or the
-facility file) the model comes from that Triton repository instead, one written for NVIDIA's
-official container (:mod:`.served`: ONNX and TorchScript through the adapter), served on the CPU
-with its unservable models skipped. Started once per process on first need (the client's
-fallback module caches the engine; one server per repository and process), stopped when the
-process exits.
+How it works: docs/internals/server.md, "The local fallback".
 
 >>> declared_info("no_such_model") is None
 True

@@ -1,11 +1,7 @@
-"""Triton FIL-backend models (XGBoost, LightGBM, Treelite) in a repository: whether the embedded
-server can serve a version, and what it says about the config.
+"""Triton FIL-backend models (XGBoost, LightGBM, Treelite): whether the embedded server can serve a
+version, and what it says about the config.
 
-The embedded server runs ``backend: "fil"`` through its own python-based FIL backend
-(``fil_model.py.tmpl`` and :mod:`coffea_sonic.engines.forest`). Planning reads each version's
-file with its library, here, before anything starts, so a file the installed library cannot read,
-a parameter FIL would refuse, or a config whose tensors contradict the model is a refusal naming
-the model, version and what to do, not a server that fails to load it.
+How it works: docs/internals/standard-repositories.md, "Tree models (FIL)".
 
 >>> from tritonclient.grpc import model_config_pb2
 >>> from google.protobuf import text_format

@@ -1,12 +1,6 @@
 """Launch the real ``tritonserver`` binary shipped in the nvidia-pytriton wheel, directly.
 
-No PyTriton proxy: the binary serves a standard config.pbtxt repository with Triton's python
-backend. The launcher builds the backend folder with the python-backend stub that matches this
-interpreter, sets PATH / LD_LIBRARY_PATH itself, picks free ports, waits for readiness, and on stop
-leaves no child process and none of its ``/dev/shm`` regions behind.
-
-Where the binary, the stub and the model's Python come from, and the environment variables that
-override them: :mod:`.process`.
+How it works: docs/internals/server.md.
 
 >>> with LocalTritonServer(models=["jet_tagger"], device="cpu") as server:
 ...     server.url("jet_tagger")

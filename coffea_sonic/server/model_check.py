@@ -1,25 +1,7 @@
 """``coffea-sonic models validate``: every problem of a Triton model repository, in one run.
 
-Each ``config.pbtxt`` is parsed with Triton's own schema (``model_config_pb2`` via protobuf's
-text_format); then, per model, the checks the official container makes when it loads it: name,
-platform/backend, tensors (names, types, dims), dynamic batching, the version folders its
-``version_policy`` serves, the model file in each (``default_model_filename`` or the platform's
-``model.onnx`` / ``model.pt`` / ``model.py`` / ``model.plan`` ...), and the declared signature
-against that file (:mod:`~coffea_sonic.server.model_signatures`: ONNX graph; TorchScript names,
-and a run on zeros when torch is here; FIL: the file read with its tree library and FIL's
-parameters, :mod:`~coffea_sonic.server.fil`). Last, whether the embedded server (``coffea-sonic serve``)
-can run it. Repository agents: the digests a checksum agent lists are computed and compared, and
-an agent the embedded server cannot honour is listed among its refusals. Nothing stops at the first
-problem.
-
->>> import tempfile
->>> from coffea_sonic.server.repository import write_repository
->>> repo = write_repository(tempfile.mkdtemp(), ["jet_tagger"], backend="onnxruntime")
->>> validate_repository(repo).problems
-[]
->>> (repo / "jet_tagger" / "1" / "model.onnx").unlink()
->>> print(validate_repository(repo).problems[0].describe())
-jet_tagger version 1: model file: expected 1/model.onnx, found nothing (put the model file there, ...)
+How it works: docs/internals/standard-repositories.md, "Adding and validating your own models"
+(with an example).
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """``coffea-sonic models add``: put an ONNX, TorchScript or tree model file into a Triton model
 repository.
 
-Writes ``REPO/NAME/config.pbtxt`` and ``REPO/NAME/<version>/model.onnx|model.pt`` the way the
-official Triton container expects them (``platform: "onnxruntime_onnx"`` / ``"pytorch_libtorch"``,
-the default model file names, an ``instance_group`` of ``KIND_CPU`` or ``KIND_GPU``, dynamic
-batching when the model batches). The same folder is what ``coffea-sonic serve --repository``
-serves on this machine. Configs are ``model_config_pb2.ModelConfig`` messages printed with
-protobuf's text_format, then checked against the model file as Triton would
-(:mod:`coffea_sonic.server.model_signatures`).
+How it works: docs/internals/standard-repositories.md; what each format gives:
+docs/user/own_model.md, "models add".
 
-What each format gives (ONNX: the graph's signature; TorchScript: tensors given or traced from an
-example input; XGBoost, LightGBM and Treelite: a FIL-backend config,
-:func:`~coffea_sonic.server.fil.tree_config`): docs/user/own_model.md, "models add".
-
->>> import tempfile
->>> from onnx import TensorProto, helper, save
->>> folder = Path(tempfile.mkdtemp())
->>> graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
->>> save(helper.make_model(graph), str(folder / "relu.onnx"))
->>> added = add_model(folder / "relu.onnx", "relu", folder / "repo", preferred_batch_sizes=[64])
->>> added.config.platform, added.config.max_batch_size, added.model_path.name
-('onnxruntime_onnx', 1024, 'model.onnx')
 >>> parse_tensor_spec("INPUT__0:fp32:-1,3")
 TensorInfo(name='INPUT__0', datatype='FP32', dims=(-1, 3))
 """

@@ -1,17 +1,7 @@
 """What a model file declares, and where a config.pbtxt disagrees with it (as Triton would judge).
 
-Used by ``coffea-sonic models add`` (to write a config from a model file) and ``models validate``
-(to compare a config with its model file). The comparison follows the official container's rules:
-
-* ONNX (onnxruntime backend): the config names exactly the graph's inputs (initializers aside;
-  ``batch_input`` targets count as inputs) and a subset of its outputs, with the graph's element
-  types; with ``max_batch_size > 0`` every tensor's first axis in the graph must be dynamic; a
-  fixed graph axis must equal the config's, a dynamic one accepts any input dim, outputs must match
-  exactly (``-1`` for ``-1``). A ragged input (``allow_ragged_batch``) is 1-D in the graph; a
-  ``batch_output`` target's dims are not compared (Triton scatters it by its source input's shape).
-* TorchScript (pytorch backend): input names are the ``forward`` arguments or ``<name>__<index>``;
-  outputs ``<name>__<index>`` or config order. With torch importable and every non-batch dim known,
-  the module runs once on zeros and its outputs' shapes and types are compared.
+How it works: docs/internals/standard-repositories.md, "Where a config disagrees with its model
+file".
 
 >>> from onnx import TensorProto, helper
 >>> graph = helper.make_graph(

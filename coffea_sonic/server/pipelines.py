@@ -1,29 +1,7 @@
-"""Write the zoo's multi-stage pipeline (``trackgnn``) into a Triton model repository, two ways.
+"""Write the zoo's multi-stage pipeline (``trackgnn``) into a Triton model repository, fused or as
+an ensemble.
 
-* ``trackgnn``: one python-backend model running every stage per request (fused);
-* ``trackgnn_ensemble``: a Triton ensemble (``platform: "ensemble"``) whose steps are the stage
-  models ``trackgnn_embed``, ``trackgnn_graph``, ``trackgnn_filter``, ``trackgnn_gnn`` and
-  ``trackgnn_cc``, each a python-backend model; ``hits`` and ``hits__counts`` go to every stage
-  that needs them.
-
-Both take the ragged convention (:mod:`coffea_sonic.zoo.trackgnn` says what they take and answer).
-Every model folder holds ``model.py`` (``trackgnn_model.py.tmpl``), the pipeline's numeric code
-``trackgnn_pipeline.py`` and ``trackgnn_labels.py`` (the modules an in-process run imports),
-``trackgnn_batch.py`` (a stage model's batched requests in one pass), the weights ``trackgnn.npz``
-and a sample of events ``trackgnn_warmup.npz``: a repository runs without coffea-sonic installed on
-the server (torch and numpy < 2 are needed; scipy is used when present).
-
-On a GPU each instance runs the pipeline on the sample when it starts (``warm_up``), and the
-ensemble's stages pass their tensors to each other in GPU memory (``handoff: device``); on a
-CPU neither (a CPU process has little to warm, and its tensors live on the host anyway).
-
->>> import tempfile
->>> repo = write_pipeline(tempfile.mkdtemp(), "trackgnn_ensemble")
->>> sorted(p.name for p in repo.iterdir())  # doctest: +NORMALIZE_WHITESPACE
-['trackgnn_cc', 'trackgnn_embed', 'trackgnn_ensemble', 'trackgnn_filter', 'trackgnn_gnn',
- 'trackgnn_graph']
->>> ensemble_config("cpu").ensemble_scheduling.step[0].model_name
-'trackgnn_embed'
+How it works: docs/internals/server.md, "The tracking pipeline" (with an example).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """The tritonserver binary as a process: where it is, its backend folder and environment, stopping it.
 
-:class:`~coffea_sonic.server.launcher.LocalTritonServer` starts the server with these; they are
-public for tools that start the same binary themselves (interop tests, benchmarks).
-
-The binary, the stub and the model's Python come from the server's environment
-(:mod:`.environment`: this one when it has nvidia-pytriton and numpy < 2, else its own;
-``COFFEA_SONIC_SERVER_ENV`` names another). Environment overrides (for machines where the server
-comes from elsewhere, e.g. the GPU machine): ``TRITONSERVER_BIN``, ``TRITON_BACKEND_DIR``,
-``TRITON_SERVER_PATH``, ``TRITON_SERVER_LD_LIBRARY_PATH``.
+How it works, and the environment variables that override where the binary comes from:
+docs/internals/server.md.
 
 >>> isinstance(parent_death_prefix(), list)
 True

@@ -1,19 +1,6 @@
 """Write standard Triton model repositories (config.pbtxt + version folder) for the zoo models.
 
-Two variants:
-
-* ``python``: Triton's python backend runs the zoo ONNX with onnxruntime on CPU, or a TorchScript
-  export with torch on CUDA (``device="gpu"``). This is what the embedded server serves: the
-  ``tritonserver`` in the nvidia-pytriton wheel ships only the python backend.
-* ``onnxruntime``: ``platform: "onnxruntime_onnx"``, what a facility's official NVIDIA Triton
-  container serves (optionally with the TensorRT execution accelerator on GPU).
-
-Configs are built as ``model_config_pb2.ModelConfig`` messages and printed with protobuf's
-text_format, so every written config.pbtxt parses back with tritonclient's own schema.
-
-The tuning knobs of :func:`model_config` (instances, the dynamic batcher, the python backend's
-GPU staging and copy threads, TensorRT, priority levels and queue policies, the rate limiter, the
-response cache) and what each bought are described in docs/internals/repositories.md.
+The variants and the tuning knobs of :func:`model_config`: docs/internals/repositories.md.
 
 >>> shared = model_config("jet_tagger", priority_levels=4,
 ...                       queue_policies={4: QueuePolicy(max_queue_size=16)})
@@ -101,8 +88,8 @@ def model_config(
     queue_policies: Mapping[int, QueuePolicy] | None = None,
     rate_limiter_resources: Mapping[str, int] | None = None, response_cache: bool = False,
 ) -> model_config_pb2.ModelConfig:
-    """The Triton ``ModelConfig`` message of zoo model ``name`` for one backend and device (the
-    tuning knobs: the module docstring).
+    """The Triton ``ModelConfig`` of zoo model ``name`` for one backend and device (the tuning
+    knobs: docs/internals/repositories.md).
 
     >>> config = model_config("emtrk_cnn", backend="onnxruntime", device="gpu")
     >>> config.platform, config.instance_group[0].kind == config.instance_group[0].KIND_GPU
@@ -145,8 +132,7 @@ def _backend_settings(config: model_config_pb2.ModelConfig, backend: Backend, de
                       intra_op_threads: int, staging: Staging, torchscript_optimize: bool,
                       copy_threads: int | None, gpu_input_tensors: bool | None,
                       tensorrt: bool) -> None:
-    """The backend, platform and backend parameters of a zoo model's config (module docstring:
-    the tuning knobs)."""
+    """The backend, platform and backend parameters of a zoo model's config."""
     if backend == "python":
         config.backend = "python"
         config.parameters["device"].string_value = device

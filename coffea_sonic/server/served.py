@@ -1,19 +1,6 @@
 """The served copy of a user's Triton repository, and the python-based backends that run it.
 
-:func:`prepare_repository` plans a repository (:func:`.standard.plan_repository`), refuses before
-anything starts when a model cannot be served (:class:`~coffea_sonic.errors.UnservableModelError`;
-``skip_unservable=True`` serves the rest), and builds a mirror of the servable models under the
-server's workdir: folders made anew, every file a symlink to the user's, ``config.pbtxt`` linked
-unless it had to change (GPU instance groups on a CPU server, refused versions left out, an ONNX
-signature completed from the graph). The user's files are only read: Python's ``__pycache__`` of a
-python model lands in the mirror, never next to the user's model.py.
-
-:func:`install_adapters` puts the adapter (``adapter_model.py.tmpl``) into the backend folder as
-``onnxruntime/model.py`` and ``pytorch/model.py``, and the FIL backend (``fil_model.py.tmpl`` with
-:mod:`coffea_sonic.engines.forest` beside it as ``tree_forest.py``) as ``fil/``. Triton runs such a folder through the python
-backend, whose library must then lie inside the backend folder (a symlink out of it is refused:
-"backend library name ... escapes backend directory"): it is copied, and the library folder its
-RPATH pointed to goes onto the server's ``LD_LIBRARY_PATH``.
+How it works: docs/internals/standard-repositories.md, "The served copy and the adapters".
 
 >>> import tempfile, pathlib
 >>> repo = pathlib.Path(tempfile.mkdtemp())

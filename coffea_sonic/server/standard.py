@@ -1,47 +1,7 @@
 """Which models of a repository written for NVIDIA's official Triton container the embedded server
 can serve, and why not the others: :func:`plan_repository`, before anything starts.
 
-The embedded tritonserver (nvidia-pytriton's) has only the python backend. It serves:
-
-* ``python`` and ``ensemble`` models as they are;
-* ``onnxruntime_onnx`` / ``onnxruntime`` and ``pytorch_libtorch`` / ``pytorch`` models through the
-  python-based backend adapter (``adapter_model.py.tmpl``, installed by :mod:`.served`), with their
-  own config;
-* ``fil`` models (XGBoost, LightGBM, Treelite: Triton's FIL backend) through a python-based FIL
-  backend (``fil_model.py.tmpl``), each version's file read here first (:mod:`.fil`).
-
-Repository agents (``model_repository_agents``): the files a checksum agent lists are verified
-before anything starts, as Triton's agent does, and the served config leaves the block out
-(:mod:`.agents`); a mismatch or another agent is a refusal.
-
-Devices: ``device="cpu"`` serves KIND_GPU instance groups as KIND_CPU (the only config change
-besides those below). On a GPU server, TorchScript runs on ``cuda:<device id>`` of each KIND_GPU
-instance. ONNX on a GPU instance uses onnxruntime's CUDA execution provider when the server's
-onnxruntime has one (onnxruntime-gpu); the project pins the CPU wheel (onnxruntime-gpu cannot be
-installed next to it, and the GPU machine has the CPU wheel too), so there the model runs on the
-CPU, said at WARNING when planned. Converting ONNX to torch (onnx2torch) was not taken: not a
-dependency, incomplete operator coverage, and a different implementation from the file the user
-validated.
-
-It refuses, with the reason and what to do: TensorRT plans, TensorFlow models, custom backends,
-missing or unreadable configs and model files, TorchScript when torch is not importable or when
-the module calls an operator no loaded library registers (:mod:`.torch_ops`), ensembles whose
-steps are refused. A refusal names a version when only that version is at fault.
-
-Configs are read with tritonclient's ``model_config_pb2`` (Triton's own schema). A model without
-config.pbtxt is handled as Triton's auto-complete would: ONNX signatures are read from the graph
-(``max_batch_size`` 4 and a dynamic batcher when every input and output has a dynamic first axis,
-Triton's ``default-max-batch-size``), python models keep their ``auto_complete_config``; TorchScript
-and ensembles need a config (Triton's PyTorch backend cannot derive a TorchScript signature).
-
->>> import tempfile, pathlib
->>> repo = pathlib.Path(tempfile.mkdtemp())
->>> (repo / "trt" / "1").mkdir(parents=True)
->>> _ = (repo / "trt" / "config.pbtxt").write_text('platform: "tensorrt_plan"')
->>> _ = (repo / "trt" / "1" / "model.plan").write_bytes(b"plan")
->>> servable, refusals = plan_repository(repo)
->>> servable, [(r.model, r.version) for r in refusals]
-([], [('trt', None)])
+How it works: docs/internals/standard-repositories.md (with an example).
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """TorchScript models that need custom operator libraries (``torch.ops.<namespace>.<op>``).
 
-Graph models exported from torch_geometric call ``torch_sparse::*`` / ``torch_scatter::*`` ops that
-live in their own shared libraries; the official container loads them with ``LD_PRELOAD``. Here the
-libraries are named to the server (``coffea-sonic serve --torch-ops-library PATH``,
-``LocalTritonServer(torch_ops_libraries=[PATH])``) and the served config lists them in Triton's own
-``model_operations { op_library_filename: [...] }`` field, which the adapter loads with
-``torch.ops.load_library`` before ``torch.jit.load``. A config that already has that field is
-honoured too (paths relative to the model folder).
-
-Before anything starts, each TorchScript file is loaded here with those libraries: a module that
-calls an operator nobody registered is refused, naming the operator and the option.
+How it works: docs/internals/standard-repositories.md, "TorchScript with custom operators".
 
 >>> missing_operator_name("RuntimeError: Unknown builtin op: torch_sparse::spmm_sum.\\nHere are ...")
 'torch_sparse::spmm_sum'

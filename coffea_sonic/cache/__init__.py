@@ -1,25 +1,6 @@
 """A persistent inference cache on the client: outputs kept across runs, keyed by content.
 
-``TritonModel(url, cache="/shared/sonic-cache")`` (or the setting ``inference_cache``:
-``COFFEA_SONIC_INFERENCE_CACHE=DIR``, Dask config ``coffea_sonic.inference_cache``; off by
-default) looks every call's rows up in a directory before sending them, and stores what the
-servers answer. Keys: model name, served version, the served config's digest
-(``ModelInfo.checksum``) and an XXH3-128 hash of each block's input bytes; blocks are cut by the
-rows' content, so a run with another chunk size still hits wherever its blocks line up.
-
-* :mod:`.key`: content-defined blocks and their keys;
-* :mod:`.store`: one entry on disk (atomic write, checksum checked on read);
-* :mod:`.eviction`: the size limit (``inference_cache_size``, default 20 GB), oldest first;
-* :mod:`.counters`: hits, misses, bytes saved per process, summed by ``monitor --inference-cache DIR``;
-* :mod:`.disk`: :class:`InferenceCache`, the directory;
-* :mod:`.lookup`: one call through the cache.
-
->>> resolve_cache(False) is None
-True
->>> import tempfile
->>> resolve_cache(tempfile.gettempdir(), max_bytes="1GB").max_bytes
-1000000000
-"""
+How it works: docs/internals/caches.md; how to use it: docs/facility/caches.md."""
 
 from __future__ import annotations
 
@@ -41,7 +22,11 @@ CacheChoice = Union[str, "os.PathLike[str]", InferenceCache, bool, None]
 def resolve_cache(choice: CacheChoice, max_bytes: int | str | None = None
                   ) -> InferenceCache | None:
     """The cache a ``TritonModel`` uses: a directory, an :class:`InferenceCache`, False (off),
-    or None (the ``inference_cache`` setting; off when unset)."""
+    or None (the ``inference_cache`` setting; off when unset).
+
+    >>> resolve_cache(False) is None
+    True
+    """
     if choice is False or choice == "":
         return None
     if isinstance(choice, InferenceCache):

@@ -1,14 +1,6 @@
 """Hits, misses and bytes saved of a cache directory, per process and summed over processes.
 
-Each process that uses a cache directory keeps one :class:`CacheCounters` for it and writes it
-to ``<root>/.stats/<host>-<pid>.json`` (atomically, at most once a second and after every
-cached call), so ``coffea-sonic monitor --inference-cache DIR`` can sum what every Dask worker, on every
-host, got from the shared directory.
-
->>> total = CacheCounters(hits=3, misses=1, hit_rows=300, miss_rows=100, bytes_saved=4800)
->>> total.hit_rate, (total + CacheCounters(hits=1)).hits
-(0.75, 4)
-"""
+How it works: docs/internals/caches.md ("Counters")."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
 """``InferenceCache``: a directory of model outputs keyed by model, version, config and inputs.
 
-Layout (every process and host that shares the directory shares the entries)::
-
-    <root>/<model>/<version>/<config digest>/<key[:2]>/<key>.out   one block's outputs
-    <root>/<model>/<version>/served.json                           the last served signature
-    <root>/.stats/<host>-<pid>.json                                 each process' counters
-    <root>/.evict.lock                                              taken while evicting
-
-The config digest is the served model's ``ModelInfo.checksum``: a new version or a changed
-served config lands in another folder, so old outputs are never returned for it (they age out
-under the size limit). ``served.json`` lets a run whose URL pins the version answer from the
-cache while no server is up (``TritonModel(cache_offline=True)``).
-
->>> import tempfile
->>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
->>> info = ModelInfo("m", ("1",), "python", 8, (TensorInfo("x", "FP32", (2,)),),
-...                  (TensorInfo("y", "FP32", (1,)),))
->>> cache = InferenceCache(tempfile.mkdtemp(), max_bytes="1 MB")
->>> space = cache.namespace(info, "1")
->>> cache.put(space, "00ff", {"y": np.ones((3, 1), np.float32)}) > 0
-True
->>> cache.get(space, "00ff")["y"].shape, cache.get(space, "0000")
-((3, 1), None)
->>> cache.offline_info("m", "1") == info
-True
-"""
+Layout and offline use: docs/internals/caches.md ("The directory")."""
 
 from __future__ import annotations
 
@@ -97,9 +73,10 @@ def _info_from_json(data: Mapping[str, Any]) -> ModelInfo:
 
 
 class InferenceCache:
-    """A persistent, shareable cache of model outputs under ``root`` (see the module).
+    """A persistent, shareable cache of model outputs under ``root``; pickles as path and limit.
 
-    Picklable (only the path and the limit travel); each process opens it on first use.
+    >>> InferenceCache("/tmp/sonic-cache", max_bytes="2 GiB").max_bytes
+    2147483648
     """
 
     def __init__(self, root: str | os.PathLike[str], *, max_bytes: int | str = DEFAULT_MAX_BYTES

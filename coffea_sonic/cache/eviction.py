@@ -1,23 +1,6 @@
 """The cache directory's size limit: least recently used entries go first.
 
-No process holds an index of the directory (many Dask workers, on many hosts, share it): each
-process counts what it wrote since it last looked, and when the directory may be over its limit
-it scans it, sums the entries' sizes and, holding an advisory lock (``flock`` on
-``<root>/.evict.lock``; whoever does not get it skips, another process is already evicting),
-deletes the entries with the oldest modification times until the total is below 90 % of the
-limit. A hit refreshes its entry's modification time (at most once a minute), so what runs use
-stays. Temporary files older than an hour (a writer that died) go too.
-
->>> import tempfile
->>> from pathlib import Path
->>> root = Path(tempfile.mkdtemp())
->>> for index in range(5):
-...     _ = (root / f"{index}.out").write_bytes(b"x" * 100)
-...     os.utime(root / f"{index}.out", (index, index))
->>> limit = SizeLimit(root, 350)
->>> limit.evict(), sorted(p.name for p in root.glob("*.out"))
-(2, ['2.out', '3.out', '4.out'])
-"""
+How it works: docs/internals/caches.md ("The size limit")."""
 
 from __future__ import annotations
 
@@ -69,7 +52,7 @@ def scan(root: Path) -> tuple[list[tuple[float, int, Path]], list[Path]]:
 
 
 class SizeLimit:
-    """Keeps the entries under ``root`` within ``max_bytes`` (per process; see the module)."""
+    """Keeps the entries under ``root`` within ``max_bytes`` (per process)."""
 
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = root

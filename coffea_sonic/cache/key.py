@@ -1,28 +1,6 @@
 """Cache keys: content-defined blocks of a call's rows, and a fast hash of each block's bytes.
 
-A call's rows are cut into blocks where the rows' own content says so (content-defined
-chunking, as in rsync or restic): a row ends a block when a 64-bit fingerprint of its first
-bytes has its low bits zero, with a minimum and maximum block length. The same rows give the
-same blocks whichever chunk of a file they arrive in, so a run with another chunk size still
-finds the blocks that lie wholly inside one of its chunks; only the blocks cut by the new
-chunk edges are missed.
-
-A block's key is xxHash's XXH3-128 (xxhash is a dependency of uproot) over every input's
-name, dtype, per-row shape and bytes of the block's rows: about 30 GB/s on one core, so hashing
-costs far less than sending.
-
->>> import numpy as np
->>> x = np.arange(40_000, dtype=np.float32).reshape(-1, 4)
->>> blocks = content_blocks({"x": x}, len(x), target_rows=256)
->>> blocks[0][0], blocks[-1][1], all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
-(0, 10000, True)
->>> later = content_blocks({"x": x[3000:]}, len(x) - 3000, target_rows=256)
->>> shared = {(a + 3000, b + 3000) for a, b in later} & set(blocks)
->>> len(shared) >= len(later) - 2
-True
->>> block_key({"x": x}, 0, 10) == block_key({"x": x.copy()}, 0, 10)
-True
-"""
+How it works: docs/internals/caches.md ("Keys: content-defined blocks")."""
 
 from __future__ import annotations
 
@@ -83,14 +61,8 @@ def row_fingerprints(arrays: Mapping[str, np.ndarray], rows: int) -> np.ndarray:
 
 def content_blocks(arrays: Mapping[str, np.ndarray], rows: int, *,
                    target_rows: int | None = None) -> list[tuple[int, int]]:
-    """``[(start, stop), ...]`` covering ``rows``: blocks ended by the rows' content.
-
-    A row ends a block when its fingerprint's low ``log2(target_rows)`` bits are zero, unless
-    the block would be shorter than ``target_rows // 16`` (runs of identical rows, whose
-    fingerprints are equal, must not make a block per row; a larger minimum would delay
-    resynchronising after a chunk edge); no block is longer than ``8 * target_rows``. The
-    block around a new chunk edge is lost: about twice the mean block on average.
-    """
+    """``[(start, stop), ...]`` covering ``rows``: blocks ended by the rows' content (the rule:
+    docs/internals/caches.md)."""
     if rows == 0:
         return []
     target = target_rows or aim_rows(arrays, rows)

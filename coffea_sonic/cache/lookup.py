@@ -1,20 +1,6 @@
 """One call through the cache: find the blocks already answered, send only the rest, store them.
 
-A batching model whose outputs have fixed per-row shapes is looked up block by block
-(:func:`~coffea_sonic.cache.key.content_blocks`): the rows of blocks not found go to the
-servers as one call (split and pipelined as usual), and the answer is cut back into blocks and
-stored. Ragged calls and models without batching are looked up as one whole call (inputs and
-counts). Inputs or outputs of Triton's BYTES type are never cached.
-
-The handles behave like :class:`~coffea_sonic.calls.InferenceHandle` (``result``, ``done``,
-``exception``, ``cancel``). Outputs computed by the in-process fallback are returned but not
-stored: the cache holds what the served model answered.
-
->>> import numpy as np
->>> ready = ReadyHandle({"y": np.zeros(2)})
->>> ready.done(), ready.result()["y"].shape, ready.exception()
-(True, (2,), None)
-"""
+How it works: docs/internals/caches.md ("One call through the cache")."""
 
 from __future__ import annotations
 

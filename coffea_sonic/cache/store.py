@@ -1,30 +1,6 @@
 """One cache entry on disk: a model's outputs for one block of rows, checked when read.
 
-An entry is a file ``<namespace>/<key[:2]>/<key>.out``::
-
-    b"CSONIC1\\n" | header length (4 bytes, little endian) | JSON header | payload
-
-The header names each output's dtype and shape, the payload's length and its XXH3-128
-checksum; a reader that finds a short file, a bad header or a payload whose checksum differs
-deletes the entry and reports a miss, so a torn or corrupted entry is recomputed, never
-returned.
-
-Writes are atomic: the entry is written to a temporary file in its own directory (a name no
-other process uses: host, pid, thread, random) and renamed over the final name, so a reader sees
-the old entry, the new one or none, never a partial one, and concurrent writers of the same key
-(identical content) simply replace each other. No ``fsync``: a crash that leaves an empty or
-torn file behind is caught by the checksum like any other corruption.
-
->>> import tempfile, numpy as np
->>> root = Path(tempfile.mkdtemp())
->>> size = write_entry(root / "ab" / "abcd.out", {"y": np.arange(6, dtype=np.float32).reshape(3, 2)})
->>> read_entry(root / "ab" / "abcd.out")[0]["y"][2].tolist()
-[4.0, 5.0]
->>> (root / "ab" / "abcd.out").write_bytes(b"CSONIC1\\n garbage")
-16
->>> read_entry(root / "ab" / "abcd.out"), (root / "ab" / "abcd.out").exists()
-((None, True), False)
-"""
+Format and atomic writes: docs/internals/caches.md ("One entry on disk")."""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
 """Where a model is served: the one URL parser and the one connection-settings type.
 
-Model URLs in coffea's ``triton_wrapper`` form: ``triton+grpc://host:port/model[/version]``,
-``triton+grpcs://`` for TLS, ``triton+http://`` / ``triton+https://`` for Triton's HTTP API.
-
-``triton+grpcs://`` asks for TLS. The version is optional (absent = the latest the server has).
-
->>> ref = parse_model_url("triton+grpc://127.0.0.1:8001/jet_tagger/1")
->>> ref.address, ref.model, ref.version, ref.tls, ref.protocol
-('127.0.0.1:8001', 'jet_tagger', '1', False, 'grpc')
->>> parse_model_url("triton+http://gpu1/jet_tagger").address
-'gpu1:8000'
->>> parse_model_url("triton+grpcs://gpu.example.org/particlenet_lite").address
-'gpu.example.org:8001'
->>> parse_model_url("http://x/jet_tagger")
-Traceback (most recent call last):
-...
-coffea_sonic.errors.ConfigurationError: model URL 'http://x/jet_tagger' has scheme 'http'; use triton+grpc://host:port/model[/version] (triton+grpcs:// for TLS, triton+http[s]:// for Triton's HTTP API)
-"""
+URL forms and settings: docs/internals/core.md ("Model URLs", "Server settings")."""
 
 from __future__ import annotations
 
@@ -147,13 +131,8 @@ ProtocolKey = tuple[str, "str | Secret"]
 class ServerSettings:
     """How to reach one server: address, protocol, TLS, headers, restricted-protocol key.
 
-    The one connection-settings type: TritonModel, routing, ``coffea-sonic check``, ``monitor``
-    and ``bench`` all reach servers with it, so they all send the same credentials. Secrets stay
-    :class:`~coffea_sonic.core.secrets.Secret` (redacted, pickled by name only).
-
-    ``protocol_key``: ``(KEY, value)`` for servers started with
-    ``--grpc-restricted-protocol=...:KEY=VALUE`` (PyTriton: ``triton-access-token``); sent as the
-    header ``triton-grpc-protocol-KEY`` over gRPC and ``KEY`` over HTTP.
+    ``protocol_key``: ``(KEY, value)`` of a server's ``--grpc-restricted-protocol`` (see
+    docs/internals/core.md, "Server settings").
 
     >>> settings = ServerSettings("h:8001", headers=(("authorization", Secret("Bearer x")),),
     ...                           protocol_key=("k", Secret("v")))
@@ -201,9 +180,7 @@ class ServerSettings:
                 self.fingerprint, self._secret_sources())
 
     def _secret_sources(self) -> tuple[str, ...]:
-        """Where each secret is read from: two settings whose secrets hold the same value today
-        but come from different variables or files must not share a cached connection, which
-        would go on reading the other's source."""
+        """Where each secret is read from (part of :meth:`key`)."""
         values = [value for _, value in self.headers]
         if self.protocol_key is not None:
             values.append(self.protocol_key[1])

@@ -1,21 +1,6 @@
 """Per-process state that a forked child must not share: :class:`ProcessLocal`.
 
-Connections, shared-memory slots, engines, servers and timer threads belong to the process that
-made them. A forked child (Dask's worker processes, ``multiprocessing``) starts with an empty
-:class:`ProcessLocal` and a fresh lock (a thread of the parent may have held the old one at fork
-time), while the parent's values stay referenced there, so nothing of the parent's is finalized
-in the child (a channel closed, a server stopped, a thread joined).
-
->>> engines = ProcessLocal("example engines")
->>> engines.get("jet_tagger", lambda: ["engine 1"])
-['engine 1']
->>> engines.get("jet_tagger", lambda: ["engine 2"])  # made once per process
-['engine 1']
->>> len(engines), engines.peek("deepmet")
-(1, None)
->>> engines.clear()
-[['engine 1']]
-"""
+Why: docs/internals/core.md ("Per-process state")."""
 
 from __future__ import annotations
 
@@ -34,9 +19,11 @@ _instances: "weakref.WeakSet[ProcessLocal]" = weakref.WeakSet()
 
 
 class ProcessLocal(Generic[K, V]):
-    """A dict and its lock, both this process' own (see the module docstring).
+    """A dict and its lock, both this process' own; ``name`` says what it holds (in its repr).
+    Values are never None (None means absent).
 
-    ``name`` says what it holds (in its repr). Values are never None (None means absent).
+    >>> ProcessLocal("example").get("key", lambda: 1)
+    1
     """
 
     def __init__(self, name: str) -> None:

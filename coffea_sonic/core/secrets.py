@@ -1,32 +1,6 @@
 """Secrets (bearer tokens, private keys) that never show up in reprs, logs, errors or pickles.
 
-Policy:
-
-* ``Secret.from_env("NAME")``: the pickle carries only the variable's NAME; each process reads the
-  value from its own environment when it sends (set it on the Dask workers, e.g. through the
-  worker's ``env`` or the job script). This is the way to get tokens to remote workers.
-* ``Secret.from_file(path)``: the pickle carries only the path (e.g. a token file on a shared
-  filesystem, re-read at use, so a refreshed token is picked up).
-* ``Secret("literal")``: the value stays in this process. Its pickle carries a random handle that
-  finds the value again in the same process or in forked children (coffea's local executors); a
-  process that never saw the value (a spawned or remote worker) gets a ``ConfigurationError`` that
-  says to use ``from_env``, at first use, naming only the header.
-
->>> token = Secret("Bearer s3cr3t")
->>> token
-Secret(<redacted>)
->>> f"{token}"
-'Secret(<redacted>)'
->>> token.reveal()
-'Bearer s3cr3t'
->>> import pickle
->>> b"s3cr3t" in pickle.dumps(token)
-False
->>> pickle.loads(pickle.dumps(token)).reveal()
-'Bearer s3cr3t'
->>> Secret.from_env("SONIC_TOKEN", prefix="Bearer ")
-Secret(env='SONIC_TOKEN', prefix='Bearer ')
-"""
+The policy (env, file, literal): docs/internals/core.md ("Secrets")."""
 
 from __future__ import annotations
 
@@ -59,7 +33,7 @@ def _restore_literal(handle: str, prefix: str) -> "Secret":
 
 
 class Secret:
-    """A secret string: redacted repr, never pickled in clear (see the module docstring).
+    """A secret string: redacted repr, never pickled in clear (docs/internals/core.md).
 
     >>> Secret.from_file("/run/token").__repr__()
     "Secret(file='/run/token')"

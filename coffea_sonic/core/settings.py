@@ -1,18 +1,6 @@
 """Every run-time setting: one name each, one order of sources, and where a value came from.
 
-A setting ``name`` is read from, first match wins (:data:`SOURCES`): an argument the code passes,
-the environment (``COFFEA_SONIC_<NAME>``), Dask config (``coffea_sonic.<name>``, so it reaches every
-Dask worker), the endpoints file (:func:`config_file`), the default. :data:`SETTINGS` lists them;
-docs/facility/settings.md has the order with examples, and the one difference of model endpoints
-(:mod:`coffea_sonic.config`: the URL written in a processor comes last).
-
->>> setting("no_such_setting", 3)
-3
->>> resolve("transport").source
-'default'
->>> as_list("gpu1:8001, gpu2:8001"), as_list(None)
-(['gpu1:8001', 'gpu2:8001'], [])
-"""
+The order and the table: docs/facility/settings.md; :data:`SETTINGS` lists them."""
 
 from __future__ import annotations
 
@@ -180,7 +168,7 @@ _UNSET: Any = object()
 
 
 def resolve(name: str, argument: Any = None, *, default: Any = _UNSET) -> Resolved:
-    """Setting ``name``'s value and source, in the order of the module docstring.
+    """Setting ``name``'s value and source, in the order of :data:`SOURCES`.
 
     ``argument``: what the code passed (None: not passed). ``default`` overrides the documented
     default. An undocumented name is read the same way (all sources).

@@ -1,15 +1,6 @@
 """What a model declares: tensors (name, Triton datatype, per-row dims) and signatures.
 
-Core types shared by every layer: transports fill them from a server's answers, the client
-validates inputs against them, the server writer and zoo describe models with them.
-
->>> info = ModelInfo(name="m", versions=("1",), platform="python", max_batch_size=8,
-...                  inputs=(TensorInfo("x", "FP32", (4,)),), outputs=(TensorInfo("y", "FP32", (2,)),))
->>> info.inputs[0].dtype, info.batching, len(info.checksum)
-(dtype('float32'), True, 16)
->>> triton_dtype(np.dtype("float64")), numpy_dtype("INT64")
-('FP64', dtype('int64'))
-"""
+How it works: docs/internals/core.md ("Tensors and signatures")."""
 
 from __future__ import annotations
 
@@ -142,13 +133,8 @@ class ModelInfo(NamedTensors):
 
     @property
     def on_gpu_zero(self) -> bool:
-        """Whether CUDA shared memory may carry this model's tensors: every GPU instance runs on
-        the server's GPU 0 (where a client on the same host puts CUDA shared memory:
-        ``transport="auto"`` then hands tensors over on the GPU), and the model has no response
-        cache (Triton hashes only inputs in CPU memory: requests from CUDA memory would always
-        run the model). With instances on several GPUs the others would copy every input over
-        from GPU 0, slower than system memory (benchmarks/RESULTS.md, "Latest: one transport
-        layer at its defaults").
+        """Whether CUDA shared memory may carry this model's tensors: every GPU instance on the
+        server's GPU 0, and no response cache (why: docs/internals/core.md).
 
         >>> x = (TensorInfo("x", "FP32", (2,)),)
         >>> ModelInfo("m", ("1",), "onnx", 8, x, x, gpus=(0,)).on_gpu_zero
@@ -180,11 +166,8 @@ def signature_checksum(platform: str, max_batch_size: int, inputs: Sequence[Tens
                        ragged_outputs: Sequence[str] = (), answering: str = "") -> str:
     """16 hex digits over what a client relies on (not instance counts or devices).
 
-    ``answering``: a digest of the served config's parts that change the answers without
-    changing the signature (graph optimisation level, execution accelerators and their
-    precision, label files, batch inputs and outputs; see
-    :func:`coffea_sonic.transport.messages.answering_digest`). Ragged declarations and
-    ``answering`` count only when present, so other models keep their checksums.
+    ``answering``: a digest of the served config's parts that change the answers (see
+    :func:`coffea_sonic.transport.messages.answering_digest`); counts only when present.
 
     >>> len(signature_checksum("python", 8, [TensorInfo("x", "FP32", (4,))], []))
     16

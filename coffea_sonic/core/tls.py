@@ -1,15 +1,6 @@
 """TLS settings for gRPC channels (``triton+grpcs://`` or ``ssl=...``), picklable by path.
 
-Certificates and keys are given as file paths (read in the process that connects, so a Dask worker
-reads its own copy) or, for the private key, as a :class:`~coffea_sonic.core.secrets.Secret`.
-
->>> TlsOptions.coerce(True)
-TlsOptions(root_certificates=None, certificate_chain=None, private_key=None, server_name=None)
->>> TlsOptions.coerce({"root_certificates": "/etc/ca.pem"}).root_certificates
-'/etc/ca.pem'
->>> TlsOptions.coerce(None) is None and TlsOptions.coerce(False) is None
-True
-"""
+How it works: docs/internals/core.md ("TLS")."""
 
 from __future__ import annotations
 
@@ -37,8 +28,7 @@ class TlsOptions:
 
     ``root_certificates``: PEM bundle of the CA(s) to trust (None: the system's roots).
     ``certificate_chain`` / ``private_key``: the client's certificate and key for mutual TLS.
-    ``server_name``: verify the server's certificate against this name instead of the host in the
-    URL (e.g. when connecting through a tunnel to 127.0.0.1).
+    ``server_name``: verify the server's certificate against this name instead of the URL's host.
 
     >>> TlsOptions(server_name="triton.cern.ch").key()[-1]
     'triton.cern.ch'

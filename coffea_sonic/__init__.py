@@ -1,18 +1,13 @@
 """coffea-sonic: SONIC-style inference as a service for columnar HEP analysis.
 
-A coffea processor declares Triton models by URL, sends awkward columns as batched, pipelined gRPC
-requests per chunk, and gets aligned awkward outputs back; an embedded real Triton server, a model
-zoo and in-process engines make it runnable anywhere.
+A coffea processor declares Triton models by URL and gets aligned awkward outputs back. The
+public names (docs/api.md) are imported lazily (docs/internals/client.md).
 
 >>> import coffea_sonic
 >>> coffea_sonic.__version__
 '0.1.0'
 >>> [name for name in ("TritonModel", "SonicMixin", "make_cluster") if name in coffea_sonic.__all__]
 ['TritonModel', 'SonicMixin', 'make_cluster']
-
-The public names are what an analysis uses (the client, the processor mixin, the column helpers,
-the statistics, the embedded server, the facility helpers, every error class); they are
-imported lazily, so ``import coffea_sonic`` stays fast (it imports neither numpy nor grpc nor dask).
 """
 
 from __future__ import annotations

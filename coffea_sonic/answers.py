@@ -1,20 +1,11 @@
 """Answers checked against what was asked, and a call's outputs put back together in input order.
 
-Every answer (a server's or the fallback engine's) is checked against its request: the version
-that answered, every output present, its rows, per-row shape and dtype. A call's outputs are
-either preallocated (every output's per-row shape known: each piece's answer is written straight
-into its rows) or concatenated once at the end; a call with a missing piece never hands out
-outputs.
+How it works: docs/internals/dispatch.md.
 
 >>> import numpy as np
 >>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
 >>> info = ModelInfo("m", ("1",), "onnxruntime_onnx", 8, inputs=(TensorInfo("x", "FP32", (2,)),),
 ...                  outputs=(TensorInfo("y", "FP32", (1,)),))
->>> out = preallocate(info, 5)
->>> out["y"].shape
-(5, 1)
->>> check_outputs("m", info, {"y": np.zeros((3, 1), np.float32)}, rows=3, source="a:1")["y"].shape
-(3, 1)
 >>> check_outputs("m", info, {"y": np.zeros((2, 1), np.float32)}, rows=3, source="a:1")
 Traceback (most recent call last):
 ...

@@ -1,10 +1,6 @@
 """The bookkeeping of one ``TritonModel`` call: pieces (requests), the call, its handle, the window.
 
-A call is split into pieces (rows ``start:stop`` plus padding), each piece is one request in
-flight at a time, and a bounded window (:class:`Window`) decides how many are in flight. What
-moves them is :class:`~coffea_sonic.dispatch.CallRunner`; the caller holds an
-:class:`InferenceHandle`, which talks to the runner through its public methods (``count``,
-``assemble``, ``cancel``).
+How it works: docs/internals/dispatch.md.
 
 >>> window = Window(2, start=lambda piece: None)
 >>> window.limit, window.in_flight

@@ -1,29 +1,7 @@
 """Triton's classification extension: the server answers an output with its top K classes.
 
-``TritonModel(url, classification=3)`` asks every output of the model for its 3 highest scores;
-``classification={"probs": 3}`` asks one output. The server sorts the scores and answers, per
-row, K strings ``"score:index:label"``, the labels from the output's ``label_filename`` in the
-model's config (one label per line, the class index is the line). The answer of such an output
-is a BYTES array ``[rows, K]``; :func:`parse_classes` splits it into scores, indices and labels.
+What is asked, refused and answered: docs/internals/shadow.md.
 
-A K the model cannot give is refused before anything is sent, naming the model, output,
-expected and actual: K must be a whole number from 1 to the output's number of classes, the
-output numeric, and its config must name a label file (Triton would answer ``"score:index"``
-without labels: ask for the scores instead and rank them with numpy).
-
-Shared memory: Triton writes a classified output only into its answer message (the server's
-allocator takes a shared-memory region for an output's raw tensor, never for the ranked
-strings), so the shared-memory transports place the other outputs in their regions and receive
-a classified one over the wire.
-
-Classification is the server's work: the in-process engines (``fallback``, ``shadow``) return
-scores, not ranked labels, so a classified model is served only (they are refused together).
-
->>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
->>> info = ModelInfo("tagger", ("1",), "python", 8, (TensorInfo("x", "FP32", (6,)),),
-...                  (TensorInfo("probs", "FP32", (4,), labelled=True),))
->>> classified(info, 2).outputs[0].describe()
-'probs BYTES[2] (top 2 classes)'
 >>> scores, indices, labels = parse_classes(np.array([[b"0.75:2:b", b"0.2:0:light"]]))
 >>> scores.tolist(), indices.tolist(), labels.tolist()
 ([[0.75, 0.2]], [[2, 0]], [['b', 'light']])

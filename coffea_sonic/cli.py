@@ -1,14 +1,10 @@
 """The ``coffea-sonic`` command: serve | models | demo | bench | sample | check | monitor | config.
 
-Each subcommand lives beside the code it drives and registers itself here; heavy imports happen
-only when a subcommand runs, so ``coffea-sonic --help`` is instant. Option conventions (output
-folders, lists, ``--json``, ``-v``) are those of :mod:`coffea_sonic.cliargs`.
+Each subcommand registers itself here and imports its code only when it runs; conventions:
+docs/internals/command-line.md.
 
->>> parser = build_parser()
->>> parser.prog
-'coffea-sonic'
 >>> from coffea_sonic.cliargs import verbosity
->>> verbosity(parser.parse_args(["-v", "models", "list", "-v"]))
+>>> verbosity(build_parser().parse_args(["-v", "models", "list", "-v"]))
 2
 """
 

@@ -1,31 +1,11 @@
-"""Option conventions shared by every ``coffea-sonic`` subcommand.
-
-* **Output folders**: ``-o/--output DIR`` (:func:`add_output_option`) on every command that writes
-  a folder of results (``demo``, ``sample``, ``models export``, every ``bench`` scenario).
-* **Lists**: one or more values after the option, separated by spaces; commas work too, so
-  ``--models jet_tagger emtrk_cnn`` and ``--models jet_tagger,emtrk_cnn`` are the same
-  (:func:`add_list_option`). Lists of paths split on spaces only; an option whose value holds
-  commas itself (``models add --input NAME:TYPE:DIMS``) is repeated instead.
-* **Which server**: ``--server`` (one already running) or, without it, an embedded server on
-  ``--device auto|cpu|gpu`` (:func:`add_server_options`), on every command that can start one.
-* **Devices**: ``--device`` offers :data:`DEVICE_CHOICES` everywhere (``auto``: a GPU if
-  ``nvidia-smi`` sees one, :func:`resolve_device`).
-* **Units**: an option holding a duration names its unit (``--timeout-s``, ``--threshold-us``).
-* **Renamed options**: the old spelling keeps working for one release through
-  :func:`add_deprecated_alias`: hidden from ``--help``, it emits a :class:`FutureWarning` naming the
-  new spelling and sets what the new option sets.
-* **Machine-readable output**: ``--json`` (:func:`add_json_option`) prints one JSON document
-  instead of the text report, exit codes unchanged.
-* **Logging**: ``-v`` (info) / ``-vv`` (debug), before or after the subcommand.
+"""Option conventions shared by every ``coffea-sonic`` subcommand (output folders, lists, servers,
+devices, renamed options, ``--json``, ``-v``): docs/internals/command-line.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="demo")
 >>> _ = add_list_option(parser, "--models", choices=("a", "b", "c"), help="models")
->>> _ = add_list_option(parser, "--sizes", type=int, help="sizes")
->>> _ = add_output_option(parser, "out")
->>> args = parser.parse_args(["--models", "a,b", "c", "--sizes", "1", "2,3", "-o", "x"])
->>> args.models, args.sizes, args.output
-(['a', 'b', 'c'], [1, 2, 3], 'x')
+>>> parser.parse_args(["--models", "a,b", "c"]).models
+['a', 'b', 'c']
 """
 
 from __future__ import annotations

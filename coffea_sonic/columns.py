@@ -1,27 +1,12 @@
 """Awkward <-> numpy conversion of analysis columns into model inputs and back.
 
-Models take dense numpy rows; analyses hold jagged awkward columns (events -> jets -> ...). This
-module flattens jagged columns into rows, turns outputs back into the jagged structure of the
-input (``ak.num(out) == ak.num(in)``), builds per-jet feature matrices and padded constituent
-tensors, and follows PFNano jet -> PF-candidate links. Everything is vectorised (no Python loop
-over events or jets) and works on
-
-* eager awkward arrays and coffea NanoEvents (virtual or eager mode), and
-* the concrete partitions inside ``dask_awkward.map_partitions``. During dask-awkward's
-  typetracer (meta) pass the functions *touch* the columns they read, so column projection loads
-  them, and return zero-row numpy arrays of the right trailing shape and dtype;
-  :func:`unflatten` then gives an output typetracer. Use :func:`is_typetracer` to skip the
-  actual inference in that pass.
-
-Missing values (``None``) are refused with :class:`~coffea_sonic.errors.InputValidationError`:
-fill them (``ak.fill_none``) or drop them (``ak.drop_none``) first.
+Eager arrays, NanoEvents and dask-awkward partitions alike (in the typetracer pass the functions
+touch what they read and return zero-row arrays): docs/internals/client.md; examples in
+docs/user/processor.md.
 
 >>> import awkward as ak
 >>> from coffea_sonic.columns import flatten, unflatten
->>> pt = ak.Array([[40.0, 25.0], [], [60.0]])
->>> rows, counts = flatten(pt)
->>> rows.tolist(), counts.tolist()
-([40.0, 25.0, 60.0], [2, 0, 1])
+>>> rows, counts = flatten(ak.Array([[40.0, 25.0], [], [60.0]]))
 >>> unflatten(rows * 2, counts).tolist()
 [[80.0, 50.0], [], [120.0]]
 """

@@ -1,9 +1,6 @@
 """Where models are served and how to reach them: one place that reads every source of settings.
 
-A processor declares models by URL; at run time the same code can be pointed at another facility's
-servers without edits. The sources of a model's URLs, first match wins (:func:`resolve_model` says
-which one gave them), are listed in docs/facility/servers.md; the other settings
-(:data:`SETTINGS`, read by :mod:`coffea_sonic.core.settings`, re-exported here) in
+The sources of a model's URLs: docs/facility/servers.md; the settings (:data:`SETTINGS`):
 docs/facility/settings.md.
 
 >>> import os

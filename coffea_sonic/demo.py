@@ -1,10 +1,6 @@
 """``coffea-sonic demo``: the main job, end to end on one machine (or your facility).
 
-Sample, embedded server, Dask cluster, the jet-tagging processor
-(:class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor`; ``--analysis tracking``:
-:class:`~coffea_sonic.examples.tracking.TrackingProcessor`) through coffea's ``Runner``, then a
-summary, a plot and ``summary.json``: what each step does and prints, and the options, are in
-docs/user/quickstart.md, "The demo".
+What each step does and prints, and the options: docs/user/quickstart.md, "The demo".
 
 >>> args = build_parser().parse_args(["--events", "1000"])
 >>> args.events, args.workers, args.executor, args.analysis

@@ -1,11 +1,6 @@
 """What each server serves, and whether they agree about a model: :class:`Discovery`.
 
-Each server's repository index says which models and versions it serves; a request only goes
-to a server that serves its model and version. Servers that restrict the repository protocol
-(PyTriton's default, ``--grpc-restricted-protocol=model-repository...``) are asked per model
-instead (metadata and readiness stay open there). Every server holding a model must declare the
-same checksum (its signature and the served config's parts that change answers, not instances or
-devices), checked again when a quarantined server is re-admitted.
+How it works: docs/internals/routing.md.
 
 >>> from coffea_sonic.core.endpoint import ServerSettings
 >>> from coffea_sonic.endpoints import Endpoint

@@ -1,63 +1,8 @@
 """The per-call machinery of a ``TritonModel`` in one process: :class:`CallRunner`.
 
-A call is validated, split into pieces (one request each), sent through a bounded in-flight
-window (:class:`~coffea_sonic.calls.Window`), retried where a failure is transient, and its
-answers are checked and put back together in input order. The model
-(:class:`~coffea_sonic.model.TritonModel`) holds the configuration and the model's signature;
-the runner reads them through :class:`CallOwner`, and the call's handle
-(:class:`~coffea_sonic.calls.InferenceHandle`) talks to the runner through :meth:`count`,
-:meth:`assemble` and :meth:`cancel`.
-
-A piece's life: :meth:`CallRunner.send` plans the pieces, the window starts each
-(``_start_piece``: a server from the router, the transport the router chose for it, the
-request), the answer comes back in a transport thread (``_on_answer``) and is checked and
-recorded, or the failure decided on (``_on_transport_error``): retried after a backoff,
-elsewhere if possible (``_retry``), handed to the in-process fallback, or the call failed with
-every server's error.
-
-Extension points (:class:`~coffea_sonic.hooks.CallHooks`; a model's ``call_hooks`` are asked in
-order):
-
-* ``on_call(call)``: a call was validated and split, before anything is sent; ``call.context``
-  holds per-call metadata (e.g. a W3C ``traceparent`` made once per call).
-* ``lookup(piece)``: answer a piece without a server (e.g. a client-side result cache); its
-  outputs are checked like a server's and the piece is never sent.
-* ``decorate(piece, request)``: the request about to be sent, returned as it should go (e.g. a
-  header per call such as ``traceparent``, or the gRPC compression to use).
-* ``on_answer(answer)``: a piece's checked outputs with where they came from
-  (:class:`PieceAnswer`: server address, model, version, rows): e.g. a per-chunk provenance
-  record, storing into a cache, or shadow validation of a fraction of the rows on a reference
-  engine. An exception raised here fails the call.
-
-How failures are treated is decided in one place, ``_on_transport_error``, from the transport's
-classification (:class:`~coffea_sonic.transport.errors.TransportError`): ``down`` quarantines
-the server and retries elsewhere, ``busy`` (queue full, ``RESOURCE_EXHAUSTED``) halves the window
-and deprioritises the server for a backoff without quarantining it and without counting an
-attempt (bounded by the retry policy's ``total_s``), anything not retryable fails the call.
-
-A hook that counts the rows each source answered, on an in-memory server:
-
->>> import numpy as np
->>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
->>> from coffea_sonic.hooks import CallHooks
->>> from coffea_sonic.model import TritonModel
->>> from coffea_sonic.transport.memory import MemoryTransport
->>> info = ModelInfo("double", ("1",), "python", 1024, (TensorInfo("x", "FP32", (4,)),),
-...                  (TensorInfo("y", "FP32", (4,)),))
->>> server = MemoryTransport({"double": (info, lambda inputs: {"y": inputs["x"] * 2})},
-...                          address="memory:1")
->>> class RowsBySource(CallHooks):
-...     def __init__(self):
-...         self.rows = {}
-...     def on_answer(self, answer):
-...         self.rows[answer.source] = self.rows.get(answer.source, 0) + answer.rows
->>> model = TritonModel("triton+grpc://memory:1/double", transport=lambda settings: server,
-...                     max_request_bytes=16 * 100)
->>> model.call_hooks = (RowsBySource(),)
->>> model({"x": np.ones((250, 4), np.float32)})["y"].sum()
-2000.0
->>> model.call_hooks[0].rows
-{'memory:1': 250}
+It validates and splits a call, sends its pieces through a bounded window, retries transient
+failures and puts the checked answers back in input order; its extension points are
+:class:`~coffea_sonic.hooks.CallHooks`. How it works: docs/internals/dispatch.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """One server as this process sees it (:class:`Endpoint`): load, health, what it serves.
 
-The router (:mod:`coffea_sonic.routing`) balances over endpoints and quarantines them; the
-discovery (:mod:`coffea_sonic.discovery`) fills in what each serves; the transport choice of
-each lives in its :class:`~coffea_sonic.transport.choice.ServerTransports`.
+Its place among the router and the discovery: docs/internals/routing.md.
 
 >>> from coffea_sonic.core.endpoint import ServerSettings
 >>> from coffea_sonic.retry import RetryPolicy
 >>> endpoint = Endpoint(ServerSettings("127.0.0.1:1"))
->>> endpoint.healthy, endpoint.state()
-(True, 'healthy')
 >>> endpoint.quarantine(RetryPolicy(quarantine_s=1.0), "reset", now=0.0)
 1.0
 >>> endpoint.quarantine(RetryPolicy(quarantine_s=1.0), "reset", now=0.0)

@@ -1,19 +1,6 @@
 """The fallback (SONIC's "fallback server"): run a model locally when no server can serve it.
 
-Choices (``TritonModel(fallback=...)``, else the setting ``fallback``: environment
-``COFFEA_SONIC_FALLBACK``, Dask config ``coffea_sonic.fallback`` or the facility file):
-
-* ``"off"`` (default): no fallback; a request no server can serve raises
-  ``ServerUnavailableError`` naming every server tried and why it was not used.
-* ``"cpu"``: the zoo model in-process with onnxruntime (:class:`~coffea_sonic.engines.CpuEngine`,
-  the same ONNX file the servers run, so outputs agree to float rounding).
-* ``"local"``: a :class:`~coffea_sonic.server.LocalTritonServer` with the zoo model (or, with the
-  setting ``fallback_repository``, the model from that Triton repository), started once per
-  process on first need, stopped at exit.
-* a callable ``factory(model_name) -> engine`` where ``engine(inputs) -> outputs``: your own.
-
-Every fallback is logged at WARNING (the first per model and process, then at most every 30 s) and
-counted in ``model.stats.fallback_calls`` / ``fallback_rows``.
+The choices (``"off"``, ``"cpu"``, ``"local"``, a factory): docs/internals/routing.md.
 
 >>> resolve_fallback("off") is None, resolve_fallback(True), resolve_fallback("CPU")
 (True, 'cpu', 'cpu')

@@ -1,7 +1,6 @@
 """The extension points of a call (:class:`CallHooks`) and what they are told (:class:`PieceAnswer`).
 
-A model's ``call_hooks`` are asked in order by its call machinery
-(:class:`~coffea_sonic.dispatch.CallRunner`; the module says when each is asked).
+When each is asked, with an example: docs/internals/dispatch.md.
 
 >>> CallHooks().lookup(None) is None
 True

@@ -1,31 +1,12 @@
 """What happened to inference, on record: :class:`Incident`, :class:`IncidentLog` and the journal.
 
-A server quarantined or re-admitted, requests retried, rows answered by the fallback, a wait for
-a server, a call that gave up, a chunk attempt that failed: each is an :class:`Incident` (what,
-server, model, chunk, rows, when, how often). The client records them in this process' journal
-(:func:`record`); same-kind records of one server, model and chunk are coalesced into one with a
-count until they are taken.
-
-They reach the user two ways, so a chunk attempt that coffea throws away loses none of them:
-
-* :func:`take` hands the pending records to the next chunk's output
-  (:meth:`~coffea_sonic.processor.SonicMixin.sonic_stats` puts them in its result, which coffea
-  sums over chunks); a failed attempt's records stay pending for the process' next chunk;
-* with a journal folder set (:func:`set_journal`; the mixin sets the run's), every record is also
-  appended to a JSON-lines file of this process there, read back when the run ends
-  (:mod:`coffea_sonic.run_report`).
-
-Records carry an id, so both ways together count each once (:class:`IncidentLog` keeps the
-latest copy of an id).
+How records are coalesced and reach the user two ways: docs/internals/incidents.md.
 
 >>> with chunk_context("ttbar:a.root:0-100"):
 ...     record("retried", server="gpu1:8001", model="jet_tagger", detail="UNAVAILABLE")
 ...     record("retried", server="gpu1:8001", model="jet_tagger", detail="UNAVAILABLE")
->>> log = take()
->>> [(i.kind, i.server, i.chunk, i.count) for i in log]
+>>> [(i.kind, i.server, i.chunk, i.count) for i in take()]
 [('retried', 'gpu1:8001', 'ttbar:a.root:0-100', 2)]
->>> len(log + take())  # nothing left pending
-1
 """
 
 from __future__ import annotations

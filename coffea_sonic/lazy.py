@@ -1,10 +1,6 @@
 """Packages that import their public names on first use, so ``import coffea_sonic`` stays fast.
 
-A package lists ``{public name: module}`` (absolute, or relative to the package with a leading
-dot) and takes its module-level ``__getattr__`` and ``__dir__`` from :func:`lazy_exports`. A name
-that is its module's own last component is that module (``{"columns": "pkg.columns"}``). Names
-that moved to a submodule keep working from the package, with a :class:`DeprecationWarning`
-naming the new import.
+How names (and names that moved) are resolved: docs/internals/client.md.
 
 >>> getattr_, dir_ = lazy_exports("json", {"dumps": "json", "JSONDecoder": ".decoder"}, {})
 >>> getattr_("dumps")({"a": 1}), getattr_("JSONDecoder").__name__, dir_()
@@ -12,15 +8,6 @@ naming the new import.
 >>> getattr_("nope")
 Traceback (most recent call last):
 AttributeError: module 'json' has no attribute 'nope'
->>> getattr_, _ = lazy_exports("json", {"decoder": "json.decoder"}, {},
-...                            moved={"JSONDecoder": "json.decoder"})
->>> getattr_("decoder").__name__
-'json.decoder'
->>> import warnings
->>> with warnings.catch_warnings(record=True) as caught:
-...     warnings.simplefilter("always")
-...     getattr_("JSONDecoder").__name__, str(caught[0].message)
-('JSONDecoder', 'json.JSONDecoder moved: import it as `from json.decoder import JSONDecoder` (the old import works for one release)')
 """
 
 from __future__ import annotations

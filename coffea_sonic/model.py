@@ -1,31 +1,10 @@
 """``TritonModel``: a picklable client of one model served by one or several Triton servers.
 
-Drop-in for ``coffea.ml_tools.triton_wrapper`` URLs (``triton+grpc://host:port/model[/version]``,
-``triton+grpcs://`` for TLS, ``triton+http[s]://`` for Triton's HTTP API), but a call is validated on the client, split by ``max_batch_size``
-and by bytes, sent as concurrent requests through a bounded in-flight window, and reassembled once
-in input order. ``infer_async`` sends at once and returns a handle, so CPU work overlaps the
-request (SONIC's acquire/produce).
+How it works and where each guarantee is described: docs/internals/client.md.
 
 >>> from coffea_sonic.model import TritonModel
->>> model = TritonModel("triton+grpc://127.0.0.1:8001/jet_tagger/1", timeout_s=30)
->>> model
-TritonModel('triton+grpc://127.0.0.1:8001/jet_tagger/1', timeout_s=30)
->>> import pickle
->>> pickle.loads(pickle.dumps(model)).url
-'triton+grpc://127.0.0.1:8001/jet_tagger/1'
 >>> TritonModel(["triton+grpc://gpu1:8001/jet_tagger", "triton+grpc://gpu2:8001/jet_tagger"]).addresses
 ['gpu1:8001', 'gpu2:8001']
-
-With a server running (``LocalTritonServer``)::
-
-    outputs = model({"features": features})            # dict of numpy arrays, input order
-    handle = model.infer_async({"features": features})  # sends now
-    ...                                                  # other work for this chunk
-    probs = handle.result()["probs"]
-
-What a call checks and guarantees (dtypes, NaN/inf, empty inputs, integrity, connections):
-docs/user/processor.md; several servers, retries, versions and fallback: docs/user/failures.md;
-transports: :mod:`coffea_sonic.transport`; secrets: :mod:`coffea_sonic.core.secrets`.
 """
 
 from __future__ import annotations

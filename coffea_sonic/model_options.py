@@ -1,19 +1,9 @@
 """What :class:`~coffea_sonic.model.TritonModel` accepts: its options checked, settings read.
 
-Each option has one rule, shared by the constructor and by the settings it falls back to
-(``connect_timeout_s``, ``nonfinite``, ``transport``), so ``coffea-sonic config --set`` and
-``TritonModel`` refuse the same values. A misspelt keyword names the closest real one.
+One rule per option, shared with the settings: docs/internals/client.md.
 
->>> unknown_keywords("TritonModel", {"timeout": 5}, ["timeout_s", "connect_timeout_s"])
-Traceback (most recent call last):
-...
-coffea_sonic.errors.ConfigurationError: TritonModel got an unknown keyword 'timeout'; did you mean 'timeout_s'? (its keywords: connect_timeout_s, timeout_s)
 >>> resolve_nonfinite("RAISE"), resolve_connect_timeout(2)
 ('raise', 2.0)
->>> checked_setting("fallback", "gpu")
-Traceback (most recent call last):
-...
-coffea_sonic.errors.ConfigurationError: setting fallback: fallback must be 'off', 'cpu', 'local' or a callable factory(model) -> engine, not 'gpu'
 """
 
 from __future__ import annotations

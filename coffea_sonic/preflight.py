@@ -1,20 +1,7 @@
 """The preflight: a processor's models checked once against the servers before its run starts.
 
-coffea's executors retry every exception a chunk raises, so a wrong model name or a refused token
-would fail every chunk four times. The preflight runs on the driver when coffea's ``Runner``
-pickles the processor for its workers, with the workers' own client; what it checks, and how to
-turn it off: docs/user/failures.md, "The preflight".
-
->>> from coffea_sonic import zoo
->>> takes = zoo.declared_info("jet_tagger")  # what the server's model takes: features FP32 [6]
->>> check_declared_inputs("jet_tagger", {"features": ("float32", (6,))}, takes)  # fits: no error
->>> check_declared_inputs("jet_tagger", {"features": ("float32", (5,))}, takes)
-... # doctest: +NORMALIZE_WHITESPACE
-Traceback (most recent call last):
-    ...
-coffea_sonic.errors.PreflightError: model 'jet_tagger' input 'features': the processor sends
-float32 [5] per row, the model takes FP32 [6]
-  what to do: fix the features in process() (and sonic_inputs), or point sonic_models at ...
+What it checks, and how to turn it off: docs/user/failures.md, "The preflight" (which also holds
+the example of :func:`check_declared_inputs`).
 """
 
 from __future__ import annotations

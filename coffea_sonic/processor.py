@@ -1,32 +1,13 @@
 """``SonicMixin``: Triton inference as a service inside a coffea processor.
 
-Declare the models a processor uses by URL (coffea's ``triton+grpc://host:port/model[/version]``
-form), then call ``self.infer`` / ``self.infer_async`` with awkward or numpy columns inside
-``process``. Jagged inputs come back as jagged outputs aligned with them (``ak.num(out) ==
-ak.num(in)``); requests are split, pipelined and checked by :class:`~coffea_sonic.model.TritonModel`.
+How to use it: docs/user/processor.md; what it adds under ``processor.Runner`` (the preflight,
+incidents, the run's report): docs/user/failures.md and docs/internals/incidents.md.
 
->>> import awkward as ak
->>> from coffea import processor
 >>> from coffea_sonic import SonicMixin
->>> class Tagger(SonicMixin, processor.ProcessorABC):
+>>> class Tagger(SonicMixin):
 ...     sonic_models = {"jet_tagger": "triton+grpc://127.0.0.1:8001/jet_tagger"}
-...     def process(self, events):
-...         jets = events.Jet
-...         features = columns.jet_features(jets)                  # [n_jets, 6] float32
-...         pending = self.infer_async("jet_tagger", {"features": features}, like=jets)
-...         ht = ak.sum(jets.pt, axis=1)                           # CPU work while it flies
-...         b_score = pending.result()["probs"][:, :, 0]           # [events][jets]
-...         return {"b_score_sum": ak.sum(b_score), "inference": self.sonic_stats()}
-...     def postprocess(self, accumulator):
-...         return accumulator
 >>> sorted(Tagger().sonic_model_urls())
 ['jet_tagger']
-
-Where the servers are is decided on the worker at first use (:mod:`coffea_sonic.config`).
-docs/user/processor.md covers ``sonic_map`` (dask-awkward) and the rest of the mixin's calls;
-docs/user/failures.md what it adds under ``processor.Runner``: the preflight
-(:mod:`coffea_sonic.preflight`) and the per-chunk record of incidents with the run's report
-(:mod:`coffea_sonic.incidents`, :mod:`coffea_sonic.run_report`).
 """
 
 from __future__ import annotations

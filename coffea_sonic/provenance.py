@@ -1,31 +1,10 @@
 """Which model answered: per server, model, version and config digest, how many rows.
 
-Triton names the model version in every answer; a run over autoscaled or several facilities'
-servers can mix versions (a rolling update), and a wrongly converted model answers with the right
-shapes. :class:`ProvenanceHook` (a :class:`~coffea_sonic.dispatch.CallHooks`) records every
-checked answer of a :class:`~coffea_sonic.model.TritonModel`: the server that answered (or
-``"fallback engine"`` / ``"hook"`` for the in-process fallback and client-side lookups such as the
-cache), the model, the version the answer named, and the served config's digest
-(``ModelInfo.checksum``, the value ``expected_checksum`` is compared with). :class:`Provenance`
-holds those row counts; it adds up under coffea's ``accumulate`` like
-:class:`~coffea_sonic.stats.InferenceStats`, so the run's output names what answered every row.
-
-Answers from two versions of one model in the same record (one chunk, or the sum of a run's
-chunks) log a warning, once per process and set of versions (also where a record is unpickled:
-the driver of a Dask run sees it); ``require_consistent_versions=True`` makes that
-an :class:`InconsistentVersionsError` instead (coffea's accumulate then fails the run).
+How it is recorded and summed, with examples: docs/internals/shadow.md.
 
 >>> a = Provenance.of("jet_tagger", "gpu1:8001", "1", "ab12", 700)
->>> b = Provenance.of("jet_tagger", "gpu1:8001", "1", "ab12", 300)
->>> (a + b).rows()
-{('jet_tagger', 'gpu1:8001', '1', 'ab12'): 1000}
->>> (a + b).versions("jet_tagger")
-['1']
->>> strict = Provenance.of("jet_tagger", "gpu2:8001", "2", "ab12", 10, require_consistent_versions=True)
->>> a + strict
-Traceback (most recent call last):
-...
-coffea_sonic.provenance.InconsistentVersionsError: model 'jet_tagger' was answered by 2 versions: ...
+>>> (a + a).rows()
+{('jet_tagger', 'gpu1:8001', '1', 'ab12'): 1400}
 """
 
 from __future__ import annotations

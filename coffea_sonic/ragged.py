@@ -1,54 +1,7 @@
 """Ragged batching: many events' unpadded rows in one request, with the rows of each event.
 
-Padding a jagged collection (hits, PF candidates, constituents) to a fixed length sends zeros and
-a mask; sending one request per event pays a request's fixed cost per event. A ragged call sends
-the rows of many events, unpadded and whole, in one request with per-event counts, and splits the
-answers back per event. :class:`~coffea_sonic.model.TritonModel` does it with ``counts=`` and
-:class:`~coffea_sonic.processor.SonicMixin` with ``ragged=True``::
-
-    out = model({"hits": rows}, counts=hits_per_event)   # rows [sum(counts), 3]
-    out["hit_sum"]    # [sum(counts)]   per-object output (one row per hit)
-    out["event_sum"]  # [len(counts), 1] per-event output (one row per event)
-
-The convention (what the model declares, what a request carries)
-----------------------------------------------------------------
-
-The model's config (``max_batch_size`` >= 1; :func:`coffea_sonic.server.repository.ragged_model_config`
-writes it) declares
-
-* each ragged input ``x`` with ``dims: [-1, *D]`` and ``allow_ragged_batch: true``
-  (``hits``: ``dims: [-1, 3]``: a variable number of rows of ``D`` values);
-* one counts input ``<x>__counts`` (``x`` one of the ragged inputs): ``TYPE_INT64``,
-  ``dims: [-1]``, ``allow_ragged_batch: true``, ``optional: true``;
-* per-object outputs (one row per row of ``x``) with ``dims: [-1, *E]``, listed in a
-  ``batch_output`` of kind ``BATCH_SCATTER_WITH_INPUT_SHAPE`` with ``source_input: "x"``; every
-  other output is per event, ``dims: E``.
-
-The client splits a call into groups of whole consecutive events (an event is never cut in two)
-of about ``max_request_bytes`` each, and sends each group of ``G`` events holding ``R`` rows as
-one request of batch size 1:
-
-* ``x``: ``[1, R, *D]``, the group's rows event after event, unpadded (events of 0 rows allowed);
-* ``<x>__counts``: ``[1, G]`` INT64, the rows of each event (they sum to ``R``);
-
-and the model answers every per-object output as ``[1, R, *E]`` and every per-event output as
-``[G, *E]``. Answers of any other shape fail the call: outputs are never misaligned.
-
-Triton's own ragged format (what experiments' repositories use, e.g. CMS's SONIC tests): a model
-with ``allow_ragged_batch`` inputs and no counts input reads its batch inputs, which the server
-builds from the requests it batched, so the client sends each event as its own request
-``x [1, n_i, *D]`` (many in flight, as SonicTriton does) and the server concatenates them; each
-answer holds that event's per-object rows ``[1, n_i, *E]`` and per-event row ``[1, *E]``.
-
-Triton compatibility: ``np.cumsum(counts)`` is the ``BATCH_ACCUMULATED_ELEMENT_COUNT`` batch input
-Triton builds (for backends that build batch inputs) when the same events are sent one request
-each as ``[1, n_i, *D]``, counted in rows (Triton counts elements: ``x prod(D)``), and
-``counts`` is ``BATCH_ELEMENT_COUNT`` in rows. Counts, unlike offsets, stay right when a backend
-concatenates several requests' ragged inputs (both inputs are ragged), and the python backend,
-which hands ``execute`` each request separately and builds no batch inputs, gets them in the
-request. A model that reads ``<x>__counts`` when present and takes a request without it as one
-event (``counts = [n]``) serves both this client's groups and one-event requests from any
-Triton client (perf_analyzer, C++).
+:class:`RaggedCall` plans groups of whole events and cuts the answers back per event. The wire
+convention (what the model declares, what a request carries): docs/internals/ragged.md.
 
 >>> import numpy as np
 >>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
@@ -59,10 +12,6 @@ Triton client (perf_analyzer, C++).
 >>> call = RaggedCall.build(info, {"hits": np.ones((5, 3), np.float32)}, [2, 0, 3])
 >>> call.events, call.rows, call.plan(max_request_bytes=40)
 (3, 5, [(0, 2, 0), (2, 3, 0)])
->>> {name: array.shape for name, array in call.tensors(0, 2).items()}
-{'hits': (1, 2, 3), 'hits__counts': (1, 2)}
->>> [(t.name, t.dims) for t in call.request_outputs(0, 2)]
-[('hit_sum', (1, 2)), ('event_sum', (2, 1))]
 """
 
 from __future__ import annotations

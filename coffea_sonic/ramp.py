@@ -1,27 +1,6 @@
-"""A lone caller's call over the wire starts and ends with small requests.
+"""A lone caller's call over the wire starts and ends with small requests (:func:`ramped`,
+:class:`TailHold`). Why and how: docs/internals/dispatch.md.
 
-A call's requests go out one after another on one connection. The first request is on the wire
-only once it is encoded (a 2 MB request takes this 2-core box ~6 ms: the link idles meanwhile),
-and the call returns only once the server has run the last request and answered it (the same
-again). So where this process is a server's only client over gRPC or HTTP, :func:`ramped` cuts
-a call's first request into pieces that double from :data:`FIRST_BYTES` (each encoded while the
-one before is on the wire) and its last request into pieces that halve down to it (the server's
-work after the last byte is one small piece). Many processes sharing a server keep it busy
-anyway: there every extra request's fixed cost counts, and calls keep their equal pieces.
-
-The requests of a window travel side by side (HTTP/2 interleaves them), so a small last request
-sent with the others finishes early, and the call then ends with a large one: the server runs it
-and answers (2 ms of answer at 1 Gb/s) after the last byte. So a caller waiting for its call holds
-the call's last requests (the halving pieces but the first) until its other requests are
-answered: they go out last, alone, and the server's work after the last byte is one 256 kB
-request. The link idles for the server's last answer meanwhile: a round trip, which is little
-where the round trip is short; so :class:`TailHold` holds them only while the last held request
-came back within :data:`HOLD_TURNAROUND_S`, and tries again after :data:`RETRY_CALLS` calls, twice
-as many after each try that comes back late (up to :data:`MAX_RETRY_CALLS`): a try costs its call
-a round trip.
-
->>> ramped([(0, 1000), (1000, 2000)], row_bytes=1024, first_bytes=128 * 1024)
-[(0, 128), (128, 384), (384, 1000), (1000, 1616), (1616, 1872), (1872, 2000)]
 >>> ramped([(0, 100)], row_bytes=64)   # one request: nothing to overlap
 [(0, 100)]
 """

@@ -1,13 +1,4 @@
-"""Identical calls within one chunk are sent once.
-
-An analysis' systematic loop runs its inference once per variation, and a variation that only
-changes weights feeds the model exactly the nominal inputs again (the Analysis Grand Challenge:
-4 of 7 calls per chunk). While :class:`~coffea_sonic.SonicMixin` runs a chunk's ``process``, a
-call whose model, version, inputs and structure equal an earlier call's of the same chunk gets
-that call's answer (a copy) without a request; ``InferenceStats.repeat_calls`` /
-``repeat_rows`` count them and the run's summary says how many requests they saved. Inputs are
-compared by a BLAKE2b digest of their bytes, dtype and shape (about 1 ms per MB). Only within a
-chunk: nothing outlives it. A processor turns it off with ``sonic_repeats = False``.
+"""Identical calls within one chunk are sent once. How it works: docs/internals/dispatch.md.
 
 >>> import numpy as np
 >>> with chunk_memo():

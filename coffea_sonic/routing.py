@@ -1,36 +1,6 @@
 """Several Triton servers behind one model: balancing, health and quarantine (:class:`Router`).
 
-A :class:`Router` belongs to one process and one set of servers (shared by every
-:class:`~coffea_sonic.model.TritonModel` of that process that names the same servers, so what one
-chunk learns about a dead server the next chunk knows too). What it builds on:
-
-* **Discovery** (:mod:`coffea_sonic.discovery`): which models and versions each server serves, and
-  that they agree about a model's signature.
-* **Transports** (:mod:`coffea_sonic.transport.choice`): which transport carries each server's
-  requests (shared memory, CUDA shared memory, gRPC, HTTP).
-* **Retries** (:mod:`coffea_sonic.retry`, decided by :mod:`coffea_sonic.dispatch`): exponential
-  backoff with jitter, on another server where possible, within ``total_s`` per request.
-
-What it does itself:
-
-* **Balancing**: least outstanding requests among the healthy servers (ties rotate).
-* **Quarantine**: a server that fails at the transport level (unreachable, reset, too slow) is
-  left alone for ``quarantine_s``, doubling per consecutive failure up to ``max_quarantine_s``
-  (:meth:`~coffea_sonic.endpoints.Endpoint.quarantine`). A health thread probes it when its time
-  is up (``ServerReady`` + repository index) and re-admits it, or extends the quarantine. An
-  overloaded server (queue full) is only deprioritised for the backoff time, not quarantined.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> router = Router([ServerSettings("gpu1:8001"), ServerSettings("gpu2:8001")],
-...                 policy=RetryPolicy(), connect_timeout_s=1.0)
->>> router
-Router(['gpu1:8001', 'gpu2:8001'])
->>> for endpoint in router.endpoints:
-...     endpoint.served = {"jet_tagger": ("1",)}
->>> first = router.acquire("jet_tagger", "1")
->>> second = router.acquire("jet_tagger", "1")
->>> first.address != second.address  # least outstanding: the other server
-True
+How it works, with an example: docs/internals/routing.md.
 """
 
 from __future__ import annotations

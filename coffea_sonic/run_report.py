@@ -1,27 +1,7 @@
 """The run report: what happened to inference in a ``processor.Runner`` run, kept by the user.
 
-:class:`SonicStats` is what :meth:`~coffea_sonic.processor.SonicMixin.sonic_stats` returns: the
-per-model :class:`~coffea_sonic.stats.InferenceStats` of a chunk, plus the chunk's
-:class:`~coffea_sonic.incidents.IncidentLog` (``.incidents``); coffea sums both over chunks.
-
-When the run ends (the mixin's ``postprocess``, on the driver), :func:`finish_run` gathers every
-incident: those in the output, those still pending in the driver's process, and those the worker
-processes wrote to the run's journal folder (which covers chunk attempts that coffea threw
-away). It puts them all into the output's ``SonicStats``, writes ``report.json`` into the run's
-folder (``<report_dir>/<run>/``; the ``report_dir`` setting, default ``<cache>/runs``) and logs a summary: at WARNING when
-anything happened, naming each outage's server and time, the chunks touched and the rows the
-fallback answered; at INFO with the report's path when nothing did.
-
->>> from coffea_sonic.incidents import Incident, IncidentLog
->>> from coffea_sonic.stats import InferenceStats
->>> a = SonicStats({"jet_tagger": InferenceStats(rows=10)})
->>> b = SonicStats({"jet_tagger": InferenceStats(rows=5, fallback_rows=5)},
-...                IncidentLog([Incident("fallback", model="jet_tagger", rows=5, id="f1")]))
->>> total = a + b
->>> total["jet_tagger"].rows, total.incidents.totals()
-(15, {'fallback': {'count': 1, 'rows': 5}})
->>> print(summary_lines("run-1", total)[1])
-  jet_tagger: 5 rows by fallback (1 time(s)) in 0 chunk(s)
+How :class:`SonicStats` and :func:`finish_run` gather it, with an example:
+docs/internals/incidents.md.
 """
 
 from __future__ import annotations

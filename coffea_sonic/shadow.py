@@ -1,42 +1,9 @@
 """Shadow validation: recompute a fraction of the served rows in-process and compare.
 
-A wrongly converted model (fp16, TensorRT, an export that drifted) or a server holding another
-model under the same name answers with the right shapes and types and passes every signature
-check. ``TritonModel(url, shadow=0.001)`` (or the setting ``shadow``, ``COFFEA_SONIC_SHADOW``)
-takes about that fraction of every answer's rows, sampled at random, and recomputes them with the
-in-process reference engine (the model's fallback factory; ``"cpu"``, the zoo model on
-onnxruntime, when the model has none) on one background thread per process: requests are never
-delayed. Per server and output it keeps the rows compared and the largest divergence,
-``|served - reference| / max(1, |reference|)`` (absolute below 1, relative above: scores and
-GeV alike).
-
-Above the tolerance (``shadow_tolerance``; default by where the server runs the model, see
-:data:`DEFAULT_TOLERANCE`) it acts as ``shadow_action`` says:
-
-* ``"raise"`` (default): the model's next call raises :class:`ShadowDivergenceError` naming the
-  server, output, version, divergence and tolerance (:meth:`ShadowHook.drain`, which
-  :meth:`~coffea_sonic.processor.SonicMixin.sonic_stats` calls at the end of every chunk, raises
-  it too, so a chunk whose rows diverged fails);
-* ``"quarantine"``: that server is quarantined (its requests go to the others, or to the
-  fallback) and the divergence logged at ERROR.
-
-Counted in the model's stats (``shadow_rows``, ``shadow_alarms``, and ``shadow_s``: the seconds
-the comparisons took on the shadow thread). With the setting ``shadow_dir``
-(``COFFEA_SONIC_SHADOW_DIR``) every process writes its report there, and ``coffea-sonic monitor
---shadow DIR`` shows them summed. Ragged calls and rows answered
-by the fallback or a lookup (the cache) are not shadowed.
-
-Default tolerances, from measured honest differences: the same ONNX file served on the CPU and run
-in-process answers identically (0); TorchScript served against onnxruntime in-process within
-1.5e-5 (an experiment's repository); the zoo's models served on an H100 against onnxruntime on the
-CPU within 1.4e-5 (deepmet's MET; the others 3e-6 or less, 2 000-20 000 rows each). Both get 1e-4:
-7x the largest honest difference, and below what an fp16 cast moves (2.9e-4 on jet_tagger, 0.1 on
-particlenet) or weights off by 1 % (0.013 and up).
+How it works, the actions and the default tolerances: docs/internals/shadow.md.
 
 >>> round(divergence(np.array([0.5, 200.0]), np.array([0.5001, 201.0])), 5)
 0.00498
->>> tolerance_for(gpu=False), tolerance_for(gpu=True)
-(0.0001, 0.0001)
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
-"""A bulk user that yields to the others on a shared server.
+"""A bulk user that yields to the others on a shared server (:class:`YieldGate`).
 
-When several analyses share one server, a bulk job (many requests in flight, a high rate) slows
-the interactive ones down even when the server has capacity left: its executions share the cores
-(or the GPU) with theirs, and theirs wait for instances its requests hold. Triton's priority levels
-order *queued* requests only, and Triton has no per-user quota. :class:`YieldGate` is the client
-side of one: the bulk user's client asks it before each request, and while other users are being
-served it sends at most ``share`` times the rows per second they get together, as the server counts
-them (Triton's cumulative ``inference_count`` for the model, polled every ``poll_s``, minus the
-rows this client got answered). With nobody else served there is no cap, and when everybody
-saturates the server the others' rows/s are large, so the cap does not bind and the bulk user keeps
-its share (priorities by depth then share the server, :mod:`coffea_sonic.bench.fairness`).
+Why and how, with a usage and an example: docs/internals/client.md.
 
-::
-
-    model = TritonModel(url, priority=3)
-    with YieldGate(TritonModel(url), share=0.3, burst_rows=8192) as gate:
-        for chunk in chunks:
-            gate.acquire(len(chunk))
-            outputs = model({"features": chunk})
-            gate.answered(len(chunk))
-
-The cap is a token bucket (``burst_rows`` at most) refilled at the current cap:
-
->>> gate = YieldGate(None, share=0.5, burst_rows=100, start=False)
->>> gate.cap_rows_per_s is None                       # nothing polled yet: no cap
-True
->>> gate.update(total_rows=0, now=0.0)                # first snapshot
->>> gate.answered(400)                                # this user got 400 rows answered
->>> gate.update(total_rows=1400, now=1.0)             # the others got 1000 rows in 1 s
->>> gate.cap_rows_per_s
-500.0
->>> gate.update(total_rows=1400, now=2.0)             # nobody else served: no cap
->>> gate.cap_rows_per_s is None
+>>> YieldGate(None, share=0.5, burst_rows=100, start=False).cap_rows_per_s is None
 True
 """
 

@@ -1,33 +1,7 @@
 """How large a model's gRPC requests are and how many fly at once, from this process's share of
-the server's work on that model.
+the server's work on that model (:class:`ShareSizer`).
 
-Over gRPC one lone process and many processes sharing a server want opposite requests. A lone
-process leaves the server's instances idle between its requests: small requests, many in flight,
-let the server work on one while the next crosses the wire. Many processes keep the server busy
-anyway, and there each request's fixed cost (scheduling, the python backend's hand-off) decides:
-few large requests. :class:`ShareSizer` reads the model's request count from the server (after
-:data:`INTERVAL_S` seconds, then twice as long each time nothing changed, up to
-:data:`MAX_INTERVAL_S`) and compares it with the requests this process had answered in the
-same time: while the process's share is at least :data:`ALONE_SHARE` it sends :data:`ALONE`
-requests, below :data:`SHARED_SHARE` the table's defaults again (`transport/kinds.py`). The
-measurements behind the two shapes: benchmarks/RESULTS.md, "The gRPC path, one process, and
-NVIDIA's perf_analyzer".
-
-A model given ``max_request_bytes`` or ``max_in_flight`` keeps them; while a server's statistics
-cannot be read (restricted, or the server unreachable) the defaults hold, and the sizer asks again
-only every :data:`MAX_INTERVAL_S` seconds.
-
->>> counts = {"server": 0}
->>> clock = iter(range(0, 100, 3)).__next__
->>> sizer = ShareSizer(lambda: counts["server"], clock=clock)
->>> sizer.shape() == SHARED  # nothing measured yet
-True
->>> counts["server"] = 40      # every request the server counted ...
->>> sizer.shape(answered=40) == ALONE   # ... was this process's
-True
->>> counts["server"] = 140     # others sent 90 of the next 100
->>> sizer.shape(answered=50) == SHARED
-True
+How it works, with an example: docs/internals/dispatch.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """Inference statistics: client-side counters per model and server-side deltas from Triton.
 
-:class:`InferenceStats` is what a :class:`~coffea_sonic.model.TritonModel` counts while it works.
-It supports ``+`` and ``+=`` (and has :meth:`InferenceStats.identity`), so coffea's
-``processor.accumulate`` sums the copies returned by every chunk into one total, exactly as it sums
-histograms.
+How they add up over chunks, with examples: docs/internals/incidents.md.
 
 >>> a = InferenceStats(requests=2, rows=100, bytes_sent=2400)
->>> b = InferenceStats(requests=1, rows=7, bytes_sent=168, fallback_rows=7)
->>> total = a + b
->>> total.requests, total.rows, total.fallback_rows
-(3, 107, 7)
->>> from coffea.processor import accumulate
->>> accumulate([{"jet_tagger": a}, {"jet_tagger": b}])["jet_tagger"].rows
-107
-
-:class:`ServerStatistics` holds the cumulative counters of Triton's statistics endpoint for one
-model; subtracting two snapshots gives what the server did in between (queue and compute time).
-
->>> before = ServerStatistics(inference_count=10, execution_count=2, queue_ns=1_000)
->>> after = ServerStatistics(inference_count=110, execution_count=4, queue_ns=5_000)
->>> delta = after - before
->>> delta.inference_count, delta.average_batch, delta.queue_s
-(100, 50.0, 4e-06)
+>>> (a + a).requests, (a + a).rows
+(4, 200)
 """
 
 from __future__ import annotations

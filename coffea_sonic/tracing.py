@@ -1,26 +1,9 @@
 """W3C trace context on every request: one trace per chunk, followed from the Dask task to Triton.
 
-Every call of a :class:`~coffea_sonic.model.TritonModel` gets a span (a new span id) and sends a
-``traceparent`` header (``00-<trace id>-<span id>-01``) with each of its requests, over gRPC and
-HTTP alike. Triton started with ``--trace-config mode=opentelemetry`` continues that trace: its
-spans carry our trace id and name our span as their parent, and are exported over OTLP (over
-gRPC the bundled tritonserver now and then starts a fresh trace for a request instead, about one
-in 30 in our tests; over HTTP it continued every one). The trace
-id is the chunk's: inside :func:`chunk_trace` (which :class:`~coffea_sonic.processor.SonicMixin`
-enters for each chunk's calls, keyed on the chunk's dataset, file and entry range) every call of
-every model shares one trace id; outside, each call starts its own trace. The client logs, at
-INFO on ``coffea_sonic.tracing``, each chunk's trace id with its label and each call's
-``traceparent``: a slow chunk in the Dask dashboard leads to its trace id in the worker's log,
-and from there to the server's spans.
+How it works: docs/internals/incidents.md.
 
->>> parent = format_traceparent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
->>> parent
+>>> format_traceparent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
 '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
->>> with chunk_trace("ttbar:/data/a.root:0-1000", run="run-1") as trace_id:
-...     trace_id == chunk_trace_id("ttbar:/data/a.root:0-1000", run="run-1") == current_trace()
-True
->>> current_trace() is None
-True
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """A piece no server can serve now: fall back, wait for a server, or fail the call.
 
 Decided for :class:`~coffea_sonic.dispatch.CallRunner` (whose methods of the same names call
-these): with a fallback set the piece runs in-process at once (:mod:`coffea_sonic.fallback`);
-without one it waits, within the retry policy's ``total_s``, for the router's health thread to
-re-admit a server, and says so once; past that, or where no server serves the model any more,
-the call fails naming every server and why. Each outcome is recorded
-(:mod:`coffea_sonic.incidents`).
+these); how: docs/internals/dispatch.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Check inputs against a model's declaration and plan how a call is split into requests.
 
-Validation happens on the client, before anything is sent, so a mistake gets a message that names
-the model, the tensor, what was expected and what was given, instead of a server-side error.
-
-* names: every declared input must be given, and nothing else;
-* rank and fixed dims must match (``-1`` dims are free);
-* dtype: numpy's ``'safe'`` casts happen silently (``int16 -> float32``); anything else
-  (``float64 -> float32``) is an error, because silently losing precision is a physics bug;
-* NaN/inf policy (``nonfinite``): ``"warn"`` (the default of :class:`~coffea_sonic.model.TritonModel`)
-  sends them as they are and logs a WARNING the first time a model's tensor holds any in this
-  process (then that tensor is not looked at again); ``"pass"`` sends them without looking (the
-  model decides, as it would in-process); ``"raise"`` rejects inputs holding any. A call split
-  into requests looks at each request's rows as it is made (:func:`check_finite_rows`), so the
-  first request goes out before the rest of the call is summed; an error in any of them fails
-  the whole call, with the same message as a check of the whole call.
+The rules (names, dims, safe dtype casts, the NaN/inf policy): docs/internals/dispatch.md.
 
 >>> import numpy as np
 >>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo

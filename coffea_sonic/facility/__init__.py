@@ -1,11 +1,8 @@
-"""Running at an analysis facility: batch Dask clusters, server checks, live server monitoring.
+"""Running at an analysis facility: batch Dask clusters (:func:`make_cluster`), server checks
+(:func:`check_servers`), live server monitoring (:func:`monitor`), a test gateway
+(:class:`TokenGateway`).
 
-* :func:`make_cluster` -- Dask workers as local processes, SLURM or HTCondor jobs, or an existing
-  scheduler; model-server settings reach the workers, secrets by variable name only.
-* :func:`check_servers` / ``coffea-sonic check`` -- can this node use the Triton servers?
-* :func:`monitor` / ``coffea-sonic monitor`` -- throughput, batch, queue and compute time per model.
-* :class:`TokenGateway` -- a loopback shared-secret gRPC gateway, a test fixture (a facility's
-  gateway is HAProxy with ``deploy/haproxy/gateway.cfg``: JWT tokens, per-user quotas).
+How it works: docs/internals/facility.md; the user's side: docs/facility/.
 
 >>> from coffea_sonic import facility
 >>> facility.parse_target("gpu1:8001").address

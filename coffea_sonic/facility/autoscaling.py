@@ -1,15 +1,6 @@
 """SuperSONIC's autoscaling load: queue time per model execution over a pool of servers, in ms.
 
-SuperSONIC (and ``deploy/kubernetes/keda-scaledobject.yaml``) adds a Triton server when, over every
-server of a release, the time requests waited in Triton's queues per model execution passes a
-threshold (100 ms by default)::
-
-    sum by (release) (rate(nv_inference_queue_duration_us[30s]))
-      / sum by (release) ((rate(nv_inference_exec_count[30s]) * 1000) + 0.001)
-
-:func:`supersonic_query` writes that query (for KEDA, Prometheus, Grafana); :func:`load_ms` computes
-the same figure from two scrapes of each server (what ``coffea-sonic monitor`` shows), and
-:func:`verdict` says what it means against a threshold.
+How it works: docs/internals/facility.md, "SuperSONIC's autoscaling load".
 
 >>> print(supersonic_query(window="15s"))
 sum by (release) (rate(nv_inference_queue_duration_us{release="coffea-sonic"}[15s])) / sum by (release) ((rate(nv_inference_exec_count{release="coffea-sonic"}[15s]) * 1000) + 0.001)

@@ -1,8 +1,5 @@
 """``coffea-sonic monitor --inference-cache DIR``: what a persistent inference cache saved, all processes.
 
-Every process that used the directory wrote its counters there (:mod:`coffea_sonic.cache.counters`);
-this sums them and scans the entries.
-
 >>> import tempfile
 >>> print(cache_lines(tempfile.mkdtemp())[1])
   hits 0 blocks (0 rows), misses 0 blocks (0 rows), hit rate 0.0 %, 0.0 MB not sent

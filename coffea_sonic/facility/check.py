@@ -1,18 +1,6 @@
 """``coffea-sonic check``: can this machine (a worker node) use the facility's Triton servers?
 
-It reaches each server exactly as the workers do: the target becomes a
-:class:`~coffea_sonic.model.TritonModel` with the workers' settings (TLS, token, restricted-protocol
-key: the options given, else the configured ones), and every Triton call goes through that model,
-its router and its transports. So ``check`` passes where the workers pass and fails where they fail.
-
-For every server it reports, in this order, and stops at the first thing that blocks the rest:
-reachable, protocol, tls (the network steps, :mod:`.check_network`), then auth, server, access,
-model, latency, transport (through the workers' client, :mod:`.check_triton`); each module says
-what its steps tell apart, and docs/facility/check.md what a user sees.
-
-Each failure says what to do. :func:`check_servers` returns
-:class:`~coffea_sonic.facility.check_report.ServerReport` objects; :func:`render_reports` makes the
-text; :func:`check_on_workers` runs the same on Dask workers (where the transport choice matters).
+How it works: docs/internals/facility.md; what a user sees: docs/facility/check.md.
 
 >>> report = check_server("127.0.0.1:1", timeout_s=1)
 >>> report.ok, report.findings[0].aspect, report.findings[0].status

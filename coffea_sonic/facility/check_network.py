@@ -1,8 +1,6 @@
 """The network steps of ``coffea-sonic check``: reachable, protocol, TLS.
 
-These run before any Triton call, with plain sockets (:mod:`.probe`), because a gRPC or HTTP
-client that meets the wrong kind of port only says "unavailable": here a refused connection, a
-firewall, Triton's HTTP or metrics port given as its gRPC port, and a TLS mismatch are told apart.
+What they tell apart: docs/internals/facility.md, "The network steps".
 
 >>> from coffea_sonic.facility.check_report import ServerReport, parse_target, CheckOptions
 >>> report = ServerReport("x", "127.0.0.1:1")

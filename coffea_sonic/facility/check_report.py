@@ -1,21 +1,8 @@
 """What ``coffea-sonic check`` checks and what it found: targets, options, findings, the text.
 
-Targets are parsed with the client's own URL parser (:func:`~coffea_sonic.core.endpoint.parse_model_url`
-for URLs, :func:`~coffea_sonic.core.endpoint.parse_address` for bare ``host[:port]``), so ``check``
-accepts what ``TritonModel`` accepts and nothing else; options become the same
-:class:`~coffea_sonic.core.endpoint.ServerSettings` the workers build (see :mod:`.check_triton`).
-
 >>> target = parse_target("triton+grpcs://gpu.example.org/jet_tagger/2")
 >>> target.address, target.tls, target.model_url()
 ('gpu.example.org:8001', True, 'triton+grpcs://gpu.example.org:8001/jet_tagger/2')
->>> report = ServerReport("gpu1:8001", "gpu1:8001")
->>> report.add("reachable", "fail", "connection refused", "start the server").aspect
-'reachable'
->>> print(render_report(report))
-gpu1:8001
-  [FAIL] reachable connection refused
-                   what to do: start the server
-  -> NOT usable: fix the first [FAIL] above
 """
 
 from __future__ import annotations

@@ -1,28 +1,9 @@
 """The Triton steps of ``coffea-sonic check``, run through the workers' own client.
 
-A :class:`~coffea_sonic.model.TritonModel` is built for the target exactly as a worker builds one
-(unset options fall back to the same configured TLS, token and restricted-protocol key), so its
-:class:`~coffea_sonic.core.endpoint.ServerSettings` and its router are the workers':
-
-* **auth**, **server**: readiness and server metadata over the control transport (the URL's
-  protocol: :class:`~coffea_sonic.transport.grpc.GrpcTransport` or
-  :class:`~coffea_sonic.transport.http.HttpTransport`); failures are read from the one error
-  classifier (``unauthenticated``, ``restricted``, ``timeout``, ``down``...);
-* **access**: which protocol groups the server refuses without its key (``restricted``):
-  model-repository (the index), statistics, shared-memory (gRPC only);
-* **model**: ``TritonModel.info``, i.e. the router's discovery (the repository index, or each
-  model's metadata where the index is restricted) and signature;
-* **latency**: health round trips, and tiny inferences *through the TritonModel*, so over the
-  transport the workers use;
-* **transport**: ``TritonModel.transport_kind`` (``"auto"``: shared memory only after the probe
-  proved that the server that maps our regions also receives our requests; CUDA shared memory for
-  a model the server runs on a GPU where this process has CUDA) and, when shared memory is not
-  used, why: not this host, a proxy or balancer in front, restricted, ``/dev/shm``.
+What each step tells apart: docs/internals/facility.md, "The Triton steps".
 
 >>> shm_cause("status call 2 of 8 did not find the probe region: a proxy or load balancer ...")
 'proxy'
->>> SHM_CAUSES["restricted"]
-'the server restricts its shared-memory protocol'
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Dask clusters as a facility runs them: local processes, SLURM or HTCondor batch jobs, or a scheduler.
 
-:func:`make_cluster` gives one object for all four, with ``.client`` ready and the requested number
-of single-core workers connected (or a :class:`~coffea_sonic.errors.ClusterStartError` that says
-why not). The model-server settings of this process reach the workers through their environment
-(:mod:`coffea_sonic.facility.environment`); secrets travel by variable name only, never in clear in
-a job script or a log.
+How to use it: docs/facility/workers.md; how settings reach the workers: docs/internals/facility.md.
 
 >>> with make_cluster("local", workers=1) as cluster:
 ...     cluster.client.submit(sum, [1, 2]).result()
 3
-
-At a SLURM site, from a login node (``SONIC_TOKEN`` exported beforehand)::
-
-    with make_cluster("slurm", workers=20, queue="cpu", walltime="02:00:00",
-                      env=["SONIC_TOKEN"]) as cluster:
-        run = processor.Runner(executor=processor.DaskExecutor(client=cluster.client), ...)
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """What Dask workers must know about the model servers, and how it reaches them without leaking secrets.
 
-Workers at a facility are batch jobs on other nodes: they see neither the notebook's
-``os.environ`` changes nor its ``dask.config.set`` calls. :func:`worker_environment` collects the
-coffea-sonic settings of the submitting process (``COFFEA_SONIC_*`` variables, the
-``coffea_sonic`` Dask config, variables you name) into a :class:`WorkerEnvironment` with two parts:
+How it works: docs/internals/facility.md, "Settings on batch workers" (with an example).
 
-* ``values``: plain settings (model URLs, server lists, CA bundle paths). They may be written into
-  job scripts, where they also document the job.
-* ``forwarded``: variable NAMES whose values are secret (tokens, keys, passwords) or that you asked
-  to forward by name. Only the name is ever written; the batch system copies the value from the
-  submitting environment (SLURM ``--export``, HTCondor ``$ENV(NAME)``).
-
->>> env = WorkerEnvironment(values={"COFFEA_SONIC_SERVERS": "gpu1:8001"}, forwarded=("SONIC_TOKEN",))
->>> print("\\n".join(env.slurm_prologue()))
-export COFFEA_SONIC_SERVERS=gpu1:8001
-[ -n "${SONIC_TOKEN:-}" ] || echo 'coffea-sonic: SONIC_TOKEN is not set in this job; export it in the environment you submit from' >&2
+>>> env = WorkerEnvironment(values={"A": "1"}, forwarded=("SONIC_TOKEN",))
 >>> env.htcondor_environment()
-'"COFFEA_SONIC_SERVERS=\\'gpu1:8001\\' SONIC_TOKEN=\\'$ENV(SONIC_TOKEN)\\'"'
+'"A=\\'1\\' SONIC_TOKEN=\\'$ENV(SONIC_TOKEN)\\'"'
 """
 
 from __future__ import annotations

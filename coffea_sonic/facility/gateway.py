@@ -1,11 +1,6 @@
 """A tiny bearer-token gRPC gateway in front of a Triton server, for tests and demos on loopback.
 
-Facilities put Triton behind a proxy that checks a token (SuperSONIC uses Envoy). This gateway
-reproduces that behaviour so the token path can be exercised without one: it forwards every gRPC
-call as opaque bytes to the upstream server, and rejects calls without ``authorization: Bearer
-<token>`` with ``UNAUTHENTICATED``. It is a test fixture, not a production proxy (no TLS, no
-rate limits): a facility's gateway is HAProxy with ``deploy/haproxy/gateway.cfg`` (JWT tokens,
-per-user quotas; :mod:`coffea_sonic.netlab.gateway` starts it).
+Why, and what it is not: docs/internals/gateway.md.
 
 >>> import os
 >>> os.environ["DEMO_GATEWAY_TOKEN"] = "s3cret"

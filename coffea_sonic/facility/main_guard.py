@@ -1,11 +1,6 @@
 """A script that starts worker processes must guard its module-level code: :func:`check_main_guard`.
 
-Dask's local workers are started with ``multiprocessing``'s *spawn* method: each worker process
-imports the user's script again as ``__mp_main__``. A script that calls ``make_cluster("local")``
-at module level, without ``if __name__ == "__main__":``, makes every worker start a cluster of
-its own while it bootstraps; multiprocessing refuses, the workers die and are restarted, and the
-script hangs for minutes printing errors. Python can only say so from inside the workers; this
-module says it from the script, before any worker starts, with the fix.
+Why: docs/internals/facility.md, "The main guard".
 
 >>> import ast
 >>> [_is_main_test(ast.parse(test, mode="eval").body)
@@ -67,7 +62,7 @@ def unguarded_main_line() -> int | None:
 
 def check_main_guard() -> None:
     """Raise :class:`~coffea_sonic.errors.ClusterStartError` at once where an unguarded script is
-    about to start local worker processes (see the module docstring)."""
+    about to start local worker processes (why: docs/internals/facility.md)."""
     line = unguarded_main_line()
     if line is None:
         return

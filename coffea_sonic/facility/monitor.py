@@ -1,37 +1,6 @@
 """``coffea-sonic monitor``: a live terminal view of Triton servers' Prometheus metrics.
 
-Every ``interval`` seconds each server's metrics endpoint (``http://host:8002/metrics``) is scraped
-and parsed with ``prometheus_client``'s parser; the difference to the previous scrape gives, per
-model and version:
-
-* throughput: inferences (rows) per second, ``Δnv_inference_count / Δt``, and requests per second;
-* average batch: ``Δnv_inference_count / Δnv_inference_exec_count`` (rows per model execution);
-* queue and compute time per request: ``Δnv_inference_queue_duration_us`` and
-  ``Δnv_inference_compute_infer_duration_us`` over ``Δnv_inference_request_success``;
-* queue time per execution, ``Δqueue_us / Δexec_count``: SuperSONIC's autoscaling metric (it
-  scales out when ``rate(queue_us) / (rate(exec_count) * 1000)``, i.e. this in ms, passes a
-  threshold, 100 by default);
-* failures (``nv_inference_request_failure``, all reasons), pending requests;
-* per GPU (where the server exports it): utilisation and memory; the server's CPU utilisation;
-* the response cache's hit rate, ``Δnv_cache_num_hits_per_model`` over all lookups (models
-  whose config enables Triton's response cache, :mod:`coffea_sonic.server.response_cache`).
-
-A Triton URL instead (``triton+grpc://host:8001[/model[/version]]``, ``triton+http://...``) reads
-the same counters from Triton's statistics API through the client's transports (the one statistics
-reader, :meth:`~coffea_sonic.transport.base.Transport.statistics`), with the workers' settings
-(TLS, token, restricted-protocol key): for servers whose metrics port is not reachable, e.g. behind
-a gateway that forwards only gRPC. Statistics have no pending count and no GPU or CPU gauges.
-
-The first frame has no previous scrape: it shows figures since the server started.
-
->>> text = '''# TYPE nv_inference_count counter
-... nv_inference_count{model="m",version="1"} 1000
-... # TYPE nv_inference_exec_count counter
-... nv_inference_exec_count{model="m",version="1"} 10
-... '''
->>> snapshot = parse_metrics(text, "http://h:8002/metrics", taken_at=0.0)
->>> figures(None, snapshot)[0].average_batch
-100.0
+How each figure is computed: docs/internals/facility.md, "coffea-sonic monitor" (with an example).
 """
 
 from __future__ import annotations
@@ -416,7 +385,7 @@ def monitor(urls: Iterable[str], *, interval_s: float = 2.0, once: bool = False,
             cache_dirs: Sequence[str] = (), shadow_dirs: Sequence[str] = ()) -> int:
     """Scrape ``urls`` every ``interval_s`` and redraw the view; returns an exit code.
 
-    ``urls``: metrics endpoints, or Triton URLs (their statistics API; see the module docstring).
+    ``urls``: metrics endpoints, or Triton URLs (their statistics API; docs/internals/facility.md).
 
     ``once``: scrape twice, ``interval_s`` apart, print one frame and return (1 if any server
     could not be read). ``frames`` stops after that many frames. On a terminal the screen is

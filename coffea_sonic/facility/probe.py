@@ -1,10 +1,5 @@
 """Low-level network probes: is anything listening, and does it speak gRPC, TLS or plain HTTP/1?
 
-A gRPC client that hits the wrong kind of port only says ``UNAVAILABLE``; these probes tell the
-cases apart so :mod:`coffea_sonic.facility.check` can say what is wrong: a refused connection (server
-down), an HTTP/1 answer (Triton's HTTP or metrics port given as gRPC), a TLS handshake (the server
-wants ``triton+grpcs://``), or an HTTP/2 SETTINGS frame (a plaintext gRPC server).
-
 >>> tcp_connect("127.0.0.1", 1, timeout_s=1).error in ("refused", "unreachable", "timeout")
 True
 """

@@ -1,10 +1,5 @@
 """``coffea-sonic monitor --shadow DIR``: shadow validation's findings, summed over processes.
 
-Every process whose models validate answers in the shadow (``TritonModel(shadow=...)``) with the
-setting ``shadow_dir`` (``COFFEA_SONIC_SHADOW_DIR``) writes its report there
-(:meth:`coffea_sonic.shadow.ShadowHook.report`, one file per process and model); this sums them:
-per model, server and output, the rows compared, the largest divergence and the alarms.
-
 >>> import tempfile
 >>> shadow_lines(tempfile.mkdtemp())[0].startswith("shadow validation")
 True

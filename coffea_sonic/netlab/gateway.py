@@ -1,8 +1,6 @@
 """HAProxy as the facility's gateway on a lab host, from ``deploy/haproxy/gateway.cfg`` unchanged.
 
-The deploy file holds the whole policy (JWT checks, per-subject quota, gRPC refusals); what is
-particular to a site comes from the environment and a second file with the servers
-(:func:`servers_config`), as in the Kubernetes shape.
+How it works: docs/internals/gateway.md.
 
 >>> print(servers_config(["10.0.0.1:8001", "10.0.0.2:8001"]), end="")
 backend tritons

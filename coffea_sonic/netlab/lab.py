@@ -1,25 +1,10 @@
 """A lab of named hosts on one machine: network namespaces with private ``/dev/shm``, on one switch.
 
-Each :class:`Host` is a network namespace plus a persistent mount namespace whose ``/dev/shm`` is
-a fresh tmpfs (network namespaces alone share ``/dev/shm``; real machines do not), with one veth
-link to the lab's switch (a bridge in a namespace of its own), shaped by tbf to its
-:class:`~coffea_sonic.netlab.links.Link` rate in both directions. The calling process (the
-"submit host") joins the switch on ``.1`` over an unshaped link, so that a test can reach every
-host's services. A :class:`Lab` is a context manager: leaving it stops every process started in
-its hosts (by their process groups, then whatever is left in each namespace), unmounts the hosts'
-``/dev/shm`` and deletes the namespaces and links, also when the body raised. A lab whose owning
-process died (SIGKILL) is swept by the next lab that starts.
-
-Needs root, ``nsenter``/``unshare`` (util-linux) and either ``ip``/``tc`` (iproute2) or the
-pyroute2 package (:mod:`coffea_sonic.netlab.netlink`).
+How it works, and what it needs: docs/internals/netlab.md.
 
 >>> from coffea_sonic.netlab import Lab, Link
 >>> Lab()  # nothing is made until it is entered (or started)
 Lab(index=-1, hosts=[])
->>> with Lab() as lab:                                           # doctest: +SKIP
-...     gpu = lab.host("gpu1", Link(rate_mbit=1000))
-...     gpu.run(["ip", "-br", "addr"]).stdout.count("eth0")
-1
 """
 
 from __future__ import annotations
@@ -162,7 +147,7 @@ class Host:
 
 
 class Lab:
-    """Hosts on one machine (see the module docstring). Use as a context manager.
+    """Hosts on one machine (docs/internals/netlab.md). Use as a context manager.
 
     ``subnet``: the first two octets of the lab's addresses (each lab takes a /24 of it).
     """

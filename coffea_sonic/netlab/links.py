@@ -1,7 +1,6 @@
 """Links between lab hosts: a rate (tbf on both ends of a veth pair) and the commands shaping them.
 
-The kernel on the project's machines has tbf but no netem: a link here has a rate, and a round
-trip time is added by a user-space relay (:mod:`coffea_sonic.netlab.relay`), not by the kernel.
+No netem here: round trips come from the relay (docs/internals/netlab.md).
 
 >>> Link(rate_mbit=1000).burst_bytes(), QUEUE_LATENCY_MS
 (1250000, 20)

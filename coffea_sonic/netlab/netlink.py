@@ -1,10 +1,6 @@
 """The lab's network operations, through iproute2's ``ip``/``tc`` or through pyroute2 (netlink).
 
-Machines without iproute2 (the GPU machines: root, ``unshare`` and ``nsenter`` but no ``ip`` or
-``tc``, and no package index) can still make a lab: pyroute2 is pure Python, so its wheel can be
-carried, and it speaks netlink directly (namespaces, veth pairs, bridges, addresses and tbf,
-including rates above 4 Gbit/s). :func:`netlink` picks ``ip`` where both commands are on PATH, else
-pyroute2 where it imports; ``NETLAB_NETLINK=ip|pyroute2`` chooses.
+Which one, and why both: docs/internals/netlab.md.
 
 >>> sorted(BACKENDS)
 ['ip', 'pyroute2']

@@ -1,12 +1,5 @@
 """A long-running process inside a lab host (own process group, log file, stop that always works).
 
->>> from coffea_sonic.netlab import Lab
->>> with Lab() as lab:                                           # doctest: +SKIP
-...     head = lab.host("head")
-...     sleeper = head.popen(["sleep", "60"], name="sleeper")
-...     sleeper.alive
-True
-
 :class:`LocalHost` is this machine as a host (no namespaces, no root):
 
 >>> with LocalHost() as here:

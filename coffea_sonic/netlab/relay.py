@@ -1,16 +1,6 @@
 """A TCP relay that adds a round-trip time: the kernel here has no netem, so a delay is user space.
 
-Every byte read from one side is written to the other ``rtt_ms / 2`` later, in both directions,
-so each request/response round trip over the relay takes ``rtt_ms`` longer. The bytes a direction
-holds are capped (``buffer_bytes``, default: one round trip at the link's rate, at least 1 MiB):
-past the cap the relay stops reading, so TCP's flow control reaches the sender as it would
-over a real path of that bandwidth-delay product, instead of an endless buffer hiding the delay
-from the client's windows. It passes 96 % of a 1 Gb/s tbf link (measured on the project's 2-core
-box); it cannot carry 10 Gb/s on 2 cores.
-
-Run it inside a host with :func:`start_relay`, or by hand::
-
-    python -m coffea_sonic.netlab.relay --listen 0.0.0.0:9001 --target 127.0.0.1:8001 --rtt-ms 20
+How it works: docs/internals/netlab.md, "Rates and round trips".
 
 >>> relay_buffer_bytes(rtt_ms=20, rate_mbit=1000)
 2500000

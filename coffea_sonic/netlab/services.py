@@ -1,19 +1,7 @@
 """The facility's processes, started inside lab hosts: tritonserver, and the commands they need.
 
-Each returns once its service answers, or raises
-:class:`~coffea_sonic.netlab.processes.ServiceStartError` with the process' log (it started and
-exited, or never answered); a command that is missing and cannot be installed raises
-:class:`~coffea_sonic.netlab.processes.CommandUnavailableError` instead. The lab stops them all. A host is a fresh network namespace, so services
-listen on their usual ports at the host's address.
-
->>> from coffea_sonic.netlab import Lab
->>> with Lab() as lab:                                           # doctest: +SKIP
-...     gpu = lab.host("gpu1")
-...     triton = start_triton(gpu, models=["jet_tagger"])
-...     triton.url("jet_tagger")
-'triton+grpc://10.231.0.10:8001/jet_tagger'
-
-The usual ports, at each host's address; a command that is already there is used as it is:
+Each returns once its service answers, or raises ``ServiceStartError`` with the process' log
+(docs/internals/netlab.md).
 
 >>> GRPC_PORT, HTTP_PORT, METRICS_PORT
 (8001, 8000, 8002)

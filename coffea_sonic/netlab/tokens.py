@@ -1,15 +1,7 @@
 """RS256 JSON Web Tokens for the lab's gateway, signed with ``openssl`` (no Python crypto needed).
 
-A facility's token issuer (an identity provider) holds the private key; the gateway holds only the
-public one (``deploy/haproxy/gateway.cfg``: ``GATEWAY_JWT_KEY``). :class:`TokenIssuer` plays the
-issuer in tests and benchmarks (the tests' forged tokens, which the gateway must refuse, are
-``tests/forged_tokens.py``).
+Who holds which key: docs/internals/netlab.md, "Tokens".
 
->>> import tempfile
->>> issuer = TokenIssuer(tempfile.mkdtemp())                    # doctest: +SKIP
->>> token = issuer.issue("alice", audience="coffea-sonic")       # doctest: +SKIP
->>> token.count(".")                                             # doctest: +SKIP
-2
 >>> claims(_encode({"sub": "alice"}) + "." + _encode({"aud": "x"}) + ".sig")
 {'aud': 'x'}
 """

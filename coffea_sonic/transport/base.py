@@ -1,25 +1,6 @@
 """The transport interface: one shape for every wire to a Triton server (httpx's split).
 
-The client (:class:`~coffea_sonic.model.TritonModel`) owns policy: validation, splitting, the
-in-flight window, retries, failover, reassembly and statistics. A transport owns the wire: it
-sends one :class:`InferRequest` and hands back an :class:`InferAnswer` of output arrays, or a
-:class:`~coffea_sonic.transport.errors.TransportError` that says what the failure means
-(``busy``, ``down``, ``not_found``, ...), so the client never looks at gRPC codes or HTTP statuses.
-
-Implementations: :class:`~coffea_sonic.transport.grpc.GrpcTransport` (the default for a remote
-server), :class:`~coffea_sonic.transport.shm.SystemShmTransport` and
-:class:`~coffea_sonic.transport.shm.CudaShmTransport` (a server on this host),
-:class:`~coffea_sonic.transport.http.HttpTransport` (``triton+http://``) and
-:class:`~coffea_sonic.transport.memory.MemoryTransport` (in-process, for fast unit tests).
-
->>> import numpy as np
->>> from coffea_sonic.core.tensors import TensorInfo
->>> out = np.zeros((2, 1), np.float32)
->>> request = InferRequest("m", "1", {"x": np.ones((3, 1), np.float32)},
-...                        (TensorInfo("y", "FP32", (1,)),), rows=3, out={"y": out})
->>> deliver(request, "y", np.arange(3, dtype=np.float32).reshape(3, 1)) is out, out.ravel()
-(True, array([0., 1.], dtype=float32))
-"""
+How it works: docs/internals/transport.md ("The interface")."""
 
 from __future__ import annotations
 
@@ -38,19 +19,9 @@ __all__ = ["InferAnswer", "InferRequest", "Transport", "TransportFuture", "deliv
 
 @dataclass(eq=False)
 class InferRequest:
-    """One request: ``rows`` rows of validated ``inputs`` for ``model``/``version``.
-
-    ``outputs``: the outputs to return, as the model declares them. ``rows``: the batch size sent
-    (None for models without batching). ``out``: optional destinations ``{name: array}``; a
-    transport that receives an output of exactly ``rows`` rows with the destination's per-row
-    shape and a dtype that casts safely writes its first ``len(out[name])`` rows there (the one
-    copy of the output bytes) and lists the name in :attr:`InferAnswer.delivered`.
-    ``priority``: the request's priority level for the dynamic batcher (1 is served first; 0: the
-    model's default level), sent as the request parameter ``priority``. ``caller_waits``: the
-    thread that submits the request would only wait for its answer, so a transport may send it
-    and read the answer in that thread and return a done future (the gRPC transport does: no
-    hand-off to gRPC's threads and back, which costs wake-ups, each a wait for a core on a busy
-    machine).
+    """One request: ``rows`` rows of validated ``inputs`` for ``model``/``version`` (``rows``:
+    None without batching). ``outputs``: as the model declares them. What ``out``,
+    ``priority`` and ``caller_waits`` do: docs/internals/transport.md ("The interface").
     """
 
     model: str
@@ -63,8 +34,7 @@ class InferRequest:
     out: Mapping[str, np.ndarray] | None = None
     priority: int = 0
     caller_waits: bool = False
-    #: headers of this request alone, sent after the server settings' (gRPC metadata, HTTP
-    #: headers): e.g. a W3C ``traceparent``; names lower-case
+    #: headers of this request alone (e.g. a W3C ``traceparent``); names lower-case
     headers: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -75,11 +45,8 @@ class InferRequest:
 
 @dataclass(eq=False)
 class InferAnswer:
-    """A server's answer: ``{name: array}``, the version that answered, bytes received.
-
-    ``delivered``: outputs already written into the request's ``out`` destinations (their
-    entries in ``outputs`` are those destination arrays, ``rows`` checked by the transport).
-    """
+    """A server's answer: ``{name: array}``, the version that answered, bytes received;
+    ``delivered``: outputs already written into the request's ``out`` destinations."""
 
     outputs: dict[str, np.ndarray]
     model_version: str = ""
@@ -88,11 +55,8 @@ class InferAnswer:
 
 
 def deliver(request: InferRequest, name: str, array: np.ndarray) -> np.ndarray:
-    """Write ``array`` (an answered output) into ``request.out[name]`` when it fits exactly.
-
-    Returns the destination when written, else ``array`` itself (the caller copies it if it is
-    a view of memory it will reuse, and the client's check reports what is wrong with it).
-    """
+    """Write ``array`` (an answered output) into ``request.out[name]`` when it fits exactly;
+    returns the destination when written, else ``array`` itself."""
     target = request.out.get(name) if request.out else None
     if (target is None or request.rows is None or array.ndim == 0
             or array.shape[0] != request.rows or array.shape[1:] != target.shape[1:]
@@ -105,11 +69,8 @@ def deliver(request: InferRequest, name: str, array: np.ndarray) -> np.ndarray:
 
 def answer_from(request: InferRequest, arrays: Mapping[str, np.ndarray], *, version: str = "",
                 nbytes: int | None = None, copy: bool = False) -> InferAnswer:
-    """An :class:`InferAnswer` of ``arrays``, delivered into ``request.out`` where they fit.
-
-    ``copy``: the arrays view memory the transport reuses (a shared-memory slot), so whatever is
-    not delivered is copied out.
-    """
+    """An :class:`InferAnswer` of ``arrays``, delivered into ``request.out`` where they fit;
+    with ``copy`` (the arrays view reused memory) what is not delivered is copied out."""
     outputs: dict[str, np.ndarray] = {}
     delivered = []
     for name, array in arrays.items():
@@ -124,10 +85,7 @@ def answer_from(request: InferRequest, arrays: Mapping[str, np.ndarray], *, vers
 
 
 class TransportFuture(Future):
-    """The pending :class:`InferAnswer` of one request (a ``concurrent.futures.Future``).
-
-    ``cancel()`` works until the answer arrives and runs the transport's cancel hook (which
-    stops the RPC and retires any shared-memory slot the server may still write into).
+    """The pending :class:`InferAnswer` of one request; ``cancel()`` runs the cancel hook.
 
     >>> future = TransportFuture()
     >>> future.resolve(InferAnswer({}))
@@ -169,9 +127,7 @@ class Transport(abc.ABC):
     """One wire to one Triton server (``address``), shared by every model of a process.
 
     Every method raises :class:`~coffea_sonic.transport.errors.TransportError` on failure;
-    ``submit`` reports failures through its future instead. Control calls (readiness, index,
-    metadata, statistics) take a timeout; a server that restricts a protocol group answers
-    ``TransportError(kind="restricted")``.
+    ``submit`` reports failures through its future instead.
     """
 
     #: "grpc", "shm", "cuda", "http" or "memory"

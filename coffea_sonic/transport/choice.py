@@ -1,21 +1,6 @@
 """Which transport carries one server's requests: :class:`ServerTransports`.
 
-Control calls go over the URL's protocol (gRPC or HTTP); requests over the transport asked for.
-``"auto"`` uses shared memory only with a server on this host that is proven to receive both
-our region registrations and our requests (not a load balancer in front of several), and drops
-back to the URL's protocol for that server on any region error. A model the server runs on its
-GPU 0 alone goes through CUDA shared memory where this process has CUDA and the server maps it.
-
-The choice is made once per process and server, on first use, and remembered with its reason
-(``shm_off``, ``cuda_off``) for error messages and ``coffea-sonic check``.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> choice = ServerTransports(ServerSettings("127.0.0.1:1"), "grpc")
->>> choice.data_transport().name
-'grpc'
->>> choice.disable_shm("no region", quiet=True); choice.shm_off
-'no region'
-"""
+How it is chosen: docs/internals/transport.md ("Choosing a transport per server")."""
 
 from __future__ import annotations
 
@@ -71,14 +56,8 @@ class ServerTransports:
         return self.plain
 
     def data_transport(self, gpu_model: bool = False) -> Transport:
-        """The transport requests use (chosen once, see the module docstring).
-
-        ``gpu_model``: the request's model runs on the server's GPU 0 only (see
-        :attr:`~coffea_sonic.core.tensors.ModelInfo.on_gpu_zero`). With ``"auto"``, where system
-        shared memory works with the server, such requests go through CUDA shared memory if this
-        process can allocate GPU memory the server maps: the server then reads the inputs on its
-        GPU, without its host copies (benchmarks/RESULTS.md, "CUDA shared memory").
-        """
+        """The transport requests use (chosen once); ``gpu_model``: the request's model runs on
+        the server's GPU 0 only (:attr:`~coffea_sonic.core.tensors.ModelInfo.on_gpu_zero`)."""
         data = self.data
         if data is None or (data.name in ("shm", "cuda") and self.shm_off):
             data = self.data = self._choose()
@@ -108,14 +87,8 @@ class ServerTransports:
             self.settings.address, self.shm_off, self.settings.protocol)
 
     def region_forgotten(self, why: str) -> None:
-        """The server answered that it does not know one of our regions: probe it again.
-
-        The same server forgetting our regions (it restarted, or another client unregistered every
-        region, as perf_analyzer does when it ends) keeps its shared memory: the slot pool has
-        retired the regions and registers new ones. Where the probe fails (a balancer moved our
-        connection to another backend), or after :data:`MAX_REPROBES` such answers, requests go
-        over the URL's protocol from now on.
-        """
+        """The server answered that it does not know one of our regions: probe it again (at most
+        :data:`MAX_REPROBES` times; why: docs/internals/transport.md)."""
         with self._lock:
             self.reprobes += 1
             again = self.reprobes <= MAX_REPROBES and not self.shm_off

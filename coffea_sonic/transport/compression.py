@@ -1,14 +1,6 @@
 """Request compression over gRPC and HTTP: the ``compression`` setting, read once per transport.
 
-``none`` (the default), ``gzip`` or ``deflate``: Triton decompresses either. Compressing costs
-the client CPU and saves link bytes only as far as the tensors compress: what the zoo's inputs
-gain on a 1 and a 10 Gb/s link is in benchmarks/RESULTS.md, and why the default stays ``none``.
-Set it where the link is slow (``COFFEA_SONIC_COMPRESSION=gzip``, Dask config
-``coffea_sonic.compression``, or ``compression = "gzip"`` in the endpoints file).
-
->>> configured_compression("GZIP"), configured_compression(None) in COMPRESSIONS
-('gzip', True)
-"""
+When it pays: docs/internals/transport.md ("Compression")."""
 
 from __future__ import annotations
 

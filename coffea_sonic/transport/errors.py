@@ -1,37 +1,6 @@
 """The one error classifier: what a failure on the wire means, whatever the wire.
 
-Every transport turns its failures into a :class:`TransportError` whose ``kind`` tells the
-client what to do:
-
-========================  =============================================  ========================
-kind                      meaning                                        the client
-========================  =============================================  ========================
-``busy``                  overloaded (queue full, RESOURCE_EXHAUSTED)    backs off, retries
-``down``                  gone, restarting, connection lost              quarantines, fails over
-``timeout``               no answer within the deadline                  quarantines, fails over
-``shm_region``            the server does not know our memory region     resends without shm
-``restricted``            the protocol group is behind a key             works without it
-``unauthenticated``       token or certificate refused                   raises (configuration)
-``not_found``             model or version not served there              raises
-``bad_request``           the server rejected the inputs                 raises
-``cancelled``             cancelled by us                                nothing
-``internal``              anything else the server answered              raises
-========================  =============================================  ========================
-
->>> classify("UNAVAILABLE", "failed to connect to all addresses")
-'down'
->>> classify("UNAVAILABLE", "Exceeds maximum queue size")
-'busy'
->>> classify("NOT_FOUND", "Unable to find shared memory region: 'csonic-shm-1'")
-'shm_region'
->>> classify("UNAVAILABLE", "This protocol is restricted, expecting header 'triton-grpc-protocol-k'")
-'restricted'
->>> classify("INTERNAL", "shared memory size specified with the request for output 'y' (80 bytes) "
-...          "should be at least 120 bytes")
-'internal'
->>> TransportError("down", "connection refused", address="h:1").retryable
-True
-"""
+The kinds and what the client does: docs/internals/transport.md ("Errors: one classifier")."""
 
 from __future__ import annotations
 
@@ -98,7 +67,7 @@ def classify(code: str, details: str = "") -> str:
 
 
 class TransportError(SonicError):
-    """A classified failure of one call to one server (see the module docstring for kinds)."""
+    """A classified failure of one call to one server (kinds: docs/internals/transport.md)."""
 
     def __init__(self, kind: str, detail: str, *, address: str = "", code: str = "",
                  retry_after_s: float | None = None) -> None:

@@ -1,20 +1,6 @@
 """The transport kinds, in one table: what each is, how it is made, and its client defaults.
 
-``max_request_bytes`` caps one request's tensor bytes (a call is split by rows to stay under
-it) and ``max_in_flight`` is how many requests of one model a process keeps in flight, unless
-the model is given its own. Why these values: benchmarks/RESULTS.md, "What sets each default"
-(message-size costs of gRPC; fewer, larger batches through shared memory; one whole chunk per
-request through CUDA shared memory).
-
->>> transport_kind("shm").max_request_bytes == 9 * 2**20, transport_kind("shm").max_in_flight
-(True, 2)
->>> transport_kind("a-custom-transport").name  # a factory's transport: gRPC's defaults
-'grpc'
->>> transport_kind("grpc").connections
-1
->>> REQUESTABLE
-('auto', 'grpc', 'shm', 'cuda', 'http')
-"""
+Why these defaults: docs/internals/transport.md ("Kinds and their defaults")."""
 
 from __future__ import annotations
 
@@ -40,11 +26,7 @@ class TransportKind:
 
 
 KINDS: dict[str, TransportKind] = {kind.name: kind for kind in (
-    # gRPC's row serves many worker processes per server (a server on another host), which
-    # want few large requests; a process that is the server's only client gets smaller
-    # requests, more in flight (coffea_sonic.sizing, from its share of the server's requests)
-    # unless the model sets max_request_bytes or max_in_flight. No one setting served both
-    # (RESULTS.md, "The gRPC path, one process, and NVIDIA's perf_analyzer").
+    # gRPC's row: many worker processes per server (why: docs/internals/transport.md)
     TransportKind("grpc", 9 * 2**20, 2, "coffea_sonic.transport.grpc:GrpcTransport",
                   "Triton's gRPC API"),
     TransportKind("shm", 9 * 2**20, 2, "coffea_sonic.transport.shm:SystemShmTransport",

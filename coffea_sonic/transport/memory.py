@@ -1,27 +1,6 @@
 """An in-process :class:`~coffea_sonic.transport.base.Transport` for fast unit tests.
 
-Models are plain callables ``{input: array} -> {output: array}``; answers come from a small
-thread pool (as a real wire's would), and faults can be injected per call: a kind of
-:class:`~coffea_sonic.transport.errors.TransportError`, a wrong answered version, or an answer
-rewritten by a function. Plug it into :class:`~coffea_sonic.model.TritonModel` with
-``transport=MemoryTransport.factory(...)`` (httpx's ``MockTransport`` idea).
-
->>> import numpy as np
->>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
->>> info = ModelInfo("double", ("1",), "python", 64, (TensorInfo("x", "FP32", (2,)),),
-...                  (TensorInfo("y", "FP32", (2,)),))
->>> transport = MemoryTransport({"double": (info, lambda inputs: {"y": inputs["x"] * 2})})
->>> from coffea_sonic.transport.base import InferRequest
->>> answer = transport.infer(InferRequest("double", "1", {"x": np.ones((3, 2), np.float32)},
-...                                       info.outputs, rows=3))
->>> answer.outputs["y"][0], answer.model_version
-(array([2., 2.], dtype=float32), '1')
->>> transport.fail_next("busy")
->>> transport.submit(InferRequest("double", "1", {"x": np.ones((1, 2), np.float32)},
-...                               info.outputs, rows=1)).exception().kind
-'busy'
->>> transport.close()
-"""
+How to use it: docs/internals/transport.md ("In-process models for tests")."""
 
 from __future__ import annotations
 

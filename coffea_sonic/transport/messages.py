@@ -1,17 +1,6 @@
 """Triton's protocol messages -> our core types (shared by the gRPC and HTTP transports).
 
-Both wires answer with the same messages (HTTP's JSON is parsed into the gRPC protobuf types), so
-the repository index, a model's signature and its statistics are read in one place each.
-
-The model config is the source of truth for per-row dims (``dims`` exclude the batch dimension when
-``max_batch_size > 0``); the metadata gives the available versions.
-
->>> from tritonclient.grpc import service_pb2
->>> index = service_pb2.RepositoryIndexResponse()
->>> entry = index.models.add(name="m", version="2", state="READY")
->>> models_in_index(index)
-{'m': ('2',)}
-"""
+How it works: docs/internals/transport.md ("gRPC", "Messages")."""
 
 from __future__ import annotations
 
@@ -77,20 +66,11 @@ def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
 
 def answering_digest(config: Any) -> str:
     """A digest of the parts of a served ``ModelConfig`` that change answers but not the
-    signature: the graph optimisation level, execution accelerators (a TensorRT or fp16
-    conversion), output label files, batch inputs and outputs, the model file a version loads
-    (``default_model_filename``: ``model_fp16.onnx`` beside ``model.onnx``) and an ensemble's
-    steps ("" when none is set, so plain models keep their checksums). Instances, devices,
-    batching and backend parameters are left out: the same model on a CPU and on a GPU server
-    must compare equal.
+    signature ("" when none is set; which parts: docs/internals/transport.md, "Messages").
 
     >>> from tritonclient.grpc import model_config_pb2
-    >>> config = model_config_pb2.ModelConfig(name="m")
-    >>> answering_digest(config)
+    >>> answering_digest(model_config_pb2.ModelConfig(name="m"))
     ''
-    >>> config.optimization.graph.level = 1
-    >>> len(answering_digest(config))
-    16
     """
     from google.protobuf import json_format
 

@@ -1,16 +1,6 @@
 """One transport per process, server settings and kind: shared by every model of a worker.
 
-Transports hold connections and shared-memory slots, so a worker that runs many chunks (and
-unpickles its models for each) must reuse them. Made lazily, after any fork; a forked child
-starts with an empty registry and never touches (or finalizes) its parent's transports.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> settings = ServerSettings("127.0.0.1:1")
->>> open_transport(settings, "grpc") is open_transport(settings, "grpc")
-True
->>> open_transport(settings, "grpc").name
-'grpc'
-"""
+Why: docs/internals/transport.md ("One transport per process")."""
 
 from __future__ import annotations
 

@@ -1,36 +1,6 @@
 """The threads that make blocking gRPC calls for requests nobody waits on in their own thread.
 
-:func:`send_soon` hands a request's call to a sender thread. A sender thread that is finishing a
-request (its answer's callbacks start the call's next piece) keeps the next piece itself, right
-after: a hand-off to another thread costs a futex wake and two context switches, more client CPU
-than a piece's whole Python path, and on a machine whose cores the server shares that is
-throughput. Only one piece is kept per finished request (the rest go to other sender threads), so
-pieces of a window still travel side by side.
-
->>> import threading
->>> done = threading.Event()
->>> seen = []
->>> def second():
-...     seen.append(threading.current_thread().name); done.set()
->>> def first():
-...     seen.append(threading.current_thread().name); send_soon(second)
->>> send_soon(first)
->>> done.wait(10)
-True
->>> seen[0] == seen[1] and seen[0].startswith("csonic-grpc")  # kept by the same thread
-True
-
-A second task started by the same one goes to another thread, so the two run side by side:
-
->>> together = threading.Barrier(3, timeout=10)  # the two tasks and this thread
->>> def meet():
-...     together.wait()  # returns only once the other task waits too
->>> def start_two():
-...     send_soon(meet); send_soon(meet)
->>> send_soon(start_two)
->>> together.wait() in (0, 1, 2)  # a kept pair would run one after the other and time out
-True
-"""
+Why a thread keeps the next piece: docs/internals/transport.md ("gRPC", "Sending")."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Triton's gRPC API: :class:`GrpcTransport`, its fork-safe channel pool and its codec.
 
->>> from coffea_sonic.transport.grpc import GrpcTransport, channel_options
->>> dict(channel_options())["grpc.max_send_message_length"] == 2**31 - 1
-True
-"""
+How it works: docs/internals/transport.md ("gRPC")."""
 
 from .channel import Connection, channel_options, close_all, get_connection
 from .codec import decode_response, encode_request

@@ -1,17 +1,6 @@
 """Per-process pool of gRPC channels to Triton servers (fork-safe, created lazily).
 
-Under coffea's Runner a processor (and its models) is unpickled for every chunk; the channel is
-never pickled and is looked up here by ``(address, TLS settings, header fingerprint)``, so all
-chunks of a worker process share one HTTP/2 connection per server.
-
-gRPC's core is not fork-safe: a channel created before ``fork`` must never be used in the child.
-The pool remembers the pid that made it; a child finds an empty pool and builds its own channels
-(the parent's are left untouched, so nothing of the parent's is closed from the child).
-
->>> options = dict(channel_options())
->>> options["grpc.max_send_message_length"] == 2**31 - 1
-True
-"""
+How it works: docs/internals/transport.md ("gRPC", "Channels")."""
 
 from __future__ import annotations
 
@@ -33,10 +22,7 @@ INT32_MAX = 2**31 - 1
 
 
 def channel_options(tls: TlsOptions | None = None) -> list[tuple[str, Any]]:
-    """Channel arguments: tritonclient's defaults (which ``channel_args`` would drop) plus ours.
-
-    Reconnect backoff is capped low so a restarted server is used again within seconds.
-    """
+    """Channel arguments: tritonclient's defaults (which ``channel_args`` would drop) plus ours."""
     options: list[tuple[str, Any]] = [
         # tritonclient's defaults, re-added because passing any options replaces them
         ("grpc.max_send_message_length", INT32_MAX),
@@ -114,16 +100,6 @@ def get_connection(address: str, tls: TlsOptions | None = None,
     """
     key = (address, tls.key() if tls is not None else None, headers_fingerprint, index)
     return _pool.get(key, lambda: _make_connection(address, tls))
-
-
-def drop_connection(connection: Connection) -> None:
-    """Forget and close ``connection`` (the next :func:`get_connection` makes a new one)."""
-    with _pool.lock:
-        for key, pooled in _pool.items():
-            if pooled is connection:
-                _pool.pop(key)
-    if connection.pid == os.getpid():
-        connection.close()
 
 
 def pool_size() -> int:

@@ -1,13 +1,6 @@
 """numpy arrays <-> Triton gRPC ``ModelInferRequest``/``ModelInferResponse`` (raw contents).
 
-Tensors travel as ``raw_input_contents``/``raw_output_contents`` (one memcpy each way; decoding is
-a zero-copy ``np.frombuffer`` view into the response bytes).
-
->>> import numpy as np
->>> request = encode_request("m", "", {"x": np.ones((2, 3), np.float32)})
->>> request.inputs[0].datatype, list(request.inputs[0].shape), len(request.raw_input_contents[0])
-('FP32', [2, 3], 24)
-"""
+How it works: docs/internals/transport.md ("gRPC", "Encoding")."""
 
 from __future__ import annotations
 
@@ -96,28 +89,13 @@ def _varint(value: int) -> bytes:
 def encode_framed(model: str, version: str, inputs: Mapping[str, np.ndarray],
                   request_id: str = "", priority: int = 0,
                   outputs: Sequence[TensorInfo] = ()) -> bytes:
-    """The serialised ``ModelInferRequest`` of :func:`encode_request`, with one copy of the tensors.
+    """The serialised ``ModelInferRequest`` of :func:`encode_request`, with one copy of the tensors
+    (how: docs/internals/transport.md, "Encoding"); ``priority`` > 0 sets the request parameter.
 
-    The protobuf header (names, shapes, datatypes) is serialised without the tensors, and each
-    tensor is appended as a ``raw_input_contents`` field straight from the array's memory (protobuf
-    allows repeated fields anywhere in a message). ``encode_request`` + serialisation copies every
-    byte three times (``tobytes``, into the message, into the wire bytes): on the 2-core box that
-    was most of the client's time per request.
-
-    >>> payload = encode_framed("m", "", {"x": np.ones((2, 3), np.float32)})
     >>> from tritonclient.grpc import service_pb2
-    >>> service_pb2.ModelInferRequest.FromString(payload) == encode_request(
-    ...     "m", "", {"x": np.ones((2, 3), np.float32)})
-    True
-
-    ``priority`` > 0 sets the request parameter ``priority`` (Triton's dynamic batcher level):
-
     >>> service_pb2.ModelInferRequest.FromString(encode_framed("m", "", {}, priority=3)
     ...                                          ).parameters["priority"].uint64_param
     3
-
-    ``outputs`` are listed in the request only when one of them is asked as a classification
-    (then every output must be listed: a request that names outputs gets those alone).
     """
     from tritonclient.grpc import service_pb2
 

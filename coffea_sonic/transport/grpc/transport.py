@@ -1,13 +1,6 @@
 """Triton's gRPC API as a :class:`~coffea_sonic.transport.base.Transport`.
 
-Tensors travel in the message (``raw_input_contents``); one HTTP/2 channel per process and
-server settings (:mod:`.channel`), made lazily after any fork. This is the wire a remote GPU
-server gets, and the one every other transport uses for control calls.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> GrpcTransport(ServerSettings("127.0.0.1:1"))
-GrpcTransport('127.0.0.1:1')
-"""
+How it works: docs/internals/transport.md ("gRPC")."""
 
 from __future__ import annotations
 
@@ -39,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 class GrpcTransport(Transport):
-    """Requests and control calls to one server over gRPC (see the module docstring)."""
+    """Requests and control calls to one server over gRPC (docs/internals/transport.md)."""
 
     name = "grpc"
 
@@ -107,13 +100,8 @@ class GrpcTransport(Transport):
     # -- inference ----------------------------------------------------------------------------------
 
     def submit(self, request: InferRequest) -> TransportFuture:
-        """Send ``request``; with ``request.caller_waits`` the call is made and answered in this
-        thread (a blocking gRPC call) and the future comes back done. Otherwise one of the
-        transport's sender threads makes the same blocking call: gRPC's asynchronous calls
-        (``.future()``, answered through a polling thread and a callback) cost twice the client
-        CPU per 3.2 MB request on the 2-core box (1.8-2.1 ms vs 1.0 ms), which a client sharing
-        cores with the server pays in throughput. A cancelled request is dropped unsent if it
-        was still queued; one already sent runs to its answer (or deadline), which is ignored."""
+        """Send ``request``: in this thread with ``request.caller_waits`` (the future comes back
+        done), else on a sender thread (why: docs/internals/transport.md, "Sending")."""
         future = TransportFuture()
         try:
             self.connection

@@ -1,39 +1,6 @@
 """Triton's HTTP/REST API (v2, binary tensor extension) as a :class:`~..base.Transport`.
 
-The wire of ``triton+http[s]://`` URLs. Tensors go from the arrays' memory to the socket and
-come back into one buffer per answer that the outputs view (:mod:`.wire`), so an answer is copied
-once, into the request's ``out`` destinations where they fit. gRPC's Python client copies every
-tensor into a protobuf message and again into gRPC's buffers while holding the GIL; the socket
-calls here release it. How it compares with gRPC per request size: benchmarks/RESULTS.md,
-"Fast-transport targets" (at large requests Triton's HTTP server is the bottleneck).
-
-* ``max_connections``: requests in flight through :meth:`HttpTransport.submit` (a thread and a
-  keep-alive connection each); idle connections are kept for the next request. A pooled
-  connection the server has closed meanwhile (a restart) is replaced once, transparently.
-* ``compression="gzip"`` or ``"deflate"``: compressed requests and answers, worth it only on slow
-  wide-area links (it costs far more CPU than it saves on a fast network).
-* TLS from ``settings.tls`` (verifying; mutual TLS; ``server_name`` for SNI, verification and the
-  ``Host`` header), headers from ``settings.metadata()`` on every request (the restricted-API key
-  under its own name, as Triton's ``--http-restricted-api=...:KEY=VALUE`` expects it).
-* Every failure is a :class:`~..errors.TransportError`; HTTP error answers are classified by
-  :func:`~..errors.from_http_status` (a restricted API answers ``403 This API is restricted``:
-  kind ``restricted``). Sockets, threads and TLS contexts are made per process, after any fork;
-  a pickle carries the configuration only.
-
->>> import pickle
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> transport = HttpTransport(ServerSettings("127.0.0.1:1", protocol="http"), compression="gzip")
->>> transport
-HttpTransport('127.0.0.1:1', compression='gzip')
->>> pickle.loads(pickle.dumps(transport)).compression
-'gzip'
->>> try:
-...     transport.ready(timeout_s=2.0)
-... except TransportError as error:
-...     print(error.kind, error.retryable)
-down True
->>> transport.close()
-"""
+How it works: docs/internals/transport.md ("HTTP")."""
 
 from __future__ import annotations
 
@@ -81,7 +48,7 @@ class _Call:
 
 
 class HttpTransport(Transport):
-    """Requests and control calls to one server over HTTP (see the module docstring)."""
+    """Requests and control calls to one server over HTTP (docs/internals/transport.md)."""
 
     name = "http"
 

@@ -1,21 +1,6 @@
 """HTTP/1.1 on a plain socket for Triton's v2 REST API: connections, framing, binary tensors.
 
-A request is a small JSON header followed by the tensors' own bytes (the binary tensor
-extension), written straight from the numpy arrays' memory; an answer is read with ``readinto``
-into one buffer that the output arrays then view. Nothing here knows about models or policy.
-
->>> import numpy as np
->>> from coffea_sonic.core.tensors import TensorInfo
->>> header, blobs = encode_inputs({"x": np.ones((2, 3), np.float32)}, (TensorInfo("y", "FP32", (1,)),),
-...                               request_id="r1")
->>> header
-b'{"inputs":[{"name":"x","shape":[2,3],"datatype":"FP32","parameters":{"binary_data_size":24}}],"id":"r1","outputs":[{"name":"y","parameters":{"binary_data":true}}]}'
->>> body = bytearray(b'{"model_version":"1","outputs":[{"name":"y","datatype":"INT32","shape":[2],'
-...                  b'"parameters":{"binary_data_size":8}}]}')
->>> length = len(body); body += np.arange(2, dtype=np.int32).tobytes()
->>> decode_outputs(body, length)
-('1', {'y': array([0, 1], dtype=int32)}, 8)
-"""
+How it works: docs/internals/transport.md ("HTTP")."""
 
 from __future__ import annotations
 

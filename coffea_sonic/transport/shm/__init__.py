@@ -1,22 +1,6 @@
 """Shared-memory transports to a Triton server on this host: tensors never cross the socket.
 
-* :mod:`.regions`: region names (``csonic-shm-<pidns>-<pid>-...``), POSIX regions, host
-  detection, the sweep of dead clients' regions;
-* :mod:`.pool`: the one slot pool of both transports (grown on demand, never blocking, fork-safe,
-  unregistered at exit);
-* :mod:`.system`: :class:`SystemShmTransport` (numpy tensors through ``/dev/shm``);
-* :mod:`.cuda`: :class:`CudaShmTransport` (torch CUDA tensors through CUDA IPC memory);
-* :mod:`.common`: what both transports share (slot layout, request flow, failures);
-* :mod:`.select`: :func:`probe_shared_memory` (is it the same server process that maps our
-  regions and serves our requests?) and :func:`shm_possible` (is the server on this host?).
-
-One transport per process and server: ``coffea_sonic.transport.registry.open_transport``.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> with SystemShmTransport(ServerSettings("127.0.0.1:1")) as transport:
-...     transport.name, transport.regions()
-('shm', [])
-"""
+How it works: docs/internals/transport-shm.md."""
 
 from .cuda import CudaShmTransport
 from .pool import SlotPool

@@ -1,21 +1,6 @@
 """What the system and CUDA shared-memory transports share: layout, request flow, failures.
 
-A request is laid out in one slot (:func:`plan`: inputs then outputs, each at an aligned
-offset), the slot is taken from the pool, the inputs are written there, a small gRPC message
-names the region, and the answer is read from the slot when the server has written it
-(:class:`SlotTransport`). Subclasses say how a tensor is written and how the outputs are read.
-
->>> import numpy as np
->>> from coffea_sonic.core.tensors import TensorInfo
->>> from coffea_sonic.transport.base import InferRequest
->>> request = InferRequest("m", "", {"x": np.zeros((10, 4), np.float32)},
-...                        (TensorInfo("y", "FP32", (2,)), TensorInfo("s", "BYTES", (1,))), rows=10)
->>> layout = plan(request)
->>> layout.inputs, layout.outputs, layout.total
-({'x': (0, 160)}, {'y': (256, 80)}, 512)
->>> plan(request, every_output=True) is None  # CUDA: a BYTES output cannot be placed
-True
-"""
+How it works: docs/internals/transport-shm.md ("One request through a slot")."""
 
 from __future__ import annotations
 
@@ -54,11 +39,8 @@ def _nbytes(value: Any) -> int:
 
 
 def plan(request: InferRequest, *, every_output: bool = False) -> Layout | None:
-    """The slot layout of ``request``, or None when it must travel inline: BYTES inputs (Triton
-    takes raw contents for all inputs or none; a bfloat16 array is of numpy kind 'V' but fixed
-    size, so it goes in the slot like any number), empty inputs (Triton refuses a tensor of 0 bytes
-    in a region), or, with ``every_output``, an output whose size is not known in advance (else
-    such outputs are left out: they come back in the message)."""
+    """The slot layout of ``request``, or None when it must travel inline (BYTES or empty inputs;
+    with ``every_output``, an output of unknown size: docs/internals/transport-shm.md)."""
     layout = Layout()
     offset = 0
     for name, value in request.inputs.items():
@@ -195,8 +177,7 @@ class SlotTransport(Transport):
         self._count("shm_requests")
         self._count("shm_bytes", sum(nbytes for _, nbytes in layout.inputs.values()))
         future = TransportFuture()
-        # a blocking call (in the caller's thread when it waits, else on a sender thread):
-        # half the client CPU of gRPC's future calls (see GrpcTransport.submit)
+        # a blocking call: half the client CPU of gRPC's future calls (see GrpcTransport.submit)
         if request.caller_waits:
             self._call(message, future, request, slot, layout, context)
         else:

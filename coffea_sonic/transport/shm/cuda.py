@@ -1,23 +1,6 @@
 """CUDA shared memory to a Triton server on this host: GPU tensors never visit the host.
 
-Each slot of the shared :class:`~.pool.SlotPool` is one device allocation (its own
-``cuMemAlloc``, so its CUDA IPC handle starts at offset 0) registered once with the server
-(``CudaSharedMemoryRegister`` with the IPC handle). A request copies its inputs (torch tensors on
-any device, or numpy arrays) into the slot and the server reads them there (host arrays of 2 MiB
-and more go through pinned memory in parts, copied by several threads, each part's DMA overlapping
-the next part's copy: :func:`copy_host_to_device`); the outputs are read
-from the slot once, into the request's ``out`` destinations (numpy arrays or torch tensors) or
-into fresh host arrays. :meth:`CudaShmTransport.infer_tensors` keeps them on the GPU.
-
-Why not ``tritonclient.utils.cuda_shared_memory``: it needs the ``cuda-python`` package (not a
-dependency here, and absent where torch brings its own CUDA runtime), allocates through the runtime
-API on its own global streams, and copies via DLPack or host numpy. The five driver calls needed
-(primary context, alloc, IPC handle, free, error names) are bound here with ``ctypes`` from the
-driver's ``libcuda.so.1``, which every CUDA machine has.
-
->>> CudaShmTransport.available() in (True, False)
-True
-"""
+How it works: docs/internals/transport-shm.md ("CUDA shared memory")."""
 
 from __future__ import annotations
 
@@ -45,8 +28,7 @@ __all__ = ["CudaRegion", "CudaRegions", "CudaShmTransport", "copy_host_to_device
 
 #: host arrays at least this large are copied to the GPU through pinned memory in parts
 STAGED_COPY_BYTES = 2 * 2**20
-#: threads (and parts) of one staged copy: one thread's memcpy reaches ~5 GB/s, the DMA from
-#: pinned memory several times that (8 threads were no faster than 4 on an H200 machine)
+#: threads (and parts) of one staged copy (8 were no faster than 4 on an H200 machine)
 STAGED_COPY_THREADS = 4
 #: the staged copies' threads (a forked child has none of its parent's threads)
 _copy_pools: ProcessLocal[int, Any] = ProcessLocal("CUDA staging copy threads")
@@ -324,13 +306,8 @@ def _staging_pool() -> Any:
 
 def copy_host_to_device(source: np.ndarray, target: Any) -> None:
     """Copy the C-contiguous ``source`` into the CUDA byte tensor ``target`` (same size) on the
-    current stream; returns when the copy is queued (synchronise the stream before use).
-
-    A pageable array crosses to the GPU at the driver's bounce-buffer speed, one thread's memcpy
-    after another. From :data:`STAGED_COPY_BYTES` on, the array is copied into pinned memory
-    (torch's caching host allocator: reused across calls) in :data:`STAGED_COPY_THREADS` parts by
-    as many threads, and each part's DMA starts as soon as that part is there.
-    """
+    current stream, staged through pinned memory from :data:`STAGED_COPY_BYTES` on (why:
+    docs/internals/transport-shm.md); returns when queued (synchronise the stream before use)."""
     import torch
 
     flat = source.reshape(-1).view(np.uint8)
@@ -354,10 +331,7 @@ def copy_host_to_device(source: np.ndarray, target: Any) -> None:
 def probe_cuda_shared_memory(grpc: Any, *, device: int = 0,
                              timeout_s: float = 5.0) -> tuple[bool, str]:
     """``(usable, why)``: whether this process can hand the server of ``grpc`` (a
-    GrpcTransport, on this host) tensors in CUDA memory: torch sees a GPU here and the server maps
-    a 4 KiB CUDA IPC region of ours. Whether the server is the one process that serves our
-    requests is :func:`~.select.probe_shared_memory`'s question, asked before.
-    """
+    GrpcTransport, on this host) tensors in CUDA memory (a 4 KiB CUDA IPC region of ours)."""
     from tritonclient.grpc import service_pb2
 
     from ..errors import TransportError

@@ -1,31 +1,6 @@
 """One pool of registered shared-memory slots, for the system and the CUDA transport alike.
 
-A *slot* is one region registered with one server; a request takes a free slot, writes its inputs
-there, the server writes the outputs there, and the slot goes back to the pool. The pool:
-
-* grows on demand up to ``max_slots`` slots (a too-small free slot is replaced by a bigger one
-  when the pool is full);
-* never blocks: :meth:`SlotPool.acquire` returns ``None`` when every slot is busy, and the request
-  then travels inline in the gRPC message (requests are started from gRPC callback threads, and
-  waiting there for a slot that only such a callback can free would deadlock);
-* drops, never reuses, the slot of a failed or cancelled request (the server may still write into
-  it, or may have forgotten it); :meth:`SlotPool.retire` drops every slot at once when the server
-  turned out not to know one (a restart, a balancer) while the pool is in use;
-* unregisters and frees everything on :meth:`SlotPool.close` and at interpreter exit;
-* is fork-safe: a forked child never unregisters, unmaps or frees its parent's slots (they are
-  kept referenced so no finalizer runs) and makes its own on first use;
-* sweeps the registrations of dead clients once, before its first registration.
-
-What differs between system and CUDA memory (how a region is made, registered, freed) is a
-:class:`RegionKind`: :class:`SystemRegions` here, ``CudaRegions`` in :mod:`.cuda`.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> from coffea_sonic.transport.grpc import GrpcTransport
->>> pool = SlotPool(GrpcTransport(ServerSettings("127.0.0.1:1")), SystemRegions(), max_slots=2)
->>> pool.regions(), pool.stats["regions_made"]
-([], 0)
->>> pool.close()
-"""
+How it works: docs/internals/transport-shm.md ("The slot pool")."""
 
 from __future__ import annotations
 
@@ -261,10 +236,8 @@ class SlotPool:
         self._discard(slot)
 
     def retire(self, generation: int | None = None) -> bool:
-        """Drop every slot: free ones now, busy ones when released (the server forgot one of our
-        regions, so it may have forgotten them all). With the ``generation`` of the slot the
-        server did not know, nothing happens if that generation is retired already (requests in
-        flight on other old slots meet the same forgetting); returns whether slots were retired."""
+        """Drop every slot (free ones now, busy ones when released); with the ``generation`` of
+        the slot the server did not know, only if not retired already. Whether it retired any."""
         with self._lock:
             if generation is not None and generation != self._generation:
                 return False
@@ -276,11 +249,8 @@ class SlotPool:
         return True
 
     def _discard(self, slot: Slot, timeout_s: float = CLEANUP_TIMEOUT_S, attempt: int = 0) -> bool:
-        """Unregister and free (only in the process that made it); False if the server is gone.
-
-        A region the server still uses (a cancelled or timed-out request it is still running:
-        Triton refuses with "currently in use") is kept, and unregistered again later.
-        """
+        """Unregister and free (only in the process that made it; one still in use: later);
+        False if the server is gone."""
         if not self.owned:
             self._inherited.append(slot)
             return True

@@ -1,35 +1,6 @@
 """POSIX shared-memory regions of this client: names, creation, mapping, unlinking, sweeps.
 
-Every region this package creates is named ``csonic-shm-<pidns>-<pid>-<token>-<n>``: the pid
-namespace and the creating process are in the name, so a later client can tell the regions of a
-dead process (same namespace, pid gone) from live ones and remove them (:func:`sweep_stale_regions`)
-from ``/dev/shm`` and from the server's list of registrations.
-
-Why not ``tritonclient.utils.shared_memory``: its ``create_shared_memory_region`` goes through
-``multiprocessing.shared_memory``, which (Python < 3.13) hands every region to the resource
-tracker (a helper process that unlinks "leaked" regions at exit and warns about them, and is
-restarted in forked workers); it keeps a process-global ``_key_mapping`` that a forked child
-inherits; its ``destroy_shared_memory_region`` unlinks the name itself, so a region cannot be
-*unlinked right after the server has mapped it* (what we do: then nothing is left in ``/dev/shm``
-even after a SIGKILL) and later unmapped; it does not reserve the pages (``posix_fallocate``), so a
-full ``/dev/shm`` kills the process with SIGBUS at the first write instead of failing at creation;
-and its ``set_shared_memory_region`` copies arrays one after another in one thread. Its offset
-reads (``get_contents_as_numpy(..., offset=)``) are what :meth:`SystemRegion.view` does, without
-the handle bookkeeping. So regions are made here with ``_posixshmem`` (the C module under
-``multiprocessing.shared_memory``) and ``mmap`` directly.
-
->>> region = SystemRegion(4096)
->>> region.name.startswith(region_prefix()), os.path.exists("/dev/shm/" + region.name)
-(True, True)
->>> view = region.view(256, np.dtype(np.float32), (2, 3)); view[:] = 1.5
->>> float(region.view(256, np.dtype(np.float32), (6,)).sum())
-9.0
->>> region.unlink(); os.path.exists("/dev/shm/" + region.name)
-False
->>> del view; region.close()
->>> is_local_host("127.0.0.1"), is_local_host("192.0.2.1"), align(1), region_size(100)
-(True, False, 256, 1048576)
-"""
+How it works: docs/internals/transport-shm.md ("Regions")."""
 
 from __future__ import annotations
 
@@ -185,11 +156,8 @@ def unlink_name(name: str) -> None:
 
 
 class SystemRegion:
-    """One POSIX shared-memory region mapped into this process (created here, so owned here).
-
-    ``key`` is what ``SystemSharedMemoryRegister`` takes; after the server has mapped the region
-    :meth:`unlink` removes the name (the memory lives on until both processes unmap it).
-    """
+    """One POSIX shared-memory region mapped into this process (created here, so owned here);
+    ``key`` is what ``SystemSharedMemoryRegister`` takes."""
 
     def __init__(self, size: int) -> None:
         self.name = new_region_name()
@@ -262,8 +230,7 @@ def sweep_stale_regions(grpc: Any, *, kinds: Sequence[str] = ("System",),
 
     ``grpc``: a :class:`~coffea_sonic.transport.grpc.GrpcTransport` (or ``ServerSettings`` or
     ``host:port``) of the server. ``kinds``: ``"System"`` and/or ``"Cuda"`` registrations to look
-    at. Only regions of this package, made in this pid namespace by a process that no longer
-    exists, are touched; a server we cannot ask is skipped. Returns the names removed.
+    at. Returns the names removed.
 
     >>> sweep_stale_regions("127.0.0.1:1", timeout_s=0.5)  # nothing stale, no server: nothing
     []

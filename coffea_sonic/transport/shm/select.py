@@ -1,32 +1,6 @@
 """Whether shared memory can serve a server: on this host, and the same server process.
 
-Shared memory works only when the process that maps our region is the process that serves our
-requests. A server on this host is not enough: behind a load balancer or proxy (HAProxy, Envoy:
-SuperSONIC's shape), a registration lands on one backend and the next request on another, which
-answers "Unable to find shared memory region". :func:`probe_shared_memory` proves the identity:
-
-1. the address must be this host (:func:`shm_possible`);
-2. a 4 KiB probe region is registered (the server must be able to open our ``/dev/shm``, and must
-   not restrict the shared-memory protocol);
-3. ``SystemSharedMemoryStatus`` is asked for that region ``checks`` times (8), each a separate
-   call on the channel the requests use: a per-request balancer spreads them over its backends,
-   and every backend but the one that mapped the region answers that it does not know it;
-4. the region is unregistered (once per check when the calls were spread: Triton answers OK for
-   a name it does not know, so every backend is asked).
-
-Any failure gives ``(False, reason)``. Answers are cached per process and server settings, except
-when the server could not be reached (``down``/``timeout``: asked again next time). A balancer that
-pins a connection to one backend (TCP, L4) passes the probe, rightly: the channel's requests all go
-where its registrations went; if it later moves the connection, the request fails with
-``shm_region`` and the client resends it over plain gRPC.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> from coffea_sonic.transport.grpc import GrpcTransport
->>> shm_possible("127.0.0.1:8001"), shm_possible("192.0.2.1:8001")  # TEST-NET: never this host
-(True, False)
->>> probe_shared_memory(GrpcTransport(ServerSettings("192.0.2.1:8001")))
-(False, 'server 192.0.2.1:8001 is not on this host')
-"""
+How it is proven: docs/internals/transport-shm.md ("Is it the same server?")."""
 
 from __future__ import annotations
 

@@ -1,28 +1,6 @@
 """System shared memory to a Triton server on this host: tensors never cross the socket.
 
-A request's inputs are written once into a POSIX region the server has mapped (a slot of a
-:class:`~.pool.SlotPool`); a gRPC message of a few hundred bytes names the region, offsets and
-sizes; the server writes the outputs into the same region, and each output is read *once*, as a
-view of the region, straight into the request's ``out`` destinations
-(:func:`~coffea_sonic.transport.base.answer_from` with ``copy=True``: an output that cannot be
-delivered is copied out of the slot instead). No protobuf round trip, no intermediate copies.
-
-A request whose tensors cannot all go through shared memory still travels: BYTES inputs, every
-slot busy, or a full ``/dev/shm`` send it inline through the owned :class:`GrpcTransport`
-(``self.grpc``); outputs of unknown size (BYTES, variable dims) come back in the message. Control
-calls (readiness, index, metadata, statistics) and region (un)registration go through
-``self.grpc`` too, so every failure is a :class:`~coffea_sonic.transport.errors.TransportError`:
-``shm_region`` when the server does not know a region (restarted, or a balancer sent the request
-to another server), ``restricted`` when it restricts the shared-memory protocol. Neither is
-retried here: the client resends the request over plain gRPC. A failed or cancelled request's slot
-is dropped (never reused: the server may still write into it).
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> transport = SystemShmTransport(ServerSettings("127.0.0.1:1"))
->>> transport, transport.regions()
-(SystemShmTransport('127.0.0.1:1', slots=0/8), [])
->>> transport.close()
-"""
+How it works: docs/internals/transport-shm.md ("System shared memory")."""
 
 from __future__ import annotations
 
@@ -41,10 +19,8 @@ from .pool import DEFAULT_MAX_SLOTS, Slot, SystemRegions
 
 __all__ = ["SystemShmTransport"]
 
-#: Inputs at least this large are copied into the region by ``copy_threads`` threads (numpy
-#: releases the GIL while copying). Below it one thread copies: a 4 MiB piece is copied in about
-#: 0.1 ms, less than handing its parts to threads and waking them costs in client CPU on a
-#: machine whose cores the server shares (RESULTS.md, "The shared-memory call path").
+#: Inputs at least this large are copied into the region by ``copy_threads`` threads (why this
+#: size: docs/internals/transport-shm.md).
 PARALLEL_COPY_BYTES = 8 << 20
 
 #: copy threads per thread count (a forked child has none of its parent's threads)

@@ -1,10 +1,6 @@
 """In-process engines that run the zoo models without a server, on the same input dicts.
 
-* :class:`CpuEngine`: onnxruntime on CPU, on exactly the ONNX file the server serves (also the
-  fallback when no server can serve a model).
-* :class:`GpuEngine`: torch on CUDA (local-GPU baseline for benchmarks); only where a GPU exists.
-* :class:`~coffea_sonic.engines.trees.TreeEngine`: a tree model (Triton FIL-backend model or zoo
-  tree model) with its own library, as the served one answers.
+What each runs: docs/internals/engines.md.
 
 >>> from coffea_sonic import zoo
 >>> engine = CpuEngine("jet_tagger")

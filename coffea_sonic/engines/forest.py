@@ -1,38 +1,8 @@
 """Tree models (XGBoost, LightGBM, Treelite) answering as Triton's FIL backend answers.
 
-One implementation for both sides: the embedded server's FIL backend (``fil_model.py.tmpl``)
-runs a copy of this file beside it, and :class:`~coffea_sonic.engines.trees.TreeEngine` imports
-it, so served and in-process answers come from the same code. It needs numpy, and the tree
-library a model is read with, imported when it is loaded; nothing of coffea-sonic (the server's
-Python may not have it).
+Self-contained (numpy and the tree library; nothing of coffea-sonic): the embedded server's FIL
+backend runs a copy. What FIL does, and so this does: docs/internals/engines.md.
 
-What FIL does, and so this does (``config.pbtxt`` parameters, string values):
-
-* ``model_type``: ``xgboost`` (``xgboost.model``), ``xgboost_json`` (``xgboost.json``),
-  ``xgboost_ubj`` (``xgboost.ubj``), ``lightgbm`` (``model.txt``), ``treelite_checkpoint``
-  (``checkpoint.tl``); ``default_model_filename`` names another file. What is in the file
-  decides how it is read: XGBoost >= 2.1 writes UBJSON to a ``.model`` name, and XGBoost >= 3
-  reads no legacy binary any more (Treelite still does: it is used then).
-* ``is_classifier`` (older name ``output_class``): a classifier answers class indices, or with
-  ``predict_proba`` a probability per class (a binary model whose ``output__0`` has 2 columns
-  gets ``[1 - p, p]``, with 1 column ``p``); ``threshold`` (default 0.5) splits binary classes.
-  A regressor answers the model's prediction (its objective's transform applied).
-* ``xgboost_allow_unknown_field``: without it an XGBoost JSON model with fields Treelite does not
-  know is refused, as FIL refuses it.
-* an output named ``treeshap_output``: SHAP values, ``num_classes * (num_features + 1)`` columns
-  (the bias last per class), from the library's own TreeSHAP (XGBoost ``pred_contribs``, LightGBM
-  ``pred_contrib``); a Treelite checkpoint has none and is refused.
-* FIL's tuning keys (``algo``, ``storage_type``, ``blocks_per_sm``, ``threads_per_tree``,
-  ``use_experimental_optimizations``, ``transfer_threshold``, ``layout``, ``chunk_size``,
-  ``cpu_nthread``) change speed, never answers: accepted, and reported by :func:`notes`.
-
->>> options = FilOptions.from_parameters({"model_type": "xgboost_json", "output_class": "true",
-...                                       "predict_proba": "true", "algo": "TREE_REORG"})
->>> options.is_classifier, options.predict_proba, options.threshold, options.filename
-(True, True, 0.5, 'xgboost.json')
->>> import numpy as np
->>> fil_output(np.array([[0.25], [0.75]], np.float32), options, width=2).tolist()
-[[0.75, 0.25], [0.25, 0.75]]
 >>> notes({"model_type": "lightgbm", "is_classifier": "false", "algo": "ALGO_AUTO"})
 ['FIL tuning parameters accepted; they change speed, not answers, and the embedded server runs the tree library itself: algo=ALGO_AUTO']
 """

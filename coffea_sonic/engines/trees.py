@@ -1,14 +1,7 @@
-"""Tree models in-process: a Triton FIL-backend model (a folder of a repository, or a zoo tree
-model) run by its own library, answering exactly as the served model answers (the same
-:mod:`~coffea_sonic.engines.forest` code runs in the embedded server's FIL backend).
+"""Tree models in-process: a Triton FIL-backend model (a repository's folder, or a zoo tree model)
+run by its own library, answering exactly as the served model answers.
 
-It is what ``fallback="cpu"`` runs for a tree model: a zoo tree model, or a FIL model of the
-repository the setting ``fallback_repository`` names.
-
->>> import numpy as np
->>> engine = TreeEngine.from_zoo("reconstruction_bdt_xgb", version=1)
->>> engine.info.inputs[0].describe(), engine({"input__0": np.zeros((3, 20), np.float32)})["output__0"].shape
-('input__0 FP32[20]', (3, 2))
+What ``fallback="cpu"`` runs for a tree model (docs/internals/engines.md, with an example).
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Example HEP models of the SONIC papers, declared once, exported to ONNX, served by Triton.
 
-* ``jet_tagger``: per-jet MLP on NanoAOD Jet features (trained here on the synthetic sample).
-* ``particlenet_lite``: ParticleNet-like EdgeConv tagger over PF constituents (untrained).
-* ``particlenet``: ParticleNet-like EdgeConv tagger over PF constituents, trained here
-  (``scripts/zoo_training``; its inputs: :mod:`coffea_sonic.zoo.physics`).
-* ``deepmet``: DeepMET-like per-candidate weights -> MET (px, py), trained here.
-* ``emtrk_cnn``: the ProtoDUNE EmTrkMichelId CNN (generated on first use and cached, ~48 MB).
-
-Pipelines (several networks and non-network steps per call, python backend only;
-:func:`pipeline_names`): ``trackgnn`` (:mod:`coffea_sonic.zoo.trackgnn`), served fused as
-``trackgnn`` and as the Triton ensemble ``trackgnn_ensemble``.
+The models: docs/development.md; how the zoo is put together: docs/internals/zoo.md.
 
 >>> from coffea_sonic import zoo
 >>> zoo.names()
 ['deepmet', 'emtrk_cnn', 'jet_tagger', 'particlenet', 'particlenet_lite']
->>> {k: v.shape for k, v in zoo.example_inputs("jet_tagger", 5).items()}
-{'features': (5, 6)}
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Column recipes of the zoo's models: analysis columns -> the tensors a zoo model takes.
 
-The generic conversions (flatten, unflatten, per-object feature rows, PFNano constituents) are
-in :mod:`coffea_sonic.columns`; what is particular to one model's inputs lives here
-(:func:`pad_constituents`, the ``particlenet`` models'). The ``jet_tagger``'s input is
-``columns.jet_features(jets)`` (its default fields).
+The generic conversions are in :mod:`coffea_sonic.columns` (docs/internals/zoo.md).
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """Inputs of the zoo's physics models from NanoAOD-like columns (numpy/awkward, no torch).
 
-* ``deepmet``: per-candidate weights over each event's PF candidates -> MET; :func:`deepmet_inputs`
-  turns per-event PF candidates into its tensors, :func:`met_vector` a (pt, phi) MET into (px, py).
-
-The models are trained outside the package (``scripts/zoo_training``, see the developer guide):
-
 >>> import awkward as ak
 >>> cands = ak.Array([[{"pt": 10.0, "eta": 0.5, "phi": 0.0, "charge": 1, "pdgId": 211,
 ...                     "fromPV": 3}], []])

@@ -1,8 +1,5 @@
 """Declarations of the zoo models: names, dtypes and per-row dims of every input and output.
 
-These are declared once here; the torch definitions, the ONNX export, the Triton config writer,
-the engines and the analysis all read them from this module.
-
 >>> from coffea_sonic.zoo.spec import MODEL_SPECS
 >>> MODEL_SPECS["jet_tagger"].inputs[0].dims
 (6,)

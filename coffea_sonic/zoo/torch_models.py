@@ -1,7 +1,4 @@
-"""Torch definitions of the zoo models (needs the ``torch`` extra).
-
-Weights are drawn from numpy's PCG64 generator with a fixed seed, not from torch's RNG, so the same
-model comes out on every machine and torch version (the CPU box and the GPU machine alike).
+"""Torch definitions of the zoo models (needs the ``torch`` extra); seeded numpy weights.
 
 >>> import torch
 >>> from coffea_sonic.zoo.torch_models import build

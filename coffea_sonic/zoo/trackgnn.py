@@ -1,40 +1,7 @@
 """``trackgnn``: an Exa.TrkX-like tracking pipeline (hits -> a track label per hit), and its metrics.
 
-Stages (:mod:`coffea_sonic.zoo.trackgnn_pipeline`, the one numeric implementation): embedding
-MLP -> neighbour graph in the embedding, per event -> edge filter MLP -> GNN edge classifier ->
-connected components. Trained here on the synthetic sample's hits
-(:mod:`coffea_sonic.data.hits`, ``scripts/zoo_training/trackgnn_train.py``); the weights ship as
-``trackgnn.npz``.
-
-Three ways to run the same code, with identical labels on CPU:
-
-* in-process: :func:`run_direct` (``device="cpu"`` or ``"cuda"``);
-* served, fused: the python-backend model ``trackgnn`` runs every stage per request;
-* served, ensemble: ``trackgnn_ensemble``, a Triton ensemble of one python-backend model per stage
-  (``trackgnn_embed`` ... ``trackgnn_cc``), counts passed through.
-
-Both served models take the ragged convention of :mod:`coffea_sonic.ragged`: ``hits [-1, 3]``
-FP32 with ``hits__counts``, and answer ``labels [-1]`` INT64 per hit::
-
-    labels = TritonModel(url)({"hits": rows}, counts=counts)["labels"]
-    out = self.infer("trackgnn", {"hits": hits}, like=hits, ragged=True)   # in a processor
-
-Labels are per event: 0..k-1 for the k tracks found (in the order of their first hit), -1 for hits
-on no track.
-
-Metrics (:func:`track_metrics`): a *true track* is a ``track_id >= 0`` of an event with at least
-:data:`MIN_TRACK_HITS` hits; a *reconstructed track* is a label >= 0 with at least
-:data:`MIN_TRACK_HITS` hits. A true track and a label *match* when the hits they share are at
-least :data:`MATCH_FRACTION` of the true track's hits and at least :data:`MATCH_FRACTION` of the
-label's hits. Efficiency = matched true tracks / true tracks; purity = matched reconstructed
-tracks / reconstructed tracks.
-
->>> import numpy as np
->>> track_id = np.array([0, 0, 0, 0, 0, 1, 1, 1, 1, 1, -1])
->>> labels = np.array([0, 0, 0, 0, 0, 1, 1, 1, 1, -1, 1])
->>> m = track_metrics(labels, track_id, counts=np.array([11]))
->>> m.efficiency, m.purity, m.true_tracks, m.reco_tracks
-(1.0, 1.0, 2, 2)
+Stages, ways to run it and the metrics' definitions: docs/internals/zoo.md, "The trackgnn
+pipeline" (with an example of the metrics).
 """
 
 from __future__ import annotations
@@ -138,7 +105,7 @@ def run_direct(hits: Any, counts: Any = None, device: str = "cpu") -> np.ndarray
 
 @dataclass(frozen=True)
 class TrackMetrics:
-    """Tracking performance over some events (definitions: module docstring)."""
+    """Tracking performance over some events (definitions: docs/internals/zoo.md, "Metrics")."""
 
     true_tracks: int
     reco_tracks: int
@@ -161,7 +128,7 @@ class TrackMatches:
     :data:`MIN_TRACK_HITS` hits.
 
     ``true_event`` / ``reco_event``: the event of each track; ``true_size`` / ``reco_size``: its
-    hits; ``true_found`` / ``reco_matched``: matched (module docstring); ``true_of_hit`` /
+    hits; ``true_found`` / ``reco_matched``: matched (docs/internals/zoo.md); ``true_of_hit`` /
     ``reco_of_hit``: per hit, the index of its true / reconstructed track in these arrays (-1:
     noise / on no track).
 

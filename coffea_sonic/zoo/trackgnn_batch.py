@@ -1,12 +1,7 @@
 """Several requests of one trackgnn stage run as one pass, and the answers split back per request.
 
-A stage model with dynamic batching gets several requests in one ``execute``. Events never
-interact in any stage (:mod:`trackgnn_pipeline`), so the requests' rows can be laid one after
-the other, each request's edges shifted by the rows before it, the stage run once (fewer, larger
-launches: how a busy GPU keeps up with many clients, as the fused model does) and every output
-split back: per-row tensors by rows, edges by their source row (edges stay in (source, target)
-order through every stage). Self-contained like :mod:`trackgnn_pipeline`, beside which the
-repository writer copies it.
+Self-contained: the repository writer copies it beside the pipeline. How it works:
+docs/internals/zoo.md, "Batched stage requests".
 
 >>> import torch
 >>> batch = [{"hits": torch.zeros((2, 3)), "gnn_edges": torch.tensor([[0, 1]])},

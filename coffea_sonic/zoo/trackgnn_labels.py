@@ -1,13 +1,7 @@
 """Track labels from the kept edges of the ``trackgnn`` pipeline: connected components and the
-per-event numbering of tracks (:mod:`coffea_sonic.zoo.trackgnn_pipeline`'s last stage, ``cc``).
+per-event numbering of tracks (the pipeline's last stage, ``cc``).
 
-Self-contained like the pipeline (numpy, plain torch, scipy when present; no coffea_sonic
-import): the repository writer copies it beside the pipeline's module into every served
-trackgnn model.
-
->>> component = connected_components(np.array([[0, 1], [3, 4]]), 6)
->>> canonical_labels(component, np.array([3, 3]), min_hits=2).tolist()
-[0, 0, -1, 0, 0, -1]
+Self-contained like the pipeline: the repository writer copies it into every served trackgnn model.
 """
 
 from __future__ import annotations

@@ -1,32 +1,8 @@
 """The numeric code of the ``trackgnn`` pipeline: one module, run in-process and by the server.
 
-Self-contained on purpose (numpy and plain torch, scipy when present; no torch-geometric, no
-coffea_sonic import): the repository writer copies this file and its labelling step
-(:mod:`coffea_sonic.zoo.trackgnn_labels`) next to the python-backend ``model.py`` of the fused
-model and of every stage model, so the served pipeline runs exactly the code a direct run does.
-
-Exa.TrkX-like stages, on the rows of many events at once (``hits [R, 3]`` x, y, z in cm, and
-``counts [G]``: the rows of each event, in order):
-
-1. ``embed``: an MLP maps each hit's features to a point in an :data:`EMBEDDING_DIM`-d space
-   (float32 out);
-2. ``graph``: per event, directed edges from each hit to at most ``k_max`` hits further out in
-   r within ``radius`` in the embedding (never across events; events padded in groups of
-   similar size, float32 distances summed elementwise);
-3. ``filter``: an edge MLP on both hits' features and embeddings and the edge's geometry
-   (:data:`EDGE_FEATURES`); edges scoring over ``filter_cut`` are kept;
-4. ``gnn``: an interaction network (node and edge MLPs, :data:`GNN_STEPS` rounds of message
-   passing, sums over incoming and outgoing edges) scores the kept edges; those over
-   ``gnn_cut`` that are the best outgoing edge of their source are kept (one link outwards per
-   hit: a wrong edge beside a right one cannot merge two tracks);
-5. ``cc``: connected components of the kept edges; per event, components of at least
-   ``min_hits`` hits are tracks labelled 0, 1, ... in the order of their first hit, other hits
-   are -1.
-
-On CPU the networks run in float64, so that a hit's numbers never depend on which other events
-share its batch (GEMM blocking), and every run of the same events gives the same labels however
-they are grouped; on CUDA they run in float32. Edges are kept in (source, target) order, so
-aggregation order is fixed too.
+Self-contained on purpose (numpy and plain torch, scipy when present; no coffea_sonic import):
+the repository writer copies it next to every served trackgnn model. The stages and their
+numerics: docs/internals/zoo.md, "The stages".
 
 >>> import numpy as np
 >>> canonical_labels(np.array([1, 0, 1, 2, 2, 2]), np.array([3, 3]), min_hits=2).tolist()

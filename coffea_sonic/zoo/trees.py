@@ -1,15 +1,6 @@
 """The zoo's tree models: served by Triton's FIL backend, run in-process by the tree engine.
 
-* ``reconstruction_bdt_xgb``: the Analysis Grand Challenge's jet-parton assignment BDT in its
-  shape and under its name (20 features per jet permutation, ``input__0`` FP32 [20],
-  ``output__0`` FP32 [2] with ``predict_proba``), trained here on the synthetic AGC-like sample
-  (``scripts/zoo_training/train_agc_bdt.py``): version 1 was trained on odd-numbered events
-  (``agc_bdt_odd.json``), version 2 on even ones (``agc_bdt_even.json``), as the AGC numbers
-  its versions.
-
-:func:`write_tree_model` writes one as a folder of a Triton repository (the config the AGC's
-``write_triton_config`` writes, with ``model_type xgboost_json`` for the JSON files), which NVIDIA's
-container serves with its FIL backend and the embedded server with coffea-sonic's.
+The models and how they are written: docs/internals/zoo.md, "Tree models".
 
 >>> tree_names()
 ['reconstruction_bdt_xgb']

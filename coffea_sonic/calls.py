@@ -161,12 +161,8 @@ class InferenceHandle:
 
 
 class Window:
-    """At most ``limit`` requests in flight; the rest wait in FIFO order (retries first).
-
-    The limit adapts like TCP's congestion window: an overloaded answer (queue full) halves it,
-    down to one; each good answer grows it back by about one per window, up to ``limit``. So a
-    client backs off from a saturated server instead of hammering its queue.
-    """
+    """At most ``limit`` requests in flight; the rest wait in FIFO order (retries first). The
+    limit adapts to overload like TCP's congestion window (docs/internals/dispatch.md)."""
 
     def __init__(self, limit: int, start: Callable[[Piece], None]) -> None:
         self._max_limit = limit

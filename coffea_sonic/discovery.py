@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 class Discovery:
-    """Discovery and signatures of the servers of one router (see the module docstring).
+    """Discovery and signatures of the servers of one router (docs/internals/routing.md).
 
     ``mark_failed(endpoint, detail)`` quarantines a server that cannot be reached;
     ``describe(model, version)`` states every server for error messages.
@@ -50,13 +50,8 @@ class Discovery:
         self._infos: dict[tuple[str, str, str], ModelInfo] = {}
 
     def discover(self, endpoints: Sequence[Endpoint] | None = None, *, force: bool = False) -> None:
-        """Ask servers not yet discovered what they serve (all at once, in parallel).
-
-        A server that cannot be reached within the connect timeout is quarantined; one that
-        restricts its repository index is asked model by model later (:meth:`learn`). A
-        quarantined server is left to the health thread's probes (``force`` asks it anyway), so a
-        dead server costs a call no connect timeout while its quarantine lasts.
-        """
+        """Ask servers not yet discovered what they serve (all at once, in parallel); ``force``
+        asks quarantined ones too (docs/internals/routing.md)."""
         pending = [e for e in (self._endpoints if endpoints is None else endpoints)
                    if force or (e.served is None and e.healthy)]
         if not pending:
@@ -117,14 +112,9 @@ class Discovery:
                    timeout_s: float, expected_checksum: str | None = None) -> tuple[ModelInfo, str]:
         """The model's signature and the version requests will carry, checked on every server.
 
-        Unpinned (``version == ""``): the highest version any reachable server has, so every chunk
-        of the run uses the same model. Raises ``ModelNotFoundError`` if no reachable server
-        serves it, ``InferenceError`` if two servers (or a server and ``expected_checksum``)
-        disagree about its signature.
-
-        While every server is quarantined, a signature this process already read from one of
-        them (and checked) is answered from memory: the call goes on to the router, which falls
-        back or waits for a server as its policy says, instead of failing to describe the model.
+        Unpinned (``version == ""``): the highest version any reachable server has. Raises
+        ``ModelNotFoundError`` if no reachable server serves it, ``InferenceError`` if two servers
+        (or a server and ``expected_checksum``) disagree about its signature.
         """
         started = time.monotonic()
         self.discover()

@@ -105,9 +105,7 @@ class CallRunner:
     def validate(self, info: ModelInfo, inputs: Mapping[str, Any], counts: Any, *,
                  per_piece: bool = False) -> tuple[dict[str, np.ndarray], int, Any]:
         """``(arrays, rows, ragged)``: the call's inputs checked against ``info`` (``counts``
-        given: a ragged call, :class:`~coffea_sonic.ragged.RaggedCall`, whose rows are events).
-        ``per_piece``: a plain call's NaN/inf policy is left to :meth:`send` with ``per_piece``,
-        which applies it to each request's rows as it is made."""
+        given: a ragged call); ``per_piece`` leaves the NaN/inf policy to :meth:`send`."""
         if counts is None:
             ragged_module.check_plain_call(info, inputs)
             arrays, rows = validate_inputs(info, inputs,
@@ -119,10 +117,8 @@ class CallRunner:
     def send(self, info: ModelInfo, arrays: dict[str, np.ndarray], rows: int, ragged: Any,
              caller_waits: bool, *, per_piece: bool = False) -> InferenceHandle:
         """Split validated ``arrays`` into requests and start sending them; the call's handle.
-        ``caller_waits``: the calling thread only waits for the answer, so a one-request call
-        may be sent and answered in it (no hand-off to other threads). ``per_piece``: the
-        model's NaN/inf policy is applied to each request's rows as it is made (the first
-        request goes out before the rest is looked at); one that fails fails the call."""
+        ``caller_waits``: a one-request call may be sent and answered in the calling thread.
+        ``per_piece``: the NaN/inf policy is applied to each request's rows as it is made."""
         call = Call(call_id=next(_call_ids), arrays=arrays, rows=rows, runtime=self, info=info,
                     ragged=ragged, caller=threading.get_ident() if caller_waits else None,
                     chunk=incidents.current_chunk(),

@@ -330,8 +330,7 @@ class TritonModel:
 
         ``counts`` (rows per event) makes it a ragged call (:mod:`coffea_sonic.ragged`): the
         inputs are the events' rows, unpadded; per-object outputs come back with one row per
-        input row, per-event outputs with one row per event. A call that fits in one request
-        goes over gRPC as a blocking call in this thread (no hand-off to gRPC's threads and back).
+        input row, per-event outputs with one row per event.
         """
         return self._infer(inputs, counts, caller_waits=True).result()
 
@@ -381,14 +380,8 @@ class TritonModel:
 
     @contextlib.contextmanager
     def measure_server(self) -> Iterator["ServerDelta"]:
-        """Server-side work done while the block runs (queue and compute time, batches).
-
-        ::
-
-            with model.measure_server() as measured:
-                model(inputs)
-            measured.delta.queue_s, measured.delta.average_batch
-        """
+        """Server-side work done while the block runs (queue and compute time, batches); usage:
+        docs/internals/incidents.md."""
         sent_before = self.stats.requests + self.stats.failed_requests
         measured = ServerDelta(before=self.server_statistics())
         try:

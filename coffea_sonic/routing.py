@@ -76,14 +76,9 @@ class Router:
     def model_info(self, model: str, version: str, *, timeout_s: float,
                    expected_checksum: str | None = None,
                    wait: bool = True) -> tuple[ModelInfo, str]:
-        """The model's signature and the version requests carry (:meth:`Discovery.model_info`).
-
-        Servers that answered this process before and are out of reach now (a restarting
-        gateway, a cut link) are waited for, as a request would be, within the retry policy's
-        ``total_s``, each wait logged with what it waits for; ``wait=False`` (a caller with a
-        fallback) raises at once instead. Where none ever answered (a wrong address) the error
-        comes at once. The error says how long was waited.
-        """
+        """The model's signature and the version requests carry (:meth:`Discovery.model_info`);
+        waits for servers out of reach within ``total_s`` unless ``wait=False``
+        (docs/internals/routing.md)."""
         started = time.monotonic()
         deadline = started + self.policy.total_s
         for attempt in itertools.count(1):

@@ -190,13 +190,8 @@ def _row_bytes(arrays: Mapping[str, np.ndarray], rows: int) -> int:
 
 def plan_pieces(info: ModelInfo, arrays: Mapping[str, np.ndarray], rows: int,
                 max_request_bytes: int) -> list[tuple[int, int, int]]:
-    """``[(start, stop, zero_pad_rows), ...]`` covering ``rows`` in order, one per request.
-
-    Batching models: at most ``max_batch_size`` rows and about ``max_request_bytes`` per request,
-    in pieces of equal size (the last one may be shorter by less than one row per piece), never
-    padded. Models without batching (``max_batch_size`` 0) whose first dim is fixed (B):
-    pieces of B rows, the last one zero-padded to B (the padding is cut from the outputs).
-    """
+    """``[(start, stop, zero_pad_rows), ...]`` covering ``rows`` in order, one per request (how
+    pieces are sized and padded: docs/internals/dispatch.md)."""
     if rows == 0:
         return []
     row_bytes = _row_bytes(arrays, rows)

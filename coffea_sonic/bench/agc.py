@@ -1,23 +1,7 @@
 """The Analysis Grand Challenge's ML step, four ways: events per second of scoring a chunk's jet
 permutations with the jet-parton assignment BDT pair (the zoo's ``reconstruction_bdt_xgb``,
 the AGC's shape and name, :mod:`coffea_sonic.zoo.trees`; or the AGC's own trained files).
-
-A chunk is ``events`` events with the AGC's permutation counts (12, 60 or 180 rows of 20 features
-for 4, 5 or >= 6 jets; :data:`JET_MULTIPLICITY` of a ttbar selection); each event is scored by
-the model not trained on its parity (even events: version 1, trained on odd events). Cases:
-
-* ``local xgboost``: XGBoost in this process (``Booster.inplace_predict``, one call per parity),
-  what the AGC's local path does;
-* ``served (CPU)`` / ``served (GPU)``: the embedded server (Triton FIL backend: XGBoost on the
-  CPU, or on the GPU with ``device="cuda"``), one default :class:`~coffea_sonic.TritonModel` per
-  version, both parities in flight together;
-* ``AGC client``: the AGC's own client path against the same server: tritonclient gRPC, the
-  model's metadata asked per chunk, one synchronous ``infer`` per parity
-  (``get_inference_results_triton`` at the pinned commit).
-
-Every answer is checked against local XGBoost (float32 rounding). The AGC's metric, events per
-second per core, is the rate over the client's cores (a served case's client is one process on
-one core; local XGBoost predicts on every core of the machine).
+Design notes: docs/internals/bench.md.
 
 >>> rows, parity = agc_chunk(10, seed=1)
 >>> rows.shape[1], int(parity.sum()) <= len(rows)

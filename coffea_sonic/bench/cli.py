@@ -1,7 +1,5 @@
 """``coffea-sonic bench SCENARIO``: the benchmark scenarios as subcommands.
-
-The scenarios are the modules of :mod:`coffea_sonic.bench.commands` (suite, fairness, e2e,
-report, ...); each registers itself, see that package to add one.
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic")

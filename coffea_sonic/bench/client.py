@@ -1,11 +1,5 @@
 """Measure one configuration with one or several client processes.
-
-A client builds its runner, warms up, waits until every client is ready, then times
-``repetitions`` chunks, each under :class:`~coffea_sonic.bench.probes.PeakRss`. Several clients
-run as ``spawn``-ed processes of a :class:`~coffea_sonic.bench.clients.ClientPool` (a gRPC
-channel made before a fork hangs the child; processes are not GIL-bound on large payloads); the
-parent snapshots the server's statistics and samples the GPU between the "all ready" and "all
-done" moments, so warm-up never pollutes the numbers.
+Design notes: docs/internals/bench.md.
 
 >>> job = ClientJob(mode="cpu", model="jet_tagger", batch_size=256, chunk_rows=512,
 ...                 repetitions=2, warmup=1)

@@ -1,15 +1,5 @@
 """Client processes for benchmarks: ``size`` spawned processes that start a run together.
-
-Python threads are GIL-bound on large payloads (8 threads move about as much as one stream), so
-the benchmarks drive servers from processes. Each process has its own task queue; a run hands a
-task to ``procs`` of them, waits until each says it is ready (models loaded, connections made),
-then gives all the same start time, so the measured window sees every client at full speed.
-
-``run_task(task, tasks, control, cache)`` is the benchmark's own function (a module-level one, so
-it can be sent to spawned processes). When ready it calls :func:`ready_then_start` (which says so
-on ``control`` and waits for the common start time from ``tasks``), runs until
-``task["duration"]`` has passed and returns a picklable result; ``cache`` lives as long as the
-process (clients, engines).
+Design notes: docs/internals/bench.md.
 
 >>> ClientPool.__name__
 'ClientPool'

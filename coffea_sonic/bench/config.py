@@ -1,10 +1,5 @@
 """What a benchmark run measures: modes, models, sweeps, repetitions, and the presets.
-
-A run has three sweeps per model, all on the same chunk of inputs (``zoo.example_inputs``, seed 0):
-
-* **batch**: every mode at every batch size (one client process, default requests in flight);
-* **in_flight**: the ``remote`` mode at the reference batch size, over requests in flight;
-* **clients**: concurrent client processes at the reference batch size (the scaling model's input).
+Design notes: docs/internals/bench.md.
 
 >>> config = BenchConfig.quick()
 >>> config.models, config.clients
@@ -41,10 +36,7 @@ GPU_OUTPUT_TOLERANCE = 1e-4
 @dataclass
 class BenchConfig:
     """Settings of one ``coffea-sonic bench`` run (JSON-serialisable with :meth:`to_dict`).
-
-    ``chunk_rows`` / ``batch_sizes`` may be overridden per model; values missing there fall back
-    to the shared ones. ``server`` is ``host:port`` of an existing Triton server (None: start the
-    embedded one on ``device``).
+    Design notes: docs/internals/bench.md.
 
     >>> BenchConfig(models=("emtrk_cnn",), chunk_rows=512).chunk_rows_for("emtrk_cnn")
     512

@@ -1,7 +1,5 @@
 """What a bench run's measurements say: request profiles, output equality, targets, scaling fits.
-
-Computed from raw measurement records (:mod:`coffea_sonic.bench.suite` collects them), so a
-result file read back is derived again with today's rules (``coffea-sonic bench report``).
+Design notes: docs/internals/bench.md.
 
 >>> select([{"mode": "cpu", "sweeps": ["batch"]}, {"mode": "remote", "sweeps": []}], mode="remote")
 [{'mode': 'remote', 'sweeps': []}]
@@ -17,13 +15,7 @@ __all__ = ["compute_scaling", "compute_targets", "equality_summary", "request_pr
 
 def request_profile(record: dict, counters: dict) -> dict | None:
     """Where one request's time goes (ms, means over the timed requests) for a served mode.
-
-    ``observed``: what the caller waited per request; ``round_trip``: TritonModel's send-to-answer
-    time (after encoding); the server's own split (queue, compute input / infer / output) comes
-    from Triton's statistics. Differences: ``client`` = observed - round trip (encode, decode,
-    waiting in the in-flight window), ``wire_and_server_overhead`` = round trip - server (gRPC
-    transfer and (de)serialisation on both ends, Triton's request handling, the python backend's
-    shared-memory copies outside its compute timers).
+    Design notes: docs/internals/bench.md.
 
     >>> record = {"mode": "remote", "latency": {"mean_ms": 10.0}, "requests_per_chunk": 2,
     ...           "wire_bytes_sent_per_chunk": 4e6, "payload_bytes_per_chunk": 4e6,
@@ -101,8 +93,7 @@ def _best(records: list[dict]) -> dict | None:
 
 def equality_summary(measurements: list[dict], server_device: str | None = None) -> dict:
     """Per model and mode, the worst max |Δ| against in-process onnxruntime; all within tolerance?
-
-    Outputs computed on a GPU (local-gpu, or served by a GPU server) get ``GPU_OUTPUT_TOLERANCE``.
+    Design notes: docs/internals/bench.md.
 
     >>> equality_summary([{"model": "m", "mode": "remote", "max_abs_diff": 3e-5}], "gpu")["all_equal"]
     True

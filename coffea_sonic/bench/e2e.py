@@ -1,23 +1,5 @@
 """End to end: the demo analysis with its inference in-process vs served.
-
-The analysis is :class:`~coffea_sonic.examples.jet_tagging.JetTaggingProcessor` in physics mode
-(``jet_tagger`` and the trained ``particlenet`` on every selected jet, ``deepmet`` on every event)
-on the synthetic NanoAOD sample (written by one process per file), run by ``processor.Runner``
-on a local Dask cluster of single-core workers. :class:`InProcessJetTagging` swaps each served
-model for an in-process engine with the same call surface (onnxruntime, one thread per worker, or
-with ``device="cuda"`` torch on this worker's GPU), so the analysis code, data and chunking are
-identical; the time spent in the engine gives the inference share ``p``. Two callers share one
-sample (:func:`_analysis_sample`) and one runner (:func:`_run_once`):
-
-* the bench suite's ``--e2e-events`` (:func:`run_end_to_end`): in-process CPU vs the suite's
-  server for each worker count; ``p`` and ``t_CPU`` from one CPU worker, the server's busy time
-  per event (``t_GPU``) and the served time per event give the SONIC scaling model of the
-  analysis (:func:`analysis_scaling`);
-* ``coffea-sonic bench e2e`` (:func:`run_machine_e2e`): one worker count, every way to infer on
-  this machine: ``cpu``, ``gpu-local`` (torch in every worker, the workers spread over the GPUs)
-  and ``served-<k>gpu`` (one embedded tritonserver on the first ``k`` GPUs, every worker a default
-  ``TritonModel``); ``t_GPU`` there comes from the GPUs' utilisation (nvidia-smi), and the model's
-  prediction for the other GPU counts is a true prediction.
+Design notes: docs/internals/bench.md.
 
 >>> model = _EngineModel("jet_tagger")  # in-process CPU
 >>> from coffea_sonic import zoo

@@ -1,18 +1,5 @@
 """``coffea-sonic bench fairness``: several users share one server; is it fair?
-
-Eight users (the processes of a :class:`~coffea_sonic.bench.clients.ClientPool`, each with its
-own ``TritonModel`` clients, every phase started together) send ``jet_tagger`` requests of
-``rows`` rows to one embedded tritonserver. User 0 is *heavy*: ten times the lanes (requests in
-flight) and the paced rate of a *light* user, niced (``heavy_nice``) as a batch job, and under
-policy ``fair`` *yielding*: while the others are served it sends at most ``heavy_yield_share`` of
-their rows/s (:class:`coffea_sonic.share.YieldGate`). ``solo-i`` (one light user paced) and
-``contended-i`` (all paced) alternate ``rounds`` times, then ``saturate`` (every lane sends as
-soon as it is answered). Figures (``results.json``, ``fairness``): ``jain`` of the goodput while
-all saturate, ``light_p95_ratio`` (light p95 contended over solo), judged against :data:`GOALS`
-(exit 1 if one is missed). Policy ``fair``: lane ``k`` sends at priority ``min(k + 1, levels)``
-(round robin by depth), the last level's queue is short; ``fifo``: no priorities nor gate;
-``gateway``: a quota per user at the facility's HAProxy (needs haproxy and openssl). Why, and
-every run: benchmarks/RESULTS.md, "Many users on one server"; ``bench trace`` traces a run.
+Design notes: docs/internals/bench.md.
 
 >>> jain([1.0, 1.0, 1.0, 1.0]), round(jain([10.0, 1, 1, 1, 1, 1, 1, 1]), 3)
 (1.0, 0.338)

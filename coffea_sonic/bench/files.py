@@ -1,8 +1,6 @@
 """A scenario's report on disk: the JSON (every raw number) beside its Markdown tables, and its
 figures (matplotlib on the file-only Agg backend), written the same way by every scenario.
-
-Every scenario's tables come from :func:`table` (one Markdown table) and :func:`section` (a
-titled table, nothing where there are no rows).
+Design notes: docs/internals/bench.md.
 
 >>> import tempfile
 >>> out = Path(tempfile.mkdtemp()) / "run"

@@ -1,14 +1,5 @@
 """One default TritonModel across a shaped link: goodput against raw TCP, with and without compression.
-
-``coffea-sonic bench link`` runs it (:mod:`coffea_sonic.bench.commands.link`; needs root, through
-:mod:`coffea_sonic.netlab`). A lab host ``srv`` behind a tbf-shaped link serves the transport-bound
-``passthrough`` model (x: 16 floats -> y: 2); this process calls it back to back with
-``rows``-row calls, directly or through the lab's relay adding a round-trip time. Per case: raw
-TCP's rate on the same path (one socket, 1 MiB writes), the model's request bytes per second, the
-link busy fraction (bytes on the caller's interface / link rate) and, for back-to-back calls,
-where a call's time goes on the wire (:func:`call_phases`); with compression gzip and deflate too.
-Then, per zoo model, how much its example inputs compress and how fast (one core, zlib level 6
-as gRPC's gzip): the rate a compressing client could feed at most.
+Design notes: docs/internals/bench.md.
 
 >>> parse_links(["1000/0", "1000/20", "10000"])
 [(1000.0, [0.0, 20.0]), (10000.0, [0.0])]

@@ -1,17 +1,5 @@
 """One runner per benchmark mode: run a whole chunk in ``batch_size`` pieces, time every request.
-
-========================  =============================================================================
-mode                      what runs the model
-========================  =============================================================================
-``cpu``                   :class:`~coffea_sonic.engines.CpuEngine` (onnxruntime) in the client process
-``local-gpu``             :class:`~coffea_sonic.engines.GpuEngine` (torch on CUDA) in the client process
-``remote``                :class:`~coffea_sonic.TritonModel` over gRPC, ``in_flight`` requests pipelined
-``remote-sync``           :class:`~coffea_sonic.TritonModel` with one request at a time
-``coffea-wrapper``        ``coffea.ml_tools.triton_wrapper`` (synchronous, pads every request)
-========================  =============================================================================
-
-Every runner takes the same input dict and returns the same output dict (in input order), so the
-suite can check that all modes agree.
+Design notes: docs/internals/bench.md.
 
 >>> from coffea_sonic import zoo
 >>> runner = make_runner(RunnerSpec(mode="cpu", model="jet_tagger", batch_size=100))

@@ -1,10 +1,5 @@
 """A server SIGKILLed mid-run with ``fallback="cpu"`` (``coffea-sonic bench outage``).
-
-The example analysis (jet_tagger, particlenet_lite) under ``processor.Runner`` with a Dask
-LocalCluster of 2 single-threaded workers, over 16 chunks, at a user's defaults plus
-``fallback="cpu"``, three ways: ``healthy``, ``killed`` (the server SIGKILLed once three chunks
-are done) and ``cpu_only`` (no server). :func:`measure` writes ``outage.json`` and
-``outage.png``; the goal: ``killed`` within twice ``healthy`` plus the connect timeout.
+Design notes: docs/internals/bench.md.
 
 >>> MarkedJetTagging("triton+grpc://127.0.0.1:8001", marks="/tmp").marks
 '/tmp'

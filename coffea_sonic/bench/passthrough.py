@@ -1,9 +1,5 @@
 """``passthrough``: the transport-bound model of the reference bench (x: 16 floats -> y: 2).
-
-A python-backend model that answers each row's first two values: the server does next to no work
-per row, so its rate is set by how fast requests cross the transport (client encoding, the wire or
-shared memory, Triton's copies into the python backend, the answer). It is the yardstick on which
-TritonModel is compared with NVIDIA's perf_analyzer (:mod:`.reference`).
+Design notes: docs/internals/bench.md.
 
 >>> import tempfile
 >>> from pathlib import Path

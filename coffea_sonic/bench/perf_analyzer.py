@@ -1,12 +1,5 @@
 """NVIDIA's ``perf_analyzer``, installed on demand into a cache folder, and one measurement with it.
-
-perf_analyzer (Triton's C++ load generator) is the reference row of ``coffea-sonic bench
-reference``. It ships only inside the ``tritonclient==2.41.0`` manylinux wheel, so the binary is
-taken out of it (installing the wheel would replace the client's tritonclient); it needs
-``libb64.so.0d`` (Debian ``libb64-0d``) and ``libcudart.so.12`` (``nvidia-cuda-runtime-cu12``)
-beside it, even without a GPU. :func:`install` fetches the three with pip and apt into
-``$COFFEA_SONIC_CACHE/perf_analyzer-2.41.0``; ``$COFFEA_SONIC_PERF_ANALYZER`` names a folder
-holding them instead (a machine without a package index).
+Design notes: docs/internals/bench.md.
 
 >>> parse_throughput("Concurrency: 4, throughput: 1.14075e+07 infer/sec, latency 22887 usec")
 (11407500.0, 22887.0)

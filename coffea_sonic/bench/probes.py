@@ -1,15 +1,5 @@
 """Probes a benchmark reads around its timed work: client memory, server statistics, GPU load.
-
-* :class:`PeakRss`: peak resident memory growth of this process during a block (Linux resets the
-  kernel's high-water mark through ``/proc/self/clear_refs``; elsewhere a sampling thread).
-* :func:`server_statistics`: Triton's cumulative per-model counters (queue, compute), to subtract,
-  read through the client's transport (:func:`statistics_transport`: the workers' settings), so
-  the harness, ``monitor`` and ``TritonModel.server_statistics`` share one statistics reader;
-  :func:`server_statistics_summary` turns a difference into per-request times and busy fraction.
-* :class:`GpuUtilisation`: ``nvidia-smi`` samples of GPU utilisation and memory while a block runs
-  (time-stamped: :meth:`GpuUtilisation.mean_between` averages any window of it).
-
-Scripts under ``benchmarks/`` use these instead of their own copies.
+Design notes: docs/internals/bench.md.
 
 >>> import mmap
 >>> with PeakRss() as rss:
@@ -131,9 +121,7 @@ def server_statistics(transport: Transport, model: str, timeout_s: float = 30.0)
 
 def server_statistics_summary(delta: ServerStatistics, wall_s: float) -> dict:
     """Per-request server times (ms) and how busy the model was over ``wall_s`` seconds.
-
-    Triton charges every request of a dynamically batched execution that execution's full
-    duration, so the model's busy time is (compute per request) x (executions), not the sum.
+    Design notes: docs/internals/bench.md.
 
     >>> delta = ServerStatistics(success_count=10, inference_count=1000, execution_count=5,
     ...                          queue_ns=20_000_000, compute_infer_ns=50_000_000)

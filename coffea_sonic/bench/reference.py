@@ -1,16 +1,5 @@
 """TritonModel at its defaults beside NVIDIA's perf_analyzer, per model and transport, one run.
-
-``coffea-sonic bench reference`` runs it. Per model and transport: perf_analyzer
-(:mod:`.perf_analyzer`, installed on demand) over a small batch x concurrency grid, and a default
-:class:`~coffea_sonic.TritonModel` in one client process calling ``call_rows``-row chunks back to
-back (transport forced, all else at its default). They alternate, a TritonModel window after each
-perf_analyzer point, so both see the same load; the ratio is TritonModel's best window over
-perf_analyzer's best point. Transports: ``grpc``, ``http``, ``shm`` (``--shared-memory system``),
-``cuda`` (GPU machines). perf_analyzer writes its inputs into the shared regions once; TritonModel
-starts from host arrays each call, as a user's chunk does. Where perf_analyzer cannot be had, the
-rows say why and TritonModel is still measured. Per model a server is started (the embedded one;
-``passthrough`` from its own repository) unless ``server`` names one serving every model.
-Writes results.json, results.md and reference.png.
+Design notes: docs/internals/bench.md.
 
 >>> config = reference_config(None, ["grpc"], quick=True)
 >>> config.grid("passthrough"), config.call_rows_for("emtrk_cnn")

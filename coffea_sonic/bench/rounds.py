@@ -1,11 +1,5 @@
 """Modes measured in alternating rounds, merged into one record per mode and client count.
-
-On a machine whose speed drifts while a benchmark runs (a GPU machine's CPU, shared with others,
-ran the same pure-Python loop at 77 and 154 ms in one process minutes apart: RESULTS.md), a served
-mode measured after a direct one compares two moments, not two paths. Measured in rounds (direct,
-fused, ensemble, direct, fused, ...), each window short, every mode sees the same moments; a
-served mode's ratio is its mean rate over the direct mean rate of the same rounds, and each
-round's own ratio shows the spread.
+Design notes: docs/internals/bench.md.
 
 >>> windows = [{"mode": "direct", "clients": 1, "round": 0, "events_per_s": 100.0},
 ...            {"mode": "fused", "clients": 1, "round": 0, "events_per_s": 80.0},

@@ -1,17 +1,5 @@
 """The ProtoDUNE SONIC scaling model, fitted to measured runs, and the network bound.
-
-Per event, a client (CPU process) spends ``(1 - p) * t_cpu`` on its own work and sends the rest to
-a GPU server that needs ``t_gpu`` for it; with ``N_cpu`` clients sharing ``N_gpu`` GPUs:
-
-    t_SONIC = (1 - p)·t_CPU + t_GPU·[1 + max(0, N_CPU/N_GPU - t_ideal/t_GPU)] + t_latency
-
-``t_ideal`` is a client's cycle when it never waits for a busy GPU,
-``(1 - p)·t_CPU + t_GPU + t_latency``; with that choice the saturated regime is exactly
-``t_SONIC = N_CPU/N_GPU · t_GPU`` (the GPUs always busy) and the saturation point is
-``N_CPU/N_GPU = t_ideal / t_GPU``. Aggregate throughput is ``N_CPU / t_SONIC`` events/s.
-
-The network bound: every client moves ``bytes_per_event`` per ``t_SONIC``, so a link of
-``B`` bytes/s carries at most ``B / (bytes_per_event / t_SONIC)`` clients.
+Design notes: docs/internals/bench.md.
 
 >>> model = ScalingModel(t_gpu=0.01, t_latency=0.002, p=0.5, t_cpu=0.1)
 >>> round(model.t_ideal, 3), round(model.saturation_clients(), 1)
@@ -125,12 +113,7 @@ def fit_scaling_model(clients: Sequence[float], events_per_s: Sequence[float], *
                       t_cpu: float = 0.0, n_gpu: int = 1,
                       t_gpu_hint: float | None = None) -> ScalingFit:
     """Fit ``t_gpu`` and ``t_latency`` to aggregate throughput measured at several client counts.
-
-    ``p`` and ``t_cpu`` are measured elsewhere (an all-CPU run) and held fixed. A coarse-to-fine
-    grid minimises the squared log error of the per-client time per event (no scipy). When the
-    data never reach saturation, ``t_gpu`` is only bounded from above; then, among the fits about
-    as good as the best (``NEAR_OPTIMAL_LOSS``), the one closest to ``t_gpu_hint`` (the server's
-    busy time per event from Triton's statistics) wins.
+    Design notes: docs/internals/bench.md.
 
     >>> truth = ScalingModel(t_gpu=0.004, t_latency=0.006)
     >>> n = [1, 2, 4, 8]

@@ -1,11 +1,5 @@
 """Transport-bound benchmark models: Triton python-backend models that answer a slice of the input.
-
-Each row's first ``kept`` values come back (the input reshaped to one row of values each), so
-the server does next to no work per row and a request's time is the transport's: client
-encoding, the wire or shared memory, Triton's copies into the python backend, and the answer.
-The answer also proves the bytes arrived. :mod:`.passthrough` (16 floats in, 2 out) is one;
-:func:`write_payload_sink` (``emtrk_cnn``'s input, one float out) is ``coffea-sonic bench
-transport``'s (:mod:`.transport_bench`).
+Design notes: docs/internals/bench.md.
 
 >>> import tempfile
 >>> from pathlib import Path

@@ -1,10 +1,5 @@
 """Run every sweep of a :class:`~coffea_sonic.bench.config.BenchConfig` and collect one result dict.
-
-The result (``results.json``) holds: ``machine``, ``config``, ``server``, ``skipped`` (modes or
-models that could not run, with why), ``measurements`` (one record per configuration, raw samples
-included), ``equality`` (max |Δ| of every mode's outputs against in-process onnxruntime on the
-same inputs), ``targets`` (the target ratios, met or missed by how much), ``scaling`` (fitted
-SONIC model per model, with the network bound) and ``e2e`` (the demo analysis, when asked for).
+Design notes: docs/internals/bench.md.
 
 >>> results = run_bench(BenchConfig.tiny(modes=("cpu",), clients=(1,)))  # in-process: no server
 >>> results["schema"], results["modes_run"], results["skipped"]

@@ -1,16 +1,5 @@
 """Rows/s and GB/s of tensor payload per transport, client processes and server, one run.
-
-``coffea-sonic bench transport`` runs it. One real tritonserver (the embedded one, or the GPU
-machine's through ``triton-gpu-env.sh``) serves the plan's zoo models (python backend) and
-``payload_sink`` (emtrk_cnn's input, one float back, no compute: a request's time is the
-transport's). Every :class:`Entry` of the plan gets one window of ``duration`` seconds: ``procs``
-spawned client processes (:class:`~coffea_sonic.bench.clients.ClientPool`) start together and send
-``rows``-row requests back to back, ``in_flight`` outstanding; rows/s counts the rows answered
-inside the window, GB/s their input bytes, beside Triton's statistics and GPU utilisation. The
-kinds (:data:`KINDS`): stock ``tritonclient.grpc`` ``infer`` (the baseline, one request at a
-time), the transports a worker opens (grpc, http, shm, cuda with inputs on the GPU) and the
-in-process engine (local). :func:`write_transport_report` writes ``results-TAG.json``, ``.md`` and
-``transport-TAG.png``; :func:`replot` redraws them from a written JSON.
+Design notes: docs/internals/bench.md.
 
 >>> [entry.kind for entry in PLANS["quick"]]
 ['local', 'tritonclient', 'grpc', 'http', 'shm', 'shm']

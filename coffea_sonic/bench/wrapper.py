@@ -1,12 +1,5 @@
 """TritonModel against coffea's ``triton_wrapper`` on a transport-bound model, all in one run.
-
-``coffea-sonic bench wrapper`` runs it. The ``slice16`` model (python backend) returns the first
-2 of 16 float32 inputs per row, so a call's time is the transport's. Per ``max_batch_size`` one
-embedded CPU server; the clients at their defaults (``coffea-wrapper``: ``numpy_call``, one padded
-request at a time; TritonModel over ``grpc``, ``shm``, ``auto (default)``, ``http``) take turns
-call by call, Triton's counters read around every call. Then :func:`serial_breakdown`,
-:func:`client_steps`, :func:`sweep` and, with py-spy, a profile of each client's calling thread
-(``python -m coffea_sonic.bench.wrapper`` is the sampled child).
+Design notes: docs/internals/bench.md.
 
 >>> WrapperBench().max_batch_sizes
 [65536, 262144]

@@ -1,8 +1,5 @@
 """The tables and figure of ``coffea-sonic bench wrapper`` (:mod:`.wrapper`'s results).
-
-:func:`write_wrapper` writes results.json, results.md (per server config: the comparison with
-Triton's time per call, one request in flight, the sweep; then the py-spy profiles and the
-client-side steps) and wrapper_vs_tritonmodel.png (rows/s per client, the sweep as heat maps).
+Design notes: docs/internals/bench.md.
 
 >>> run = {"config": {"max_batch_size": 8, "dynamic_batching": True, "rounds": 2},
 ...        "comparison": [{"client": "http", "error": "unreachable"}]}

@@ -1,13 +1,5 @@
 """The ``coffea-sonic bench SCENARIO`` subcommands: one module here per scenario.
-
-Every module in this package is a scenario: it defines ``register(subparsers)``, which adds one
-parser named like the module (``bench/commands/fairness.py`` -> ``coffea-sonic bench
-fairness``) and sets ``func``, the function that runs it. :func:`register_all` finds the modules
-by listing the package, so adding a scenario touches no other file. The helpers below keep the
-scenarios alike: :func:`scenario_parser` (the parser, with ``-o/--output DIR``, default
-``bench-output/SCENARIO``), :func:`progress_printer` and :func:`print_written`.
-:func:`run_scenario` runs one scenario without the whole CLI (the scripts under benchmarks/ that
-keep an old path, on GPU machines that lack the analysis stack, call it).
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")

@@ -1,15 +1,5 @@
 """``coffea-sonic bench cache``: what the inference cache and Triton's response cache save.
-
-* :func:`demo_twice`: ``coffea-sonic demo --inference-cache DIR`` twice, each its own process:
-  wall times, requests per model as the server counted them, identical histograms.
-* :func:`shared_users`: the demo's analysis runs once and its inference calls are recorded; then
-  ``users`` processes, started ``stagger_s`` apart, send those calls chunk by chunk (reading and
-  feature building left out: the box measures the serving) to one server, Triton's response
-  cache off, then on: server compute time, executions, cache hits, users' wall times. Identical
-  requests in flight at once all miss, so users who start together gain less.
-
-The machine's load is recorded beside every figure: on a shared box timings compare only
-within one run.
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")

@@ -1,8 +1,6 @@
 """``coffea-sonic bench e2e``: the analysis end to end on this machine, every way to infer, and
 its report (results.json, results.md with the table for RESULTS.md, e2e_machine.png).
-
-In-process CPU, in-process GPU in every worker, served on 1, 2, 4 GPUs (those the machine has);
-see :func:`coffea_sonic.bench.e2e.run_machine_e2e`.
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")

@@ -1,13 +1,5 @@
 """``coffea-sonic bench pipeline``: the trackgnn pipeline, events/s direct, fused, ensemble.
-
-Every client is a spawned process (:class:`coffea_sonic.bench.clients.ClientPool`) looping over
-fixed chunks of ``events`` synthetic-hit events, synchronously, as an analysis worker does:
-``direct`` runs ``zoo.trackgnn.pipeline(device)`` in the client, ``fused`` calls the served
-``trackgnn``, ``ensemble`` the Triton ensemble ``trackgnn_ensemble``. Each mode runs with every
-``clients`` count (all clients start together; a run's rate is the sum of its clients'), direct
-once more at the end, or, with ``rounds`` > 1, the modes alternate in shorter windows merged per
-mode (:mod:`coffea_sonic.bench.rounds`). Served labels are checked against direct ones first;
-GPU busy is sampled with ``nvidia-smi``. Writes ``pipeline-<device>.json`` and ``.md``.
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")

@@ -1,10 +1,5 @@
 """``coffea-sonic bench ragged``: bytes on the wire, ragged requests vs padded tensors.
-
-On the synthetic PFNano-like sample, what TritonModel sends (in-memory transport: its
-``stats.bytes_sent``, measured, not computed) for per-event PF candidates (pt, eta, phi, mass,
-charge), ragged vs padded to the sample's and to each request's largest event, and for per-jet
-constituents in the ParticleNet layout, ragged (all, and truncated to 32) vs particlenet_lite's
-padded-to-32 tensors and padding to the largest jet.
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")

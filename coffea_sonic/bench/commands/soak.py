@@ -1,10 +1,5 @@
 """``coffea-sonic bench soak``: many requests through TritonModel; descriptors and RSS stay flat.
-
-Embedded tritonservers (jet_tagger, or ``urls`` of running ones) get ``requests`` requests as an
-analysis sends them: pipelined calls, a fresh unpickled model every ``chunk`` calls (coffea's
-Runner does that per chunk), a rejected bad input now and then, ``servers`` balanced. Every
-``report_every`` requests it samples open descriptors, threads, RSS, gRPC channels and
-shared-memory regions; :func:`judge` fails the run if they grow past the bounds after warm-up.
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")

@@ -1,7 +1,5 @@
 """``coffea-sonic bench trace``: where a light user's latency goes in the fairness scenario.
-
-Both clocks (Python's and Triton's trace) are ``CLOCK_MONOTONIC``, and user ``i``'s request ids
-start at ``i * 10**7``, so each trace entry finds its user and request.
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")

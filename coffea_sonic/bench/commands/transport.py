@@ -1,4 +1,5 @@
 """``coffea-sonic bench transport``: rows/s and GB/s per transport, client processes and server.
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
@@ -8,8 +9,6 @@
 ('gpu', ['shm', 'cuda'], 'o', 4.0, None)
 >>> parser.parse_args(["transport", "--replot", "results-cpu.json"]).replot
 'results-cpu.json'
-
-The choices are the bench's own (listed here so that registering imports nothing heavy):
 
 >>> from coffea_sonic.bench.transport_bench import KINDS, PLANS
 >>> sorted(PLANS) == list(_PLANS) and sorted(KINDS) == sorted(_KINDS)

@@ -1,9 +1,5 @@
 """``coffea-sonic bench window``: request size x requests in flight of TritonModel, per transport.
-
-One client process (:func:`coffea_sonic.bench.reference.tritonmodel_task`) calls the
-transport-bound ``passthrough`` model back to back on an embedded CPU server; each configuration
-gets one window per round and the rounds alternate through all of them. Writes window-sweep.json
-and window-sweep.md (best and median window per configuration).
+Design notes: docs/internals/bench.md.
 
 >>> import argparse
 >>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")

@@ -1,32 +1,5 @@
 """Served vs in-process throughput on one GPU at the defaults (and on every GPU of a machine).
-
-Every client is its own (spawned) process that loops on fixed chunks: ``model(chunk)`` with
-``TritonModel`` (or ``GpuEngine(model)(chunk)`` in-process), synchronously, as an analysis worker
-does. All clients of a run start together; a client's rate is its answered rows over the time to its
-last answer, and a run's rate is the sum. During each served run: GPU busy (``nvidia-smi``
-utilization.gpu sampled every 100 ms, mean over the run) and Triton's statistics per request
-(queue, compute input / infer / output, average executed batch), plus TritonModel's own latency per
-request. The in-process baselines run in the same command on the same GPU.
-
-Plans:
-
-``final``
-    the targets at DEFAULTS: ``LocalTritonServer(models=..., device="gpu")`` and
-    ``TritonModel(url)``, no options: emtrk_cnn 2048-row chunks with 1 and 8 (and 16) client
-    processes vs one in-process ``GpuEngine`` on 2048-row chunks; jet_tagger 65 536-row chunks with
-    8 processes vs in-process; every ratio from this one run.
-``gpus``
-    several GPUs: the default server on every visible GPU against one in-process GPU.
-``smoke``
-    a few seconds of every code path with jet_tagger (``--device cpu`` works).
-
-    python -m coffea_sonic.bench.gpu.defaults_sweep --plan final --out $OUT  # on the GPU machine
-    bash benchmarks/gpu/defaults_check.sh                                # same, self-contained
-
-The JSON (``defaults-<plan>.json``) holds the machine (card, cores), every run's configuration,
-per-process rates, GPU samples' mean and the server profile; a markdown table is printed last and
-written beside it. The plans, and what each client process runs, are in
-:mod:`~coffea_sonic.bench.gpu.defaults_plans`.
+Design notes: docs/internals/bench.md.
 
 >>> describe_client(Run("triton", "emtrk_cnn", 8,
 ...                     {"max_request_bytes": 9 * MiB, "max_in_flight": 2}))

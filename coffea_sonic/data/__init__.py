@@ -1,7 +1,4 @@
-"""Data for coffea-sonic: NanoAOD branch declarations, synthetic samples.
-
-The names below are imported lazily, so that ``coffea_sonic.data.hits`` (numpy only) imports on a
-machine without awkward (the GPU benchmark machine).
+"""Data for coffea-sonic: NanoAOD branch declarations, synthetic samples (imported lazily).
 
 >>> from coffea_sonic import data
 >>> data.DATASETS

@@ -1,21 +1,10 @@
 """A synthetic AGC-like sample: semileptonic ttbar NanoAOD files that the Analysis Grand
 Challenge's selection and ML step read (CMS open data cannot be reached from here).
 
-Each event is a top pair: one top decays t -> b W -> b q q', the other t -> b W -> b l nu, with
-two-body decays isotropic in each rest frame (top mass 172.5 GeV, W 80.4 GeV), boosted to the
-lab. The four quarks become jets with a 10% pt resolution; a Poisson number of extra (gluon)
-jets is added; ``Jet_btagCSVV2`` is high for b jets (a fifth of them score low) and low for the
-others, ``Jet_qgl`` separates quark from gluon jets a little. The lepton is an electron or a
-muon with the identification branches the AGC's selection reads (``Electron_cutBased``,
-``Electron_sip3d``, ``Muon_tightId``, ``Muon_sip3d``, ``Muon_pfRelIso04_all``); a few fail it.
-``Jet_jetId`` is 6 (tight, lepton veto) for most jets.
-
-The truth is kept: ``Jet_truthLabel`` is 24 for the W jets, 6 for the b of the hadronic top,
--6 for the b of the leptonic top (the AGC's labels) and 0 for extra jets.
+How it is simulated: docs/internals/examples.md, "The AGC-like sample".
 
 >>> import tempfile
->>> fileset = write_agc_sample(tempfile.mkdtemp(), events=100, files=1, seed=1)
->>> sorted(fileset)
+>>> sorted(write_agc_sample(tempfile.mkdtemp(), events=100, files=1, seed=1))
 ['ttbar']
 >>> events = generate_events(50, seed=2)
 >>> sorted(set(np.concatenate(events["Jet"]["truthLabel"].tolist()).tolist()))[:3]

@@ -1,23 +1,10 @@
 """Synthetic tracker hits: a jagged NanoAOD-style ``Hit`` collection with true track ids.
 
-A toy barrel tracker: :data:`LAYER_RADII` (cm) cylinders of half-length
-:data:`BARREL_HALF_LENGTH` in a solenoid field of :data:`FIELD_T` tesla. Charged particles come
-from the origin (the vertex spread in z), with helices of transverse radius
-``R = pT / (0.3 B)`` (``pT`` in GeV, ``R`` in m); each crosses the layers outwards and leaves a hit
-on each with probability :data:`HIT_EFFICIENCY`, smeared by :data:`SMEAR_RPHI` / :data:`SMEAR_Z`.
-Noise hits (``track_id`` -1) are spread uniformly over the layers, about :data:`NOISE_FRACTION`
-of the track hits. An event has no track with probability :data:`EMPTY_EVENT_FRACTION` (and then
-no hit at all), else ``1 + Poisson(mu)`` tracks with ``mu`` uniform in :data:`TRACKS_MEAN_RANGE`.
-Hits are shuffled inside each event (readers must not rely on their order).
-
-The hits come from their own random stream (``SeedSequence([seed, dataset, first_event,
-HIT_STREAM])``), so adding them changed none of the sample's other branches.
+The toy tracker: docs/internals/examples.md, "Tracker hits".
 
 >>> hits = generate_hits(5, seed=1)
 >>> sorted(hits), len(hits["counts"])
 (['counts', 'fields'], 5)
->>> sorted(hits["fields"])
-['layer', 'track_id', 'x', 'y', 'z']
 >>> int(hits["counts"].sum()) == len(hits["fields"]["x"])
 True
 """

@@ -1,16 +1,10 @@
-"""The NanoAOD branches coffea-sonic reads and writes, declared once.
+"""The NanoAOD branches coffea-sonic reads and writes, declared once (NanoAOD v9+, PFNano layout).
 
-Branch names follow CMS NanoAOD (v9 and later) for ``Jet`` and event identifiers, and the PFNano
-layout for PF candidates: ``PFCands`` holds the candidates of an event, ``JetPFCands`` links jet
-``jetIdx`` to candidate ``pFCandsIdx`` (both local indices into the event's collections), ordered by
-jet so that ``Jet_nConstituents`` consecutive links belong to each jet. Dtypes are those of real
-NanoAOD v12 files (``Jet_nConstituents`` and ``Jet_hadronFlavour`` are ``UChar_t`` there).
+The layout: docs/internals/examples.md, "NanoAOD branches".
 
 >>> from coffea_sonic.data import nanoaod
 >>> nanoaod.branch("Jet", "pt")
 'Jet_pt'
->>> nanoaod.counter("Jet")
-'nJet'
 >>> nanoaod.JET_BRANCH_DTYPES["nConstituents"]
 'uint8'
 """

@@ -1,22 +1,6 @@
 """Synthetic NanoAOD-like samples: ROOT files coffea reads with ``NanoAODSchema``; labelled jets.
 
-Two processes (datasets) are simulated, deterministically from a seed:
-
-* ``ttbar``: two b jets (each reconstructed with probability 0.8), a charm jet from W -> cs in
-  about a third of the events, and a Poisson number of light jets; ``genWeight`` is +-1.
-* ``qcd_light``: an over-dispersed (negative-binomial-like) number of light and charm jets, so that
-  some events have no jet at all and some have many; ``genWeight`` varies around 1.
-
-Per jet, the flavour decides the distributions (:func:`draw_jets`): b jets are harder, a little
-heavier for their pt, have more constituents, and have high ``btagDeepFlavB`` -- but a third of them
-score low and some light jets score high, so a tagger separates them well without being trivial.
-Each jet has ``nConstituents`` PF candidates (2 to 60, some jets above 32) linked in the PFNano
-layout; events also hold unclustered candidates, and each event's ``PFCands`` are shuffled so that
-readers must follow ``JetPFCands_pFCandsIdx``. The charged constituents of b jets carry a harder
-share of the jet momentum (b-hadron fragmentation), which the constituent tagger ``particlenet``
-learns. Half of the unclustered candidates are pileup (``PFCands_fromPV`` 0 when charged), neutral
-hadrons have a PF response of 0.8, ``GenMET`` balances the true visible hard scatter and ``MET`` is
-the PF MET (minus the sum of all candidates), which the ``deepmet`` regression improves on.
+The two datasets and how they are simulated: docs/internals/examples.md, "The synthetic sample".
 
 >>> import tempfile
 >>> from coffea_sonic.data.synthetic import write_sample

@@ -1,30 +1,6 @@
 """Example analysis: the IRIS-HEP Analysis Grand Challenge's ML step, served through Triton.
 
-Follows ``ttbar_analysis_pipeline.py`` of github.com/iris-hep/analysis-grand-challenge at commit
-``c37bf595519089fb1f20272721c705a20cd34d24`` (CMS open-data ttbar):
-
-* selection: exactly one lepton (electron pt > 30, |eta| < 2.1, ``cutBased == 4``,
-  ``sip3d < 4``; or muon pt > 30, |eta| < 2.1, ``tightId``, ``sip3d < 4``,
-  ``pfRelIso04_all < 0.15``), at least four jets (pt > 30, |eta| < 2.4, ``isTightLeptonVeto``);
-  region ``4j1b`` (one jet with ``btagCSVV2 > 0.5``, observable: HT) and ``4j2b`` (two or more,
-  observable: mass of the highest-pt b-tagged trijet);
-* in ``4j2b`` every permutation of the leading <= 6 jets gets the 20 features of
-  :mod:`coffea_sonic.examples.agc_features` (12, 60 or 180 rows per event: the rows are
-  ragged, nothing is padded), is scored by the jet-parton assignment BDT
-  (``reconstruction_bdt_xgb``), and the best permutation's features fill the AGC's 20 ML
-  histograms (``mass_w1w2btophad`` is the reconstructed top mass);
-* systematics as the AGC does them: ``pt_scale_up`` (jets x 1.03) and ``pt_res_up`` (jets x
-  N(1, 0.05)) change the jets, so new features are scored; ``btag_var_0..3`` (and ``scale_var``
-  for ``wjets``) only change weights, and the AGC re-runs inference for each of them: here too
-  every variation calls ``self.infer``, and the mixin sends a call identical to an earlier one
-  of the chunk once (its statistics count the repeats).
-
-Parity rule (train/test clean): each event is scored by the model NOT trained on its parity.
-Even events go to version 1 (trained on odd events), odd events to version 2 (trained on even
-events). The AGC's own local path does this; its Triton path sends even events to version 2.
-
-``local_models={1: path, 2: path}`` scores with in-process ``xgboost.Booster`` instead of the
-server (the same processor otherwise, for comparisons).
+The selection, regions, systematics and the parity rule: docs/internals/examples.md.
 
 >>> processor = AgcProcessor("triton+grpc://127.0.0.1:8001")
 >>> sorted(processor.sonic_models)

@@ -1,17 +1,6 @@
 """The Analysis Grand Challenge's jet-parton assignment features, in numpy, without padding.
 
-Follows ``utils/ml.py`` of github.com/iris-hep/analysis-grand-challenge at commit
-``c37bf595519089fb1f20272721c705a20cd34d24`` (``get_permutations_dict``, ``get_features``):
-
-* an event's leading ``min(n_jets, 6)`` jets are assigned to (W jet 1, W jet 2, b of the hadronic
-  top, b of the leptonic top); the W jets are interchangeable, so there are 12, 60 or 180
-  permutations for 4, 5 or >= 6 jets, in the AGC's order (:func:`permutations`);
-* each permutation has 20 features (:data:`FEATURE_NAMES`), computed as the AGC does (its
-  delta R does not wrap the phi difference, kept here so that the AGC's models read the same
-  values).
-
-The permutation counts are the rows' ragged structure: the rows of all events are one
-``[rows, 20]`` array and ``counts`` says how many belong to each event.
+How they follow the AGC: docs/internals/examples.md.
 
 >>> [len(permutations(n)) for n in (4, 5, 6)]
 [12, 60, 180]

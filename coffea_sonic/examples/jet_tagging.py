@@ -1,22 +1,6 @@
 """Example analysis: tag every jet with a served model and histogram the scores per dataset.
 
-``JetTaggingProcessor`` is an ordinary coffea processor plus :class:`~coffea_sonic.SonicMixin`:
-
-* ``jet_tagger`` (per-jet MLP) scores every selected jet; the request is sent with
-  ``infer_async`` and flies while the worker builds the constituent inputs (SONIC's
-  acquire/produce);
-* ``particlenet_lite`` scores the leading jet from its PF candidates, where the files have the
-  PFNano branches (``PFCands``, ``JetPFCands``); without them it is skipped (real CMS NanoAOD);
-* collision data without ``Jet_hadronFlavour`` is filled with flavour ``-1``;
-* with ``physics=True`` (the demo), the trained zoo models run instead of ``particlenet_lite``:
-  ``particlenet`` scores every
-  selected jet from its PF constituents, and ``deepmet`` regresses each event's MET from its PF
-  candidates (where ``PFCands_fromPV`` exists); with ``GenMET`` the MET residuals of deepmet and
-  of PF MET are histogrammed. This mode runs under ``processor.Runner`` (eager chunks).
-
-It runs unchanged under ``processor.Runner`` (Iterative, Futures, Dask executors) and under
-``coffea.dataset_tools.apply_to_fileset`` (dask-awkward), on our synthetic files and on real CMS
-NanoAOD.
+What it computes and where it runs: docs/internals/examples.md.
 
 >>> processor = JetTaggingProcessor("triton+grpc://127.0.0.1:8001")
 >>> sorted(processor.sonic_models)

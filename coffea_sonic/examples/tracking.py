@@ -1,28 +1,10 @@
 """Example analysis: track finding as a service, on the sample's tracker hits.
 
-:class:`TrackingProcessor` is a coffea processor with :class:`~coffea_sonic.processor.SonicMixin`.
-Per chunk it sends every event's hits (``events.Hit``: x, y, z), unpadded, to the served
-``trackgnn`` pipeline (or ``trackgnn_ensemble``) in ragged requests
-(``self.infer(name, {"hits": xyz}, like=xyz, ragged=True)``), gets a track label per hit back
-aligned with the events, and compares the labels with the hits' true ``track_id`` using the zoo's
-definitions (:func:`coffea_sonic.zoo.trackgnn.track_matches`), so its totals are those of an
-in-process run of the same events. It accumulates per dataset: events, hits, true tracks,
-reconstructed tracks, true tracks found, reconstructed tracks matched; histograms of hits and
-tracks per event, track sizes, found / matched tracks against their number of hits and the true
-tracks' transverse momentum (from a circle fit of their hits); and the mixin's inference
-statistics.
-
-It runs on eager chunks (``processor.Runner``: Iterative, Futures, Dask executors), not under
-dask-awkward; it needs the ``Hit`` collection that ``coffea-sonic sample`` writes (real NanoAOD
-has no tracker hits).
+What it computes and where it runs: docs/internals/examples.md (with an example).
 
 >>> processor = TrackingProcessor("triton+grpc://127.0.0.1:8001")
 >>> list(processor.sonic_models), processor.model
 (['trackgnn'], 'trackgnn')
->>> summary = summarise_tracking({"cutflow": {"d": {"events": 2, "hits": 30, "true_tracks": 4,
-...     "reco_tracks": 5, "found": 3, "matched": 4}}}, wall_s=1.0)
->>> summary["efficiency"], summary["purity"]
-(0.75, 0.8)
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""A persistent inference cache on the client: outputs kept across runs, keyed by content.
-
-How it works: docs/internals/caches.md; how to use it: docs/facility/caches.md."""
+"""A persistent inference cache on the client, keyed by content (docs/internals/caches.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Hits, misses and bytes saved of a cache directory, per process and summed over processes.
-
-How it works: docs/internals/caches.md ("Counters")."""
+"""Per-process hits, misses and bytes saved of a cache directory (docs/internals/caches.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""``InferenceCache``: a directory of model outputs keyed by model, version, config and inputs.
-
-Layout and offline use: docs/internals/caches.md ("The directory")."""
+"""``InferenceCache``: a directory of model outputs (layout: docs/internals/caches.md)."""
 
 from __future__ import annotations
 

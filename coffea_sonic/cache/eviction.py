@@ -1,6 +1,4 @@
-"""The cache directory's size limit: least recently used entries go first.
-
-How it works: docs/internals/caches.md ("The size limit")."""
+"""The cache directory's size limit, oldest entries first (how: docs/internals/caches.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Cache keys: content-defined blocks of a call's rows, and a fast hash of each block's bytes.
-
-How it works: docs/internals/caches.md ("Keys: content-defined blocks")."""
+"""Cache keys: content-defined blocks and their hashes (how: docs/internals/caches.md)."""
 
 from __future__ import annotations
 

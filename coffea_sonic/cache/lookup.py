@@ -1,6 +1,4 @@
-"""One call through the cache: find the blocks already answered, send only the rest, store them.
-
-How it works: docs/internals/caches.md ("One call through the cache")."""
+"""One call through the cache: send only the rows not found (docs/internals/caches.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""One cache entry on disk: a model's outputs for one block of rows, checked when read.
-
-Format and atomic writes: docs/internals/caches.md ("One entry on disk")."""
+"""One cache entry on disk, checked when read (format: docs/internals/caches.md)."""
 
 from __future__ import annotations
 

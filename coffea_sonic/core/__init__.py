@@ -1,6 +1,4 @@
-"""Core types every layer shares: where a server is and how to reach it, what a model declares.
-
-How it works: docs/internals/core.md."""
+"""Core types every layer shares: servers, settings, signatures (docs/internals/core.md)."""
 
 from .endpoint import ModelRef, ServerSettings, parse_address, parse_model_url
 from .secrets import Secret

@@ -1,6 +1,4 @@
-"""Where a model is served: the one URL parser and the one connection-settings type.
-
-URL forms and settings: docs/internals/core.md ("Model URLs", "Server settings")."""
+"""The one model-URL parser and the one connection-settings type (docs/internals/core.md)."""
 
 from __future__ import annotations
 

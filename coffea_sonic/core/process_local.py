@@ -1,6 +1,4 @@
-"""Per-process state that a forked child must not share: :class:`ProcessLocal`.
-
-Why: docs/internals/core.md ("Per-process state")."""
+"""Per-process state a forked child must not share (why: docs/internals/core.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Secrets (bearer tokens, private keys) that never show up in reprs, logs, errors or pickles.
-
-The policy (env, file, literal): docs/internals/core.md ("Secrets")."""
+"""Secrets that never show in reprs, logs, errors or pickles (docs/internals/core.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Every run-time setting: one name each, one order of sources, and where a value came from.
-
-The order and the table: docs/facility/settings.md; :data:`SETTINGS` lists them."""
+"""Every run-time setting, its sources and where a value came from (docs/facility/settings.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""What a model declares: tensors (name, Triton datatype, per-row dims) and signatures.
-
-How it works: docs/internals/core.md ("Tensors and signatures")."""
+"""What a model declares: tensors and signatures (docs/internals/core.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""TLS settings for gRPC channels (``triton+grpcs://`` or ``ssl=...``), picklable by path.
-
-How it works: docs/internals/core.md ("TLS")."""
+"""TLS settings of the gRPC and HTTP transports, picklable by path (docs/internals/core.md)."""
 
 from __future__ import annotations
 

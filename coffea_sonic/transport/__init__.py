@@ -1,6 +1,4 @@
-"""Transports: the wires to Triton servers, behind one interface (:class:`Transport`).
-
-How it works: docs/internals/transport.md."""
+"""Transports: the wires to Triton servers, behind one interface (docs/internals/transport.md)."""
 
 from .base import InferAnswer, InferRequest, Transport, TransportFuture
 from .errors import TransportError, classify

@@ -1,6 +1,4 @@
-"""The transport interface: one shape for every wire to a Triton server (httpx's split).
-
-How it works: docs/internals/transport.md ("The interface")."""
+"""The transport interface: one shape for every wire (docs/internals/transport.md)."""
 
 from __future__ import annotations
 

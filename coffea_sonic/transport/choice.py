@@ -1,6 +1,4 @@
-"""Which transport carries one server's requests: :class:`ServerTransports`.
-
-How it is chosen: docs/internals/transport.md ("Choosing a transport per server")."""
+"""Which transport carries one server's requests (how: docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Request compression over gRPC and HTTP: the ``compression`` setting, read once per transport.
-
-When it pays: docs/internals/transport.md ("Compression")."""
+"""Request compression over gRPC and HTTP (when it pays: docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The one error classifier: what a failure on the wire means, whatever the wire.
-
-The kinds and what the client does: docs/internals/transport.md ("Errors: one classifier")."""
+"""The one error classifier, whatever the wire (kinds: docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The transport kinds, in one table: what each is, how it is made, and its client defaults.
-
-Why these defaults: docs/internals/transport.md ("Kinds and their defaults")."""
+"""The transport kinds and their client defaults (why: docs/internals/transport.md)."""
 
 from __future__ import annotations
 

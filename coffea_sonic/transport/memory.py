@@ -1,6 +1,4 @@
-"""An in-process :class:`~coffea_sonic.transport.base.Transport` for fast unit tests.
-
-How to use it: docs/internals/transport.md ("In-process models for tests")."""
+"""An in-process transport for fast unit tests (docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Triton's protocol messages -> our core types (shared by the gRPC and HTTP transports).
-
-How it works: docs/internals/transport.md ("gRPC", "Messages")."""
+"""Triton's protocol messages -> our core types (docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""One transport per process, server settings and kind: shared by every model of a worker.
-
-Why: docs/internals/transport.md ("One transport per process")."""
+"""One transport per process, server settings and kind (docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The threads that make blocking gRPC calls for requests nobody waits on in their own thread.
-
-Why a thread keeps the next piece: docs/internals/transport.md ("gRPC", "Sending")."""
+"""Threads that make blocking gRPC calls (why: docs/internals/transport.md, Sending)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Triton's gRPC API: :class:`GrpcTransport`, its fork-safe channel pool and its codec.
-
-How it works: docs/internals/transport.md ("gRPC")."""
+"""Triton's gRPC API: transport, channel pool, codec (docs/internals/transport.md)."""
 
 from .channel import Connection, channel_options, close_all, get_connection
 from .codec import decode_response, encode_request

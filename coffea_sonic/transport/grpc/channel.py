@@ -1,6 +1,4 @@
-"""Per-process pool of gRPC channels to Triton servers (fork-safe, created lazily).
-
-How it works: docs/internals/transport.md ("gRPC", "Channels")."""
+"""Per-process, fork-safe pool of gRPC channels (docs/internals/transport.md, Channels)."""
 
 from __future__ import annotations
 

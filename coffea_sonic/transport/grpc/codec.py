@@ -1,6 +1,4 @@
-"""numpy arrays <-> Triton gRPC ``ModelInferRequest``/``ModelInferResponse`` (raw contents).
-
-How it works: docs/internals/transport.md ("gRPC", "Encoding")."""
+"""numpy arrays <-> Triton gRPC messages (docs/internals/transport.md, Encoding)."""
 
 from __future__ import annotations
 

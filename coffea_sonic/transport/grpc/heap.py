@@ -1,6 +1,4 @@
-"""Keep glibc from handing multi-megabyte message buffers back to the kernel after every request.
-
-Why and what it costs: docs/internals/transport.md ("gRPC", "The heap")."""
+"""glibc's malloc thresholds for large messages (why: docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Triton's gRPC API as a :class:`~coffea_sonic.transport.base.Transport`.
-
-How it works: docs/internals/transport.md ("gRPC")."""
+"""Triton's gRPC API as a Transport (how: docs/internals/transport.md)."""
 
 from __future__ import annotations
 

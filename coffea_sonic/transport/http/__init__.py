@@ -1,6 +1,4 @@
-"""Triton's HTTP/REST API: :class:`HttpTransport` and its socket-level :mod:`.wire`.
-
-How it works: docs/internals/transport.md ("HTTP")."""
+"""Triton's HTTP/REST API: transport and socket-level wire (docs/internals/transport.md)."""
 
 from .transport import Compression, HttpTransport
 

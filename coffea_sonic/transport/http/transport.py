@@ -1,6 +1,4 @@
-"""Triton's HTTP/REST API (v2, binary tensor extension) as a :class:`~..base.Transport`.
-
-How it works: docs/internals/transport.md ("HTTP")."""
+"""Triton's HTTP/REST API (binary tensors) as a Transport (docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""HTTP/1.1 on a plain socket for Triton's v2 REST API: connections, framing, binary tensors.
-
-How it works: docs/internals/transport.md ("HTTP")."""
+"""HTTP/1.1 on a plain socket: framing and binary tensors (docs/internals/transport.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Shared-memory transports to a Triton server on this host: tensors never cross the socket.
-
-How it works: docs/internals/transport-shm.md."""
+"""Shared memory to a Triton server on this host (how: docs/internals/transport-shm.md)."""
 
 from .cuda import CudaShmTransport
 from .pool import SlotPool

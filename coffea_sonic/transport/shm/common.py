@@ -1,6 +1,4 @@
-"""What the system and CUDA shared-memory transports share: layout, request flow, failures.
-
-How it works: docs/internals/transport-shm.md ("One request through a slot")."""
+"""What the system and CUDA shm transports share (docs/internals/transport-shm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""CUDA shared memory to a Triton server on this host: GPU tensors never visit the host.
-
-How it works: docs/internals/transport-shm.md ("CUDA shared memory")."""
+"""CUDA shared memory to a server on this host (how: docs/internals/transport-shm.md)."""
 
 from __future__ import annotations
 

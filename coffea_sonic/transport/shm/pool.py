@@ -1,6 +1,4 @@
-"""One pool of registered shared-memory slots, for the system and the CUDA transport alike.
-
-How it works: docs/internals/transport-shm.md ("The slot pool")."""
+"""One pool of registered shared-memory slots (how: docs/internals/transport-shm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""POSIX shared-memory regions of this client: names, creation, mapping, unlinking, sweeps.
-
-How it works: docs/internals/transport-shm.md ("Regions")."""
+"""POSIX shared-memory regions: names, mapping, sweeps (docs/internals/transport-shm.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Whether shared memory can serve a server: on this host, and the same server process.
-
-How it is proven: docs/internals/transport-shm.md ("Is it the same server?")."""
+"""Whether shared memory can serve a server (the probe: docs/internals/transport-shm.md)."""
 
 from __future__ import annotations
 

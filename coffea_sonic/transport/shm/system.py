@@ -1,6 +1,4 @@
-"""System shared memory to a Triton server on this host: tensors never cross the socket.
-
-How it works: docs/internals/transport-shm.md ("System shared memory")."""
+"""System shared memory to a server on this host (how: docs/internals/transport-shm.md)."""
 
 from __future__ import annotations
 

@@ -64,36 +64,27 @@ class TritonModel:
     timeout_s:
         Deadline of each request (a slower server is given up on and the request retried
         elsewhere). ``connect_timeout_s``: how long to wait for a server to answer at all (None:
-        the ``connect_timeout_s`` setting, default 10 s); a server that does not is quarantined
-        and probed again in the background, so with a fallback a dead server costs a call at most
-        this long.
+        the ``connect_timeout_s`` setting, default 10 s); one that does not is quarantined.
     transport:
-        ``"auto"`` (shared memory to a server proven to be on this host, the URL's protocol
-        otherwise; for a model the server runs on a GPU, CUDA shared memory where this process
-        has torch with CUDA and the server maps its GPU memory), ``"grpc"``, ``"shm"`` (demand
-        system shared memory), ``"cuda"`` (demand CUDA shared memory), ``"http"`` (with
-        ``triton+http://`` URLs), or a factory ``f(ServerSettings) -> Transport``. None: the
-        ``transport`` setting (``COFFEA_SONIC_TRANSPORT``, Dask config, facility file), default
-        ``"auto"``.
+        ``"auto"``, ``"grpc"``, ``"shm"``, ``"cuda"``, ``"http"`` (with ``triton+http://`` URLs),
+        or a factory ``f(ServerSettings) -> Transport`` (what each means: docs/user/processor.md,
+        "How tensors travel"). None: the ``transport`` setting, default ``"auto"``.
     max_in_flight, max_request_bytes:
         Requests of this model in flight at once (per process and model object), and the cap on
         one request's tensor bytes (calls are split by rows to stay under it). None: the
         transport's default (:data:`TRANSPORT_DEFAULTS`).
     ssl:
         ``True`` (system CA roots), a mapping or :class:`~coffea_sonic.core.tls.TlsOptions`
-        (CA bundle, client certificate and key for mutual TLS, server-name override). None:
-        ``triton+grpcs://`` URLs use the settings ``ca_file``, ``cert_file``, ``key_file``,
-        ``server_name`` (``COFFEA_SONIC_CA_FILE``, ...) or the system roots.
+        (CA bundle, client certificate and key, server-name override). None: the settings
+        ``ca_file``, ``cert_file``, ``key_file``, ``server_name`` for ``triton+grpcs://`` URLs.
     headers:
-        Sent with every request, e.g. ``{"authorization": Secret.bearer_from_env("TOKEN")}``.
-        Sensitive plain-string values (authorization, token, key, ...) are wrapped in
-        :class:`~coffea_sonic.core.secrets.Secret` automatically. None: a bearer token from the
-        settings ``token_env`` (``COFFEA_SONIC_TOKEN_ENV=NAME``) or ``token_file``, if set.
+        Sent with every request, e.g. ``{"authorization": Secret.bearer_from_env("TOKEN")}``
+        (sensitive plain strings are wrapped in :class:`~coffea_sonic.core.secrets.Secret`).
+        None: a bearer token from the settings ``token_env`` or ``token_file``, if set.
     protocol_key:
         ``("KEY", Secret.from_env("NAME"))`` for servers that restrict protocol groups
-        (``--grpc-restricted-protocol=...:KEY=VALUE``; PyTriton: ``triton-access-token``).
-        Not needed for inference (it stays open); it unlocks the repository index, shared memory
-        and statistics. None: the settings ``protocol_key_name`` + ``protocol_key_env``.
+        (docs/user/processor.md, "Servers we did not write"). None: the settings
+        ``protocol_key_name`` + ``protocol_key_env``.
     nonfinite:
         ``"warn"`` sends NaN/inf as given and warns once per model and tensor; ``"pass"`` sends
         them without looking; ``"raise"`` rejects them. None: the ``nonfinite`` setting (default
@@ -105,26 +96,22 @@ class TritonModel:
         :class:`~coffea_sonic.routing.RetryPolicy` or a mapping of its fields (attempts, total
         time, backoff, quarantine).
     fallback:
-        ``"off"``, ``"cpu"``, ``"local"`` or a factory ``f(model) -> engine``; None reads the
-        ``fallback`` setting (``COFFEA_SONIC_FALLBACK``, default off). See
-        :mod:`coffea_sonic.fallback`.
+        ``"off"``, ``"cpu"``, ``"local"`` or a factory ``f(model) -> engine``
+        (docs/internals/routing.md); None: the ``fallback`` setting (default off).
     priority:
         Priority level of every request for Triton's dynamic batcher (1 is served first; the
-        model must be configured with ``priority_levels``, see
-        :func:`coffea_sonic.server.repository.model_config`). None: the model's default level.
+        model needs ``priority_levels``, docs/internals/repositories.md). None: the model's
+        default level.
     cache:
-        A directory (shareable by every worker) that keeps outputs across runs, keyed by model,
-        served version, config digest and input bytes (:mod:`coffea_sonic.cache`); False: off;
-        None: the ``inference_cache`` setting (``COFFEA_SONIC_INFERENCE_CACHE``), off if unset.
+        A directory (shareable by every worker) that keeps outputs across runs
+        (docs/internals/caches.md); False: off; None: the ``inference_cache`` setting.
     cache_offline:
         With ``cache`` and a pinned version: when no server answers the model's metadata, use
         the signature last served through the cache, so cached rows are answered offline.
     shadow, shadow_tolerance, shadow_action:
-        Recompute about this fraction of served rows with the in-process reference engine (the
-        fallback factory, else ``"cpu"``) off the critical path and compare; above the tolerance
-        (default by where the server runs the model) ``"raise"`` on the next call or
-        ``"quarantine"`` the server. None: the setting ``shadow`` (default 0, off). See
-        :mod:`coffea_sonic.shadow`.
+        Recompute about this fraction of served rows in-process and compare; above the tolerance
+        ``"raise"`` on the next call or ``"quarantine"`` the server (docs/internals/shadow.md).
+        None: the setting ``shadow`` (default 0, off).
     classification:
         K (every output) or ``{output: K}``: the server answers those outputs with their top K
         classes, BYTES ``"score:index:label"`` (:mod:`coffea_sonic.classification`); served only.

@@ -9,7 +9,6 @@ import pytest
 
 from coffea_sonic.bench.commands import run_scenario
 from coffea_sonic.bench.wrapper import WrapperBench, run_wrapper
-from coffea_sonic.errors import ConfigurationError
 
 ROWS, BATCH = 10_000, 4096
 
@@ -62,8 +61,3 @@ def test_serial_breakdown_and_sweep_cover_each_transport(tiny_run):
     assert sorted((r["transport"], r["max_request_mib"], r["max_in_flight"])
                   for r in run["sweep"]) == [("grpc", 1.0, 2), ("http", 1.0, 2), ("shm", 1.0, 2)]
     assert results["client_steps"]["piece_rows"] == ROWS  # a 4 MiB piece is more than a call
-
-
-def test_a_missing_py_spy_is_named_with_how_to_install_it_before_anything_runs(tmp_path):
-    with pytest.raises(ConfigurationError, match="pip install py-spy"):
-        run_wrapper(WrapperBench(py_spy=str(tmp_path / "py-spy")))

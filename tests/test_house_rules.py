@@ -40,7 +40,7 @@ THIN_CALLER_LINES = 15
 SCRIPTS_WITH_OWN_LOGIC: dict[str, str] = {}
 #: GPU scripts that still open with their own copy of the prologue (written while their owners
 #: ran them on the GPU machines; the next change of each sources prologue.sh)
-OWN_PROLOGUE: set[str] = {"benchmarks/gpu/shadow_tolerance.sh"}
+OWN_PROLOGUE: set[str] = set()
 
 
 def _sources() -> dict[str, str]:

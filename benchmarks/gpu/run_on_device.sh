@@ -6,12 +6,10 @@
 #
 # It sets up tritonserver + the model Python (numpy 1.26 + the machine's torch), installs the
 # carried client wheels (prologue.sh; without them mode coffea-wrapper is left out), then
-#   1. serve_check.py: `coffea-sonic serve --device gpu --models emtrk_cnn` (log line of the GPU
-#      instance, served == onnxruntime) and GpuEngine vs CpuEngine (rows/s, max |diff|);
-#   2. `coffea-sonic bench suite --preset gpu --device gpu`: jet_tagger and emtrk_cnn in modes cpu,
+#   1. `coffea-sonic bench suite --preset gpu --device gpu`: jet_tagger and emtrk_cnn in modes cpu,
 #      local-gpu, remote, remote-sync, coffea-wrapper, with client-process sweeps,
 # writing JSON / markdown / PNG into $OUT (results.json, results.md,
-# three PNGs, bench.log, serve_check.json).
+# three PNGs, bench.log).
 #
 # On the CPU box, LOCAL=1 runs only the python part with this venv (BENCH_DEVICE=cpu), e.g.
 #   LOCAL=1 BENCH_DEVICE=cpu OUT=/tmp/gpu-local bash benchmarks/gpu/run_on_device.sh \
@@ -25,10 +23,8 @@ TOTAL_BUDGET=${TOTAL_BUDGET:-570}
 mkdir -p "$OUT"
 if [ "${LOCAL:-0}" = 1 ]; then
   PY=${PY:-.venv/bin/python}
-  SERVE_MODEL=${SERVE_MODEL:-jet_tagger}
 else
   PY=python3
-  SERVE_MODEL=${SERVE_MODEL:-emtrk_cnn}
   # shellcheck disable=SC1091
   source benchmarks/gpu/prologue.sh
 fi
@@ -53,9 +49,6 @@ print("python", sys.version.split()[0], "numpy", numpy.__version__, "onnxruntime
       "grpcio", version("grpcio"))
 print("tritonserver", server_binary(), "gpu", gpu_available())
 PYEOF
-echo "== serve check ($SERVE_MODEL, $BENCH_DEVICE)"
-timeout 240 $PY benchmarks/gpu/serve_check.py --device "$BENCH_DEVICE" --model "$SERVE_MODEL" \
-  --out "$OUT/serve_check.json" 2>&1 | tail -40
 BENCH_TIMEOUT=$(( TOTAL_BUDGET - SECONDS - 15 ))
 echo "== bench (at most $BENCH_TIMEOUT s)"
 timeout "$BENCH_TIMEOUT" $PY -m coffea_sonic.cli bench suite --preset gpu --device "$BENCH_DEVICE" \
@@ -65,7 +58,7 @@ status=${PIPESTATUS[0]}
 if [ ! -f "$OUT/results.json" ] && [ -f "$OUT/results.partial.json" ]; then
   mv "$OUT/results.partial.json" "$OUT/results.json"
 fi
-# 3. if time is left: the served CNN with INSTANCES model instances on the GPU (one instance is
+# 2. if time is left: the served CNN with INSTANCES model instances on the GPU (one instance is
 #    busy >90 % at 8 clients while the GPU idles), to see how far more instances close the gap
 INSTANCES=${INSTANCES:-3}
 left=$(( TOTAL_BUDGET - SECONDS - 10 ))

@@ -10,15 +10,10 @@ Design notes: docs/internals/bench.md.
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
-import json
 import logging
 import os
-import re
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,13 +24,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigurationError
 from .machine import cpu_model, package_versions
 from .modes import coffea_wrapper_class
 from .slice_model import write_slice_model
 
-__all__ = ["Timings", "WrapperBench", "client_steps", "main_thread_profile", "require_py_spy",
-           "run_wrapper", "serial_breakdown", "slice_inputs", "summarize", "sweep"]
+__all__ = ["Timings", "WrapperBench", "client_steps", "run_wrapper", "serial_breakdown",
+           "slice_inputs", "summarize", "sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +38,11 @@ MODEL = "slice16"
 FEATURES, KEPT = 16, 2
 #: Triton's per-model counters read around every call (``success``: receive to response)
 STAT_KEYS = ("success", "queue", "compute_input", "compute_infer", "compute_output")
-#: the clients py-spy samples
-PROFILED_CLIENTS = ("coffea-wrapper", "grpc", "shm")
 
 
 @dataclass
 class WrapperBench:
-    """One run: the model configs (one server each), calls per client, the sweep, py-spy."""
+    """One run: the model configs (one server each), calls per client, the sweep."""
 
     max_batch_sizes: list[int] = field(default_factory=lambda: [65536, 262144])
     dynamic_batching: bool = True
@@ -60,9 +52,6 @@ class WrapperBench:
     sweep_rounds: int = 12
     sweep_mib: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0, 16.0])
     sweep_in_flight: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    #: py-spy binary (None: no sampling profile), on the smallest max_batch_size
-    py_spy: str | None = None
-    profile_seconds: float = 12.0
 
 
 def slice_inputs(rows: int) -> dict[str, np.ndarray]:
@@ -317,8 +306,7 @@ def _load() -> str:
 
 
 def run_wrapper(config: WrapperBench) -> dict[str, Any]:
-    """Every server config of ``config``, the client-side steps and (with py-spy) the profiles."""
-    py_spy = require_py_spy(config.py_spy) if config.py_spy else None
+    """Every server config of ``config`` and the client-side steps."""
     versions = package_versions(("coffea", "tritonclient", "numpy"))
     env = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
@@ -333,12 +321,6 @@ def run_wrapper(config: WrapperBench) -> dict[str, Any]:
         "client_steps": client_steps(inputs, 4 * MiB // (FEATURES * 4), repeats=15),
         "runs": [_measure_config(config, size, inputs, workdir, with_sweep=size == largest)
                  for size in config.max_batch_sizes]}
-    if py_spy:
-        logger.info("sampling profiles with %s", py_spy)
-        results["profiles"] = {
-            name: _profile_one(py_spy, name, min(config.max_batch_sizes),
-                               config.profile_seconds, config.rows)
-            for name in PROFILED_CLIENTS}
     env["load_after"] = _load()
     return results
 
@@ -386,102 +368,3 @@ def client_steps(inputs: dict[str, np.ndarray], piece_rows: int, repeats: int) -
     return {"piece_rows": len(x), "piece_bytes": int(x.nbytes), "request_wire_bytes": len(wire),
             **{name: 1e3 * min(timeit.repeat(step, number=1, repeat=repeats))
                for name, step in steps.items()}}
-
-
-def require_py_spy(path: str) -> str:
-    """The py-spy binary ``path`` names (a path or a command on PATH), or ConfigurationError
-    saying how to install it (it is not a dependency).
-
-    >>> require_py_spy("/nonexistent/py-spy")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    coffea_sonic.errors.ConfigurationError: py-spy not found at '/nonexistent/py-spy' ...
-    """
-    found = shutil.which(path)
-    if found is None:
-        raise ConfigurationError(
-            f"py-spy not found at {path!r} (it is not a dependency of coffea-sonic): install it "
-            "with `python -m venv /tmp/tools && /tmp/tools/bin/pip install py-spy` and pass "
-            "--py-spy /tmp/tools/bin/py-spy, or leave --py-spy out")
-    return found
-
-
-def main_thread_profile(raw: str, top: int) -> dict[str, Any]:
-    """Share of the calling thread's samples per function (self and inclusive) from py-spy's
-    raw output (``stack;frames count`` per line).
-
-    >>> main_thread_profile("MainThread;a (x.py:1);b (x.py:2) 3\\nother;c (y.py:1) 5", top=2)
-    {'samples': 3, 'self': [('b (x.py:2)', 1.0)], 'inclusive': [('a (x.py:1)', 1.0), ('b (x.py:2)', 1.0)]}
-    """
-    self_counts: collections.Counter = collections.Counter()
-    inclusive: collections.Counter = collections.Counter()
-    total = 0
-    for line in raw.splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        if "MainThread" not in frames[0]:
-            continue  # the caller's thread: where a call's wall time goes
-        total += int(count)
-        names = [re.sub(r" \(/.*?(site-packages|coffea_sonic)/", " (", frame)
-                 for frame in frames[1:]]
-        if names:
-            self_counts[names[-1]] += int(count)
-        for name in dict.fromkeys(names):
-            inclusive[name] += int(count)
-    return {"samples": total,
-            **{key: [(name, round(n / max(total, 1), 3)) for name, n in counter.most_common(top)]
-               for key, counter in (("self", self_counts), ("inclusive", inclusive))}}
-
-
-def _loop_for_profile(client_name: str, max_batch_size: int, rows: int, seconds: float,
-                      ready: Path) -> None:
-    """The sampled child: its own server, one client called in a loop for ``seconds``; writes
-    ``ready`` when warm, then the milliseconds per call into it."""
-    from ..server import LocalTritonServer
-
-    workdir = Path(tempfile.mkdtemp(prefix="wrapper-vs-tritonmodel-profile-"))
-    inputs = slice_inputs(rows)
-    with LocalTritonServer(repository=_repository(workdir / "models", max_batch_size, True),
-                           device="cpu") as server:
-        client = (_wrapper_client(server.grpc_address, rows) if client_name == "coffea-wrapper"
-                  else _tritonmodel_client(client_name, server.url(MODEL), transport=client_name))
-        for _ in range(3):
-            client.call(inputs)
-        ready.write_text("ready")
-        began, calls = time.monotonic(), 0
-        while time.monotonic() - began < seconds:
-            client.call(inputs)
-            calls += 1
-        ready.write_text(json.dumps({"ms_per_call": 1e3 * (time.monotonic() - began) / calls}))
-        client.close()
-
-
-def _profile_one(py_spy: str, client_name: str, max_batch_size: int, seconds: float,
-                 rows: int) -> dict[str, Any]:
-    """py-spy on a child process calling ``client_name`` in a loop (it starts its own server)."""
-    with tempfile.TemporaryDirectory() as scratch:
-        ready, raw = Path(scratch) / "ready", Path(scratch) / "profile.raw"
-        child = subprocess.Popen([sys.executable, "-m", __name__, client_name,
-                                  str(max_batch_size), str(rows), str(seconds + 10), str(ready)])
-        try:
-            deadline = time.monotonic() + 120
-            while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)  # the child starts its own server first
-            if not ready.exists():
-                raise RuntimeError(f"the profiled {client_name} client did not start "
-                                   f"(exit code {child.poll()})")
-            subprocess.run([py_spy, "record", "-p", str(child.pid), "-d", str(int(seconds)),
-                            "-r", "250", "--threads", "--idle", "--nonblocking",
-                            "--format", "raw", "-o", str(raw)],
-                           check=True, capture_output=True, timeout=seconds + 60)
-            child.wait(timeout=seconds + 60)
-            return {**json.loads(ready.read_text()),
-                    **main_thread_profile(raw.read_text(), top=20)}
-        finally:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
-
-
-if __name__ == "__main__":  # the child py-spy samples: CLIENT MAX_BATCH_SIZE ROWS SECONDS READY
-    _client, _batch, _rows, _seconds, _ready = sys.argv[1:6]
-    _loop_for_profile(_client, int(_batch), int(_rows), float(_seconds), Path(_ready))

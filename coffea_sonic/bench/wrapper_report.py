@@ -90,7 +90,7 @@ def _run_section(run: dict[str, Any]) -> list[str]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """Every table of the run as Markdown: comparison per server config, profiles, steps."""
+    """Every table of the run as Markdown: comparison per server config, steps."""
     env, rows = results["environment"], results["workload"]["rows"]
     lines = [f"# TritonModel vs coffea's triton_wrapper, transport-bound model ({env['date']})",
              "", f"{env['cpu_count']} cores ({env['cpu_model']}): load average "
@@ -100,13 +100,6 @@ def markdown(results: dict[str, Any]) -> str:
              f"command: `{env.get('command', '')}`", ""]
     for run in results["runs"]:
         lines += _run_section(run)
-    for name, profile in results.get("profiles", {}).items():
-        lines += [f"py-spy, calling thread of ``{name}`` ({profile['ms_per_call']:.1f} ms per "
-                  "call while sampled), share of its samples, inclusive:", ""]
-        # frames under which (nearly) every sample lies (the loop, __call__) say nothing
-        telling = [(frame, share) for frame, share in profile["inclusive"] if share < 0.95]
-        lines += [f"- {share:.0%} {frame}" for frame, share in telling[:8]] + ["", "self:", ""]
-        lines += [f"- {share:.0%} {frame}" for frame, share in profile["self"][:8]] + [""]
     steps = results.get("client_steps", {})
     if steps:
         lines += [f"Client-side steps for one {steps['piece_rows']}-row request "

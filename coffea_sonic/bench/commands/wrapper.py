@@ -5,8 +5,8 @@
 >>> _ = register(parser.add_subparsers())
 >>> args = parser.parse_args(["wrapper", "-o", "benchmarks/results/cpu2-transport",
 ...                           "--sweep-rounds", "0", "--max-batch-size", "65536,262144"])
->>> args.output, args.sweep_rounds, args.max_batch_size, args.sweep_mib, args.py_spy
-('benchmarks/results/cpu2-transport', 0, [65536, 262144], [1.0, 2.0, 4.0, 8.0, 16.0], None)
+>>> args.output, args.sweep_rounds, args.max_batch_size, args.sweep_mib
+('benchmarks/results/cpu2-transport', 0, [65536, 262144], [1.0, 2.0, 4.0, 8.0, 16.0])
 """
 
 from __future__ import annotations
@@ -21,15 +21,12 @@ The transport-bound slice16 model (python backend: 16 FP32 per row in, the first
 embedded CPU server, one server per --max-batch-size. coffea's triton_wrapper (numpy_call, one
 padded request at a time) and TritonModel over grpc, shm, auto (the default) and http take turns
 call by call, --rows rows per call. Then Triton's time per call, one request in flight, the
-client-side encoding steps of one 4 MiB request, a max_request_bytes x max_in_flight sweep on the
-largest max_batch_size and, with --py-spy, a sampling profile of each client's calling thread.
-Writes results.json, results.md and wrapper_vs_tritonmodel.png into -o DIR.
-
-py-spy is not a dependency: python -m venv /tmp/tools && /tmp/tools/bin/pip install py-spy
+client-side encoding steps of one 4 MiB request and a max_request_bytes x max_in_flight sweep on
+the largest max_batch_size. Writes results.json, results.md and wrapper_vs_tritonmodel.png into
+-o DIR.
 
 examples:
   coffea-sonic bench wrapper -o benchmarks/results/cpu2-transport --sweep-rounds 0
-  coffea-sonic bench wrapper --py-spy /tmp/tools/bin/py-spy
   coffea-sonic bench wrapper --max-batch-size 65536 --rounds 3 --sweep-rounds 0   # a quick look
 """
 
@@ -45,14 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="no dynamic_batching block in the model config")
     add_numbers(parser, [("--rows", int, 200_000, "rows per call"),
                          ("--rounds", int, 40, "timed calls per client"),
-                         ("--sweep-rounds", int, 12, "calls per sweep configuration; 0 skips it"),
-                         ("--profile-seconds", float, 12.0, "py-spy sampling per client")])
+                         ("--sweep-rounds", int, 12, "calls per sweep configuration; 0 skips it")])
     add_list_option(parser, "--sweep-mib", type=float, default=[1.0, 2.0, 4.0, 8.0, 16.0],
                     help="max_request_bytes of the sweep, MiB (default: 1 2 4 8 16)")
     add_list_option(parser, "--sweep-in-flight", type=int, default=[1, 2, 4, 8],
                     help="max_in_flight of the sweep (default: 1 2 4 8)")
-    parser.add_argument("--py-spy", metavar="PATH",
-                        help="py-spy binary: also sample each client's calling thread")
     parser.set_defaults(func=run)
     return parser
 
@@ -65,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
     config = WrapperBench(max_batch_sizes=args.max_batch_size,
                           dynamic_batching=not args.no_dynamic_batching, rows=args.rows,
                           rounds=args.rounds, sweep_rounds=args.sweep_rounds,
-                          sweep_mib=args.sweep_mib, sweep_in_flight=args.sweep_in_flight,
-                          py_spy=args.py_spy, profile_seconds=args.profile_seconds)
+                          sweep_mib=args.sweep_mib, sweep_in_flight=args.sweep_in_flight)
     print(write_wrapper(run_wrapper(config), args.output))
     return 0

@@ -1,15 +1,6 @@
 """Answers checked against what was asked, and a call's outputs put back together in input order.
 
-How it works: docs/internals/dispatch.md.
-
->>> import numpy as np
->>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
->>> info = ModelInfo("m", ("1",), "onnxruntime_onnx", 8, inputs=(TensorInfo("x", "FP32", (2,)),),
-...                  outputs=(TensorInfo("y", "FP32", (1,)),))
->>> check_outputs("m", info, {"y": np.zeros((2, 1), np.float32)}, rows=3, source="a:1")
-Traceback (most recent call last):
-...
-coffea_sonic.errors.InferenceError: model 'm' at a:1: output 'y' has shape [2, 1] for a request of 3 rows; refusing misaligned outputs
+How it works, with examples: docs/internals/dispatch.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The bookkeeping of one ``TritonModel`` call: pieces (requests), the call, its handle, the window.
 
-How it works: docs/internals/dispatch.md.
-
->>> window = Window(2, start=lambda piece: None)
->>> window.limit, window.in_flight
-(2, 0)
->>> window.answered(overloaded=True); window.limit
-1
+How it works, with examples: docs/internals/dispatch.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Triton's classification extension: the server answers an output with its top K classes.
 
-What is asked, refused and answered: docs/internals/shadow.md.
-
->>> scores, indices, labels = parse_classes(np.array([[b"0.75:2:b", b"0.2:0:light"]]))
->>> scores.tolist(), indices.tolist(), labels.tolist()
-([[0.75, 0.2]], [[2, 0]], [['b', 'light']])
+What is asked, refused and answered, with examples: docs/internals/shadow.md.
 """
 
 from __future__ import annotations

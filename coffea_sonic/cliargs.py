@@ -1,11 +1,5 @@
 """Option conventions shared by every ``coffea-sonic`` subcommand (output folders, lists, servers,
-devices, renamed options, ``--json``, ``-v``): docs/internals/command-line.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="demo")
->>> _ = add_list_option(parser, "--models", choices=("a", "b", "c"), help="models")
->>> parser.parse_args(["--models", "a,b", "c"]).models
-['a', 'b', 'c']
+devices, renamed options, ``--json``, ``-v``), with examples: docs/internals/command-line.md.
 """
 
 from __future__ import annotations

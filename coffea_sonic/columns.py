@@ -1,14 +1,7 @@
 """Awkward <-> numpy conversion of analysis columns into model inputs and back.
 
-Eager arrays, NanoEvents and dask-awkward partitions alike (in the typetracer pass the functions
-touch what they read and return zero-row arrays): docs/internals/client.md; examples in
-docs/user/processor.md.
-
->>> import awkward as ak
->>> from coffea_sonic.columns import flatten, unflatten
->>> rows, counts = flatten(ak.Array([[40.0, 25.0], [], [60.0]]))
->>> unflatten(rows * 2, counts).tolist()
-[[80.0, 50.0], [], [120.0]]
+Eager arrays, NanoEvents and dask-awkward partitions alike: docs/internals/client.md; examples
+in docs/user/processor.md.
 """
 
 from __future__ import annotations

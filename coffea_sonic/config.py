@@ -1,13 +1,7 @@
 """Where models are served and how to reach them: one place that reads every source of settings.
 
-The sources of a model's URLs: docs/facility/servers.md; the settings (:data:`SETTINGS`):
-docs/facility/settings.md.
-
->>> import os
->>> os.environ["COFFEA_SONIC_SERVERS"] = "gpu1.example.org:8001,gpu2.example.org:8001"
->>> model_urls("jet_tagger", "triton+grpc://127.0.0.1:8001/jet_tagger/1")
-['triton+grpc://gpu1.example.org:8001/jet_tagger/1', 'triton+grpc://gpu2.example.org:8001/jet_tagger/1']
->>> del os.environ["COFFEA_SONIC_SERVERS"]
+How, with an example: docs/internals/client.md; the sources of a model's URLs:
+docs/facility/servers.md; the settings (:data:`SETTINGS`): docs/facility/settings.md.
 """
 
 from __future__ import annotations

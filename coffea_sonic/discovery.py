@@ -1,17 +1,6 @@
 """What each server serves, and whether they agree about a model: :class:`Discovery`.
 
-How it works: docs/internals/routing.md.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> from coffea_sonic.endpoints import Endpoint
->>> discovery = Discovery([Endpoint(ServerSettings("127.0.0.1:1"))], connect_timeout_s=1.0,
-...                       mark_failed=lambda endpoint, detail: None,
-...                       describe=lambda model="", version="": "")
->>> discovery.discover([])  # nothing pending: nothing asked
->>> discovery.model_info("jet_tagger", "", timeout_s=1.0)  # doctest: +ELLIPSIS
-Traceback (most recent call last):
-...
-coffea_sonic.errors.ServerUnavailableError: model 'jet_tagger': no server reachable (...
+How it works, with examples: docs/internals/routing.md.
 """
 
 from __future__ import annotations

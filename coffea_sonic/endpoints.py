@@ -1,16 +1,6 @@
 """One server as this process sees it (:class:`Endpoint`): load, health, what it serves.
 
-Its place among the router and the discovery: docs/internals/routing.md.
-
->>> from coffea_sonic.core.endpoint import ServerSettings
->>> from coffea_sonic.retry import RetryPolicy
->>> endpoint = Endpoint(ServerSettings("127.0.0.1:1"))
->>> endpoint.quarantine(RetryPolicy(quarantine_s=1.0), "reset", now=0.0)
-1.0
->>> endpoint.quarantine(RetryPolicy(quarantine_s=1.0), "reset", now=0.0)
-2.0
->>> endpoint.healthy, endpoint.consecutive_failures
-(False, 2)
+Its place among the router and the discovery, with examples: docs/internals/routing.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """What happened to inference, on record: :class:`Incident`, :class:`IncidentLog` and the journal.
 
-How records are coalesced and reach the user two ways: docs/internals/incidents.md.
-
->>> with chunk_context("ttbar:a.root:0-100"):
-...     record("retried", server="gpu1:8001", model="jet_tagger", detail="UNAVAILABLE")
-...     record("retried", server="gpu1:8001", model="jet_tagger", detail="UNAVAILABLE")
->>> [(i.kind, i.server, i.chunk, i.count) for i in take()]
-[('retried', 'gpu1:8001', 'ttbar:a.root:0-100', 2)]
+How records are coalesced and reach the user, with examples: docs/internals/incidents.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Packages that import their public names on first use, so ``import coffea_sonic`` stays fast.
 
-How names (and names that moved) are resolved: docs/internals/client.md.
-
->>> getattr_, dir_ = lazy_exports("json", {"dumps": "json", "JSONDecoder": ".decoder"}, {})
->>> getattr_("dumps")({"a": 1}), getattr_("JSONDecoder").__name__, dir_()
-('{"a": 1}', 'JSONDecoder', ['JSONDecoder', 'dumps'])
->>> getattr_("nope")
-Traceback (most recent call last):
-AttributeError: module 'json' has no attribute 'nope'
+How names (and names that moved) are resolved, with examples: docs/internals/client.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """``TritonModel``: a picklable client of one model served by one or several Triton servers.
 
-How it works and where each guarantee is described: docs/internals/client.md.
-
->>> from coffea_sonic.model import TritonModel
->>> TritonModel(["triton+grpc://gpu1:8001/jet_tagger", "triton+grpc://gpu2:8001/jet_tagger"]).addresses
-['gpu1:8001', 'gpu2:8001']
+How it works, with examples, and where each guarantee is described: docs/internals/client.md.
 """
 
 from __future__ import annotations

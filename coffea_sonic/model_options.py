@@ -1,9 +1,6 @@
 """What :class:`~coffea_sonic.model.TritonModel` accepts: its options checked, settings read.
 
-One rule per option, shared with the settings: docs/internals/client.md.
-
->>> resolve_nonfinite("RAISE"), resolve_connect_timeout(2)
-('raise', 2.0)
+One rule per option, shared with the settings, with examples: docs/internals/client.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Which model answered: per server, model, version and config digest, how many rows.
 
 How it is recorded and summed, with examples: docs/internals/shadow.md.
-
->>> a = Provenance.of("jet_tagger", "gpu1:8001", "1", "ab12", 700)
->>> (a + a).rows()
-{('jet_tagger', 'gpu1:8001', '1', 'ab12'): 1400}
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
 """Ragged batching: many events' unpadded rows in one request, with the rows of each event.
 
 :class:`RaggedCall` plans groups of whole events and cuts the answers back per event. The wire
-convention (what the model declares, what a request carries): docs/internals/ragged.md.
-
->>> import numpy as np
->>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
->>> info = ModelInfo("hitsum", ("1",), "python", 8,
-...                  (TensorInfo("hits", "FP32", (-1, 3)), TensorInfo("hits__counts", "INT64", (-1,))),
-...                  (TensorInfo("hit_sum", "FP32", (-1,)), TensorInfo("event_sum", "FP32", (1,))),
-...                  ragged_inputs=("hits", "hits__counts"), ragged_outputs=("hit_sum",))
->>> call = RaggedCall.build(info, {"hits": np.ones((5, 3), np.float32)}, [2, 0, 3])
->>> call.events, call.rows, call.plan(max_request_bytes=40)
-(3, 5, [(0, 2, 0), (2, 3, 0)])
+convention, with examples: docs/internals/ragged.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Identical calls within one chunk are sent once. How it works: docs/internals/dispatch.md.
+"""Identical calls within one chunk are sent once.
 
->>> import numpy as np
->>> with chunk_memo():
-...     first = key_of("m", {"x": np.arange(4.0)}, None, False)
-...     first == key_of("m", {"x": np.arange(4.0)}, None, False), first == key_of("m", {"x": np.arange(5.0)}, None, False)
-(True, False)
->>> key_of("m", {"x": np.arange(4.0)}, None, False) is None   # outside a chunk: no memo
-True
+How it works, with examples: docs/internals/dispatch.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """How hard a request is tried (:class:`RetryPolicy`) and when a retry runs (:func:`call_later`).
 
-How retries are decided: docs/internals/dispatch.md.
-
->>> policy = RetryPolicy(initial_backoff_s=0.1, multiplier=2.0, max_backoff_s=1.0, jitter=0.0)
->>> [policy.backoff_s(attempt) for attempt in (1, 2, 3, 4, 5)]
-[0.1, 0.2, 0.4, 0.8, 1.0]
->>> policy.next_quarantine_s(0.0), policy.next_quarantine_s(0.5), policy.next_quarantine_s(0.8)
-(0.5, 1.0, 1.6)
+How retries are decided, with examples: docs/internals/dispatch.md.
 """
 
 from __future__ import annotations

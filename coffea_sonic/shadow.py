@@ -1,9 +1,6 @@
 """Shadow validation: recompute a fraction of the served rows in-process and compare.
 
-How it works, the actions and the default tolerances: docs/internals/shadow.md.
-
->>> round(divergence(np.array([0.5, 200.0]), np.array([0.5001, 201.0])), 5)
-0.00498
+How it works, the actions and the default tolerances, with examples: docs/internals/shadow.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """A bulk user that yields to the others on a shared server (:class:`YieldGate`).
 
 Why and how, with a usage and an example: docs/internals/client.md.
-
->>> YieldGate(None, share=0.5, burst_rows=100, start=False).cap_rows_per_s is None
-True
 """
 
 from __future__ import annotations

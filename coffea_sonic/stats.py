@@ -1,10 +1,6 @@
 """Inference statistics: client-side counters per model and server-side deltas from Triton.
 
 How they add up over chunks, with examples: docs/internals/incidents.md.
-
->>> a = InferenceStats(requests=2, rows=100, bytes_sent=2400)
->>> (a + a).requests, (a + a).rows
-(4, 200)
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """W3C trace context on every request: one trace per chunk, followed from the Dask task to Triton.
 
-How it works: docs/internals/incidents.md.
-
->>> format_traceparent("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7")
-'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01'
+How it works, with examples: docs/internals/incidents.md.
 """
 
 from __future__ import annotations

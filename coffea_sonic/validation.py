@@ -1,16 +1,7 @@
 """Check inputs against a model's declaration and plan how a call is split into requests.
 
-The rules (names, dims, safe dtype casts, the NaN/inf policy): docs/internals/dispatch.md.
-
->>> import numpy as np
->>> from coffea_sonic.core.tensors import ModelInfo, TensorInfo
->>> info = ModelInfo("m", ("1",), "python", 4, (TensorInfo("x", "FP32", (3,)),),
-...                  (TensorInfo("y", "FP32", (2,)),))
->>> arrays, rows = validate_inputs(info, {"x": np.zeros((10, 3), np.int16)})
->>> arrays["x"].dtype, rows
-(dtype('float32'), 10)
->>> plan_pieces(info, arrays, rows, max_request_bytes=1 << 20)
-[(0, 4, 0), (4, 8, 0), (8, 10, 0)]
+The rules (names, dims, safe dtype casts, the NaN/inf policy), with examples:
+docs/internals/dispatch.md.
 """
 
 from __future__ import annotations

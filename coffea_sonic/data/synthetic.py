@@ -235,15 +235,7 @@ def _draw_unclustered(rng: np.random.Generator, n_events: int
 def _pileup_and_met(rng: np.random.Generator, candidates: Mapping[str, np.ndarray],
                     event_of: np.ndarray, unclustered: np.ndarray, n_events: int
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pileup flags, true and PF missing transverse momentum of the (shuffled) candidates.
-
-    A share :data:`PILEUP_FRACTION` of the unclustered candidates comes from pileup vertices:
-    charged ones are not associated with the primary vertex (``fromPV`` 0), neutral ones cannot be
-    told apart (``fromPV`` 1 like every neutral). Neutral hadrons are measured with a response
-    :data:`NEUTRAL_HADRON_RESPONSE` (lognormal spread 0.2). The invisible system balances the
-    true visible hard scatter, so ``GenMET = -sum(true pt)`` over hard-scatter candidates, while the
-    PF MET is ``-sum(pt)`` over all candidates. Returns ``(fromPV, GenMET (px, py), PF MET (px, py))``.
-    """
+    """``(fromPV, GenMET (px, py), PF MET (px, py))`` of the (shuffled) candidates."""
     n = len(event_of)
     pileup = unclustered & (rng.random(n) < PILEUP_FRACTION)
     response = rng.lognormal(np.log(NEUTRAL_HADRON_RESPONSE), 0.2, n)

@@ -188,11 +188,7 @@ def _zoo_only(model: str) -> None:
 
 def reference_engine(model: str, version: str = "") -> "CpuEngine | TreeEngine":
     """Shadow validation's reference for ``fallback="cpu"``: the same model on ONE onnxruntime
-    thread. It recomputes a few rows per answer beside the analysis; with a thread per core
-    (the fallback's setting) onnxruntime's pool spins after every run, and in a 2-core
-    shared-box bench that spinning cost the Dask workers about a third more CPU per event while
-    the comparisons themselves took 0.3 %; on one thread the run's CPU per event rose 0.7 %
-    (benchmarks/RESULTS.md, "Shadow validation").
+    thread (why: docs/internals/engines.md).
 
     >>> reference_engine("jet_tagger").session.get_session_options().intra_op_num_threads
     1

@@ -361,7 +361,7 @@ def _check_transport(model: TritonModel, router: Router, options: CheckOptions,
 
 def check_triton(target: Target, options: CheckOptions, report: ServerReport,
                  tls: TlsOptions | None) -> None:
-    """The Triton steps for a reachable target whose TLS setting matches (see the module)."""
+    """The Triton steps for a reachable target whose TLS setting matches."""
     try:
         model = worker_model(target, options, tls)
     except ConfigurationError as error:

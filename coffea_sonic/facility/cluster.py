@@ -47,9 +47,7 @@ def local_worker_memory(workers: int, total_bytes: int | None = None) -> int:
 
     ``total_bytes``: the memory this machine gives Dask (default ``distributed.system.MEMORY_LIMIT``:
     physical memory, or less under a cgroup or rlimit); the reserve is the larger of
-    ``LOCAL_RESERVE_BYTES`` and ``LOCAL_RESERVE_FRACTION`` of it. A fixed 2 GiB per worker paused
-    the workers of a 4-worker run with 1.5 GiB unmanaged memory each on a 16-core GPU machine; the
-    machine's share keeps them clear of Dask's spill (70 %) and pause (80 %) thresholds.
+    ``LOCAL_RESERVE_BYTES`` and ``LOCAL_RESERVE_FRACTION`` of it (why: docs/internals/facility.md).
 
     >>> round(local_worker_memory(4, total_bytes=64 * 2**30) / 2**30, 2)
     14.4

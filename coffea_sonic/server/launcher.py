@@ -152,17 +152,11 @@ class _PortTaken(ServerStartError):
 class LocalTritonServer:
     """A real tritonserver on this machine, serving zoo models or an existing repository.
 
-    ``repository`` may be written for NVIDIA's official Triton container: python and ensemble
-    models are served as they are, ONNX and TorchScript models through coffea-sonic's python-based
-    adapter with their own config (:mod:`.served`); the user's files are only read. A model it
-    cannot serve (TensorRT, TensorFlow, custom backend, missing file, TorchScript without torch)
-    raises :class:`~coffea_sonic.errors.UnservableModelError` before anything starts, unless
-    ``skip_unservable=True``: then the others are served and ``skipped`` lists
-    ``(model, version, reason)`` of the ones left out.
-
-    Ports given as 0 are picked free (tritonserver cannot report a port the OS chose for it, so
-    the launcher picks, and starts again on new ports if one was taken in between). Use it as a
-    context manager (or ``start()`` / ``stop()``).
+    ``repository`` may be written for NVIDIA's official Triton container
+    (docs/internals/standard-repositories.md). A model it cannot serve raises
+    :class:`~coffea_sonic.errors.UnservableModelError` before anything starts, unless
+    ``skip_unservable=True``: then ``skipped`` lists ``(model, version, reason)`` of the ones left
+    out. Ports given as 0 are picked free. Use it as a context manager (or ``start()`` / ``stop()``).
 
     >>> server = LocalTritonServer(models=["jet_tagger"], grpc_port=0)
     >>> server.running
@@ -450,12 +444,7 @@ class LocalTritonServer:
             return False
 
     def _wait_ready(self) -> None:
-        """Wait until the server is ready on every port; raise ``_PortTaken`` on a lost port race.
-
-        tritonserver opens gRPC, HTTP, then metrics, and exits if any bind fails: HTTP readiness
-        alone can come just before it dies on a taken metrics port, so the metrics endpoint must
-        answer too and the gRPC port take a connection; a server that logged a failed start is not.
-        """
+        """Wait until the server is ready on every port; raise ``_PortTaken`` on a lost port race."""
         deadline = time.monotonic() + self.startup_timeout_s
         ready_url = f"http://{self.http_address}/v2/health/ready"
         while time.monotonic() < deadline:

@@ -119,7 +119,7 @@ def stage_config(stage: str, device: Device = "cpu", instances: int = 1,
     """The ``ModelConfig`` of stage model ``trackgnn_<stage>`` (python backend; every tensor
     ``[1, rows, ...]``, ragged: Triton batches requests of any rows, which the model runs in one
     pass). ``warm_up`` (None: on a GPU) and ``handoff`` (:data:`HANDOFFS`; None: ``device`` on a
-    GPU, else ``host``) as in the module's text.
+    GPU, else ``host``) as in docs/internals/server.md.
 
     >>> [o.name for o in stage_config("graph").output]
     ['graph_edges']

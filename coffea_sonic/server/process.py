@@ -72,12 +72,8 @@ def build_backend_dir(dest: Path, environment: ServerEnvironment | None = None) 
 
 
 def server_environment(environment: ServerEnvironment | None = None) -> dict[str, str]:
-    """Environment for tritonserver: the server Python's python3 and libpython found first.
-
-    The python-backend stub embeds Python in isolated mode and locates it through ``python3`` on
-    PATH; without this interpreter's LIBDIR first it can load Debian's libpython against another
-    stdlib. ``$TRITON_SERVER_PATH`` / ``$TRITON_SERVER_LD_LIBRARY_PATH`` replace the computed values.
-    """
+    """Environment for tritonserver: the server Python's python3 and libpython found first
+    (``$TRITON_SERVER_PATH`` / ``$TRITON_SERVER_LD_LIBRARY_PATH`` replace the computed values)."""
     if environment is None and not server_env.overridden():
         environment = server_env.resolve()
     env = dict(os.environ)
@@ -93,23 +89,14 @@ def server_environment(environment: ServerEnvironment | None = None) -> dict[str
 
 
 def parent_death_prefix() -> list[str]:
-    """``setpriv --pdeathsig TERM`` when available: the server gets SIGTERM when we die.
-
-    Without it a client killed with SIGKILL (or a timed-out job) leaves an orphaned server. No
-    ``preexec_fn``: that runs Python (and every at-fork hook) in the forked child of a threaded
-    process, which can deadlock.
-    """
+    """``setpriv --pdeathsig TERM`` when available: the server gets SIGTERM when we die."""
     setpriv = shutil.which("setpriv")
     return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
 
 
 def spawn(argv: list[str], **options: Any) -> subprocess.Popen:
-    """``subprocess.Popen(argv, **options)``, made by this process' spawner thread.
-
-    The parent-death signal (:func:`parent_death_prefix`) is Linux's ``PR_SET_PDEATHSIG``, which
-    fires when the *thread* that forked the child ends, not the process: a server started from a
-    short-lived thread (a test's watcher, a tool's helper thread) would get SIGTERM as soon as
-    that thread returned. The spawner thread lives as long as the process.
+    """``subprocess.Popen(argv, **options)``, made by this process' spawner thread (why:
+    docs/internals/server.md).
 
     >>> spawn(["true"]).wait()
     0

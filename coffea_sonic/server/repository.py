@@ -199,12 +199,7 @@ def parse_config(path: str | os.PathLike) -> model_config_pb2.ModelConfig:
 
 
 def _export_torchscript(name: str, target: Path) -> None:
-    """Trace zoo model ``name`` to TorchScript at ``target``, in full fp32.
-
-    Tracing records cuDNN's flags as constants of each convolution (``aten::_convolution(...,
-    allow_tf32)``), so the served model would run TF32 convolutions whatever the serving process
-    sets (2.4e-4 from in-process torch on emtrk_cnn, measured on an H100): trace with TF32 off.
-    """
+    """Trace zoo model ``name`` to TorchScript at ``target``, in full fp32 (TF32 off)."""
     torch = require("torch", f"serving {name} on a GPU (TorchScript export)")
 
     module = zoo.torch_module(name)

@@ -157,9 +157,7 @@ def best_outgoing(edges: Any, scores: Any, cut: float, rows: int) -> Any:
     >>> edges = torch.tensor([[0, 1], [0, 2], [1, 2], [1, 3]])
     >>> best_outgoing(edges, torch.tensor([1.0, 1.0, 0.7, 0.9]), 0.5, 4).tolist()
     [[0, 1], [1, 3]]
-
-    (Also requiring the best incoming edge of the target breaks tracks: a track's edges that
-    skip a layer are right too, and often win.)"""
+    """
     import torch
 
     fill = torch.full((rows,), -math.inf, dtype=scores.dtype, device=scores.device)
@@ -417,12 +415,7 @@ class TrackPipeline:
     def warm_up(self, hits: np.ndarray, counts: np.ndarray, parts: int = 3,
                 until: str = "cc") -> float:
         """Run the pipeline up to stage ``until`` on the first 1/2**k of the events of a sample
-        (k = parts - 1 ... 0) and return the seconds it took.
-
-        A fresh process pays its first calls' one-time costs (BLAS handles, kernels loaded on
-        first use, the allocator's first blocks of each size) inside the first requests
-        otherwise; a server with several instances per model then answers a user's first calls
-        a second late each, one instance after the other.
+        (k = parts - 1 ... 0) and return the seconds it took (why: docs/internals/zoo.md).
 
         >>> pipeline = TrackPipeline({}, "cpu")
         >>> rows = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32) * 30

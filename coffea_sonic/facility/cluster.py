@@ -361,14 +361,12 @@ def make_cluster(
     workers to 127.0.0.1 (default: for local, and for SLURM when its only node is this host).
     ``workers=0`` builds the cluster without submitting jobs (e.g. to inspect ``job_script()``).
 
-    Batch jobs follow the site: every option left None (``queue``, ``account``, ``walltime``,
-    ``memory``, ``cores_per_worker``, ``processes``, ``disk``, ``log_directory``) is the site's
-    ``jobqueue.yaml`` value, and its ``job_script_prologue`` / ``job_extra_directives`` are
-    extended with what the workers need (their settings), not replaced. Where the site sets no
-    cores, memory or disk: 1 core, ``BATCH_MEMORY``, 1 GiB. Local workers: ``cores_per_worker``
-    threads each (default 1) and this machine's memory shared (:func:`local_worker_memory`) unless
-    ``memory`` says otherwise; there ``processes=False`` keeps the workers in this process
-    (LocalCluster's meaning). Other keywords go to the cluster class.
+    Batch options left None are the site's ``jobqueue.yaml`` values, its prologue and directives
+    extended, not replaced (docs/facility/workers.md); where the site sets no cores, memory or
+    disk: 1 core, ``BATCH_MEMORY``, 1 GiB. Local workers: ``cores_per_worker`` threads each
+    (default 1), this machine's memory shared (:func:`local_worker_memory`) unless ``memory`` says
+    otherwise, ``processes=False`` keeps them in this process. Other keywords go to the cluster
+    class.
 
     >>> with make_cluster("local", workers=1, processes=False) as cluster:
     ...     cluster.client.submit(sum, [1, 2]).result()

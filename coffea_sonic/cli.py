@@ -1,11 +1,7 @@
 """The ``coffea-sonic`` command: serve | models | demo | bench | sample | check | monitor | config.
 
-Each subcommand registers itself here and imports its code only when it runs; conventions:
-docs/internals/command-line.md.
-
->>> from coffea_sonic.cliargs import verbosity
->>> verbosity(build_parser().parse_args(["-v", "models", "list", "-v"]))
-2
+Each subcommand registers itself here and imports its code only when it runs; conventions, with
+examples: docs/internals/command-line.md.
 """
 
 from __future__ import annotations

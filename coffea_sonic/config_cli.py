@@ -1,11 +1,6 @@
 """``coffea-sonic config``: every setting's effective value and where it came from.
 
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic")
->>> add_subparsers(parser.add_subparsers(dest="command"))
->>> args = parser.parse_args(["config", "--set", "transport=grpc", "--model", "jet_tagger", "--json"])
->>> args.set, args.model, args.json
-([('transport', 'grpc')], ['jet_tagger'], True)
+Example: docs/internals/command-line.md.
 """
 
 from __future__ import annotations

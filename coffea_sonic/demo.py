@@ -1,12 +1,7 @@
 """``coffea-sonic demo``: the main job, end to end on one machine (or your facility).
 
-What each step does and prints, and the options: docs/user/quickstart.md, "The demo".
-
->>> args = build_parser().parse_args(["--events", "1000"])
->>> args.events, args.workers, args.executor, args.analysis
-(1000, 2, 'dask', 'jets')
->>> resolve_defaults(build_parser().parse_args(["--analysis", "tracking"])).chunksize
-500
+What each step does and prints, and the options: docs/user/quickstart.md, "The demo"; its
+parser's defaults: docs/internals/command-line.md.
 """
 
 from __future__ import annotations
@@ -322,8 +317,7 @@ def _quiet_dask_logs() -> None:
 
 
 def _start_server(args: argparse.Namespace, stack: ExitStack, models: list[str]) -> str:
-    """``triton+grpc://host:port`` of ``--server``, or of the embedded server started with
-    ``models`` (stopped when ``stack`` closes)."""
+    """URL of ``--server``, or of an embedded server serving ``models`` (stopped with ``stack``)."""
     if args.server:
         return args.server.rstrip("/")
     from .server import LocalTritonServer
@@ -336,8 +330,7 @@ def _start_server(args: argparse.Namespace, stack: ExitStack, models: list[str])
 
 
 def _plot(plotter: Any, result: Any, path: Path) -> str | None:
-    """Draw the run's plot to ``path``; without the plotting packages (a bare batch node) the
-    run's numbers still count: say so and go on."""
+    """Draw the run's plot to ``path``; without the plotting packages, say so and go on."""
     try:
         plotter(result, str(path))
     except ImportError as error:
@@ -364,8 +357,7 @@ def _schema(args: argparse.Namespace) -> type:
 
 def _run_processor(args: argparse.Namespace, stack: ExitStack, fileset: Mapping[str, list[str]],
                    analysis: Any) -> tuple[Any, float, int, dict[str, Any]]:
-    """Run ``analysis`` over ``fileset`` with coffea's Runner: its output, the wall time, the
-    workers, and the served models' statistics over the run."""
+    """Run ``analysis`` over ``fileset``: output, wall time, workers, the models' statistics."""
     from coffea import processor
 
     urls = {name: analysis.sonic_model_urls()[name][0] for name in analysis.sonic_models}
@@ -424,8 +416,7 @@ def _first_events(args: argparse.Namespace, fileset: Mapping[str, list[str]], co
 
 
 def _require_hits(args: argparse.Namespace, fileset: Mapping[str, list[str]]) -> None:
-    """Refuse files without tracker hits before any server or worker starts (the processor
-    would refuse every chunk on the workers)."""
+    """Refuse files without tracker hits before any server or worker starts."""
     import uproot
 
     from .errors import InputValidationError

@@ -348,8 +348,7 @@ class CallRunner:
 
     def _accept(self, piece: Piece, produced: Mapping[str, Any], source: str, version: str,
                 delivered: frozenset[str] = frozenset(), **counts: float) -> None:
-        """Check ``produced`` against the piece's request, count it (with ``counts``), tell the
-        hooks, record it."""
+        """Check ``produced`` against the piece's request, count it, tell the hooks, record it."""
         call = piece.call
         if call.ragged is not None:
             outputs = call.ragged.check(piece.start, piece.stop, produced, source)
@@ -382,8 +381,7 @@ class CallRunner:
             self._release_held(call)
 
     def _release_held(self, call: Call) -> None:
-        """Send a call's held last pieces once its other pieces are answered (ahead of later
-        calls' pieces waiting for the window)."""
+        """Send a call's held last pieces (the ramp's tail) once its other pieces are answered."""
         with call.lock:
             if call.error is not None or call.remaining > len(call.held):
                 return

@@ -1,13 +1,7 @@
 """``SonicMixin``: Triton inference as a service inside a coffea processor.
 
-How to use it: docs/user/processor.md; what it adds under ``processor.Runner`` (the preflight,
-incidents, the run's report): docs/user/failures.md and docs/internals/incidents.md.
-
->>> from coffea_sonic import SonicMixin
->>> class Tagger(SonicMixin):
-...     sonic_models = {"jet_tagger": "triton+grpc://127.0.0.1:8001/jet_tagger"}
->>> sorted(Tagger().sonic_model_urls())
-['jet_tagger']
+How to use it, with examples: docs/user/processor.md; what it adds under ``processor.Runner``
+(the preflight, incidents, the run's report): docs/user/failures.md, docs/internals/incidents.md.
 """
 
 from __future__ import annotations
@@ -244,9 +238,8 @@ class SonicMixin:
         return SonicResult(result, None, realign=_copied)
 
     def _sonic_chunk_trace(self, array: Any) -> contextlib.AbstractContextManager:
-        """:func:`coffea_sonic.tracing.chunk_trace` for the chunk ``array`` belongs to (its
-        dataset, file and entry range, from coffea's metadata), in this processor's run; a null
-        context where the array says nothing of its chunk."""
+        """:func:`coffea_sonic.tracing.chunk_trace` for the chunk ``array`` belongs to (a null
+        context where the array says nothing of its chunk)."""
         label = chunk_label(array)
         if label is None:
             return contextlib.nullcontext()

@@ -1,14 +1,7 @@
 """A synthetic AGC-like sample: semileptonic ttbar NanoAOD files that the Analysis Grand
 Challenge's selection and ML step read (CMS open data cannot be reached from here).
 
-How it is simulated: docs/internals/examples.md, "The AGC-like sample".
-
->>> import tempfile
->>> sorted(write_agc_sample(tempfile.mkdtemp(), events=100, files=1, seed=1))
-['ttbar']
->>> events = generate_events(50, seed=2)
->>> sorted(set(np.concatenate(events["Jet"]["truthLabel"].tolist()).tolist()))[:3]
-[-6, 0, 6]
+How it is simulated: docs/internals/examples.md, "The AGC-like sample" (with an example).
 """
 
 from __future__ import annotations

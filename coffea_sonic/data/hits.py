@@ -1,12 +1,6 @@
 """Synthetic tracker hits: a jagged NanoAOD-style ``Hit`` collection with true track ids.
 
-The toy tracker: docs/internals/examples.md, "Tracker hits".
-
->>> hits = generate_hits(5, seed=1)
->>> sorted(hits), len(hits["counts"])
-(['counts', 'fields'], 5)
->>> int(hits["counts"].sum()) == len(hits["fields"]["x"])
-True
+The toy tracker, with an example: docs/internals/examples.md, "Tracker hits".
 """
 
 from __future__ import annotations

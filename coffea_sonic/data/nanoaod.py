@@ -1,12 +1,6 @@
 """The NanoAOD branches coffea-sonic reads and writes, declared once (NanoAOD v9+, PFNano layout).
 
-The layout: docs/internals/examples.md, "NanoAOD branches".
-
->>> from coffea_sonic.data import nanoaod
->>> nanoaod.branch("Jet", "pt")
-'Jet_pt'
->>> nanoaod.JET_BRANCH_DTYPES["nConstituents"]
-'uint8'
+The layout, with an example: docs/internals/examples.md, "NanoAOD branches".
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Synthetic NanoAOD-like samples: ROOT files coffea reads with ``NanoAODSchema``; labelled jets.
 
 The two datasets and how they are simulated: docs/internals/examples.md, "The synthetic sample".
-
->>> import tempfile
->>> from coffea_sonic.data.synthetic import write_sample
->>> fileset = write_sample(tempfile.mkdtemp(), events=200, files=1, seed=1)
->>> sorted(fileset), len(fileset["ttbar"])
-(['qcd_light', 'ttbar'], 1)
 """
 
 from __future__ import annotations

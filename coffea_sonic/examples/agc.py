@@ -1,12 +1,7 @@
 """Example analysis: the IRIS-HEP Analysis Grand Challenge's ML step, served through Triton.
 
-The selection, regions, systematics and the parity rule: docs/internals/examples.md.
-
->>> processor = AgcProcessor("triton+grpc://127.0.0.1:8001")
->>> sorted(processor.sonic_models)
-['bdt_v1', 'bdt_v2']
->>> processor.sonic_models["bdt_v1"]
-'triton+grpc://127.0.0.1:8001/reconstruction_bdt_xgb/1'
+The selection, regions, systematics and the parity rule: docs/internals/examples.md (with an
+example).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """The network steps of ``coffea-sonic check``: reachable, protocol, TLS.
 
-What they tell apart: docs/internals/facility.md, "The network steps".
-
->>> from coffea_sonic.facility.check_report import ServerReport, parse_target, CheckOptions
->>> report = ServerReport("x", "127.0.0.1:1")
->>> check_reachable(parse_target("127.0.0.1:1"), CheckOptions(timeout_s=1), report)
-False
->>> report.findings[0].summary
-'connection refused on 127.0.0.1:1: nothing listens there'
+What they tell apart: docs/internals/facility.md, "The network steps" (with an example).
 """
 
 from __future__ import annotations

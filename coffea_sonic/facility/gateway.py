@@ -1,12 +1,6 @@
 """A tiny bearer-token gRPC gateway in front of a Triton server, for tests and demos on loopback.
 
-Why, and what it is not: docs/internals/gateway.md.
-
->>> import os
->>> os.environ["DEMO_GATEWAY_TOKEN"] = "s3cret"
->>> gateway = TokenGateway("127.0.0.1:8001", token_env="DEMO_GATEWAY_TOKEN")
->>> gateway
-TokenGateway(upstream='127.0.0.1:8001', token=$DEMO_GATEWAY_TOKEN, stopped)
+Why, what it is not, and an example: docs/internals/gateway.md.
 """
 
 from __future__ import annotations

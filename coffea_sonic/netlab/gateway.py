@@ -1,14 +1,6 @@
 """HAProxy as the facility's gateway on a lab host, from ``deploy/haproxy/gateway.cfg`` unchanged.
 
-How it works: docs/internals/gateway.md.
-
->>> print(servers_config(["10.0.0.1:8001", "10.0.0.2:8001"]), end="")
-backend tritons
-  balance leastconn
-  option httpchk
-  http-check send meth GET uri /v2/health/ready
-  server triton1 10.0.0.1:8001 proto h2 check port 8000 check-proto h1 inter 1s fall 2 rise 1 ...
-  server triton2 10.0.0.2:8001 proto h2 check port 8000 check-proto h1 inter 1s fall 2 rise 1 ...
+How it works: docs/internals/gateway.md (with an example).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """A long-running process inside a lab host (own process group, log file, stop that always works).
 
-:class:`LocalHost` is this machine as a host (no namespaces, no root):
-
->>> with LocalHost() as here:
-...     sleeper = here.popen(["sleep", "60"], name="sleeper")
-...     sleeper.alive
-True
->>> sleeper.alive  # leaving the host stopped it
-False
+:class:`LocalHost` is this machine as a host (no namespaces, no root): docs/internals/netlab.md.
 """
 
 from __future__ import annotations

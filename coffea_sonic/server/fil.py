@@ -1,14 +1,7 @@
 """Triton FIL-backend models (XGBoost, LightGBM, Treelite): whether the embedded server can serve a
 version, and what it says about the config.
 
-How it works: docs/internals/standard-repositories.md, "Tree models (FIL)".
-
->>> from tritonclient.grpc import model_config_pb2
->>> from google.protobuf import text_format
->>> config = text_format.Parse('backend: "fil" parameters { key: "model_type" value { '
-...     'string_value: "lightgbm" } }', model_config_pb2.ModelConfig())
->>> fil_filename(config)
-'model.txt'
+How it works: docs/internals/standard-repositories.md, "Tree models (FIL)" (with an example).
 """
 
 from __future__ import annotations

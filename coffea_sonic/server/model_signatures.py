@@ -1,16 +1,7 @@
 """What a model file declares, and where a config.pbtxt disagrees with it (as Triton would judge).
 
 How it works: docs/internals/standard-repositories.md, "Where a config disagrees with its model
-file".
-
->>> from onnx import TensorProto, helper
->>> graph = helper.make_graph(
-...     [helper.make_node("Identity", ["x"], ["y"])], "g",
-...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
->>> inputs, outputs = onnx_tensors(helper.make_model(graph))
->>> inputs[0].describe(), outputs[0].describe()
-('x FP32[-1, 4]', 'y FP32[-1, 4]')
+file" (with an example).
 """
 
 from __future__ import annotations

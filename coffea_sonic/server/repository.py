@@ -1,15 +1,7 @@
 """Write standard Triton model repositories (config.pbtxt + version folder) for the zoo models.
 
-The variants and the tuning knobs of :func:`model_config`: docs/internals/repositories.md.
-
->>> shared = model_config("jet_tagger", priority_levels=4,
-...                       queue_policies={4: QueuePolicy(max_queue_size=16)})
->>> batcher = shared.dynamic_batching
->>> batcher.priority_levels, batcher.default_priority_level, batcher.priority_queue_policy[4].max_queue_size
-(4, 4, 16)
->>> model_config("jet_tagger", rate_limiter_resources={"execution": 1}
-...              ).instance_group[0].rate_limiter.resources[0].name
-'execution'
+The variants and the tuning knobs of :func:`model_config`: docs/internals/repositories.md (with
+examples).
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """The served copy of a user's Triton repository, and the python-based backends that run it.
 
-How it works: docs/internals/standard-repositories.md, "The served copy and the adapters".
-
->>> import tempfile, pathlib
->>> repo = pathlib.Path(tempfile.mkdtemp())
->>> (repo / "trt" / "1").mkdir(parents=True)
->>> _ = (repo / "trt" / "config.pbtxt").write_text('platform: "tensorrt_plan"')
->>> prepare_repository(repo, pathlib.Path(tempfile.mkdtemp()) / "models")
-Traceback (most recent call last):
-...
-coffea_sonic.errors.UnservableModelError: the embedded Triton server cannot serve 1 model of ...
+How it works: docs/internals/standard-repositories.md, "The served copy and the adapters" (with
+an example).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Inputs of the zoo's physics models from NanoAOD-like columns (numpy/awkward, no torch).
 
->>> import awkward as ak
->>> cands = ak.Array([[{"pt": 10.0, "eta": 0.5, "phi": 0.0, "charge": 1, "pdgId": 211,
-...                     "fromPV": 3}], []])
->>> inputs = deepmet_inputs(cands)
->>> inputs["pf_cont"].shape, inputs["pf_class"][:, :2].tolist()
-((2, 160, 4), [[1.0, 0.0], [0.0, 0.0]])
->>> met_vector(np.array([5.0]), np.array([0.0])).tolist()
-[[5.0, 0.0]]
+What they are and an example: docs/internals/zoo.md, "Declarations, columns and weights".
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
 """Benchmarks: in-process CPU / GPU vs our Triton client vs coffea's triton_wrapper, and scaling.
-Design notes: docs/internals/bench.md.
-
->>> from coffea_sonic.bench import BenchConfig, ScalingModel
->>> BenchConfig.quick().modes
-('cpu', 'local-gpu', 'remote', 'remote-sync', 'coffea-wrapper')
->>> ScalingModel(t_gpu=0.01, t_latency=0.0).saturation_clients()
-1.0
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

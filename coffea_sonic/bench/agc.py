@@ -1,12 +1,7 @@
 """The Analysis Grand Challenge's ML step, four ways: events per second of scoring a chunk's jet
 permutations with the jet-parton assignment BDT pair (the zoo's ``reconstruction_bdt_xgb``,
 the AGC's shape and name, :mod:`coffea_sonic.zoo.trees`; or the AGC's own trained files).
-Design notes: docs/internals/bench.md.
-
->>> rows, parity = agc_chunk(10, seed=1)
->>> rows.shape[1], int(parity.sum()) <= len(rows)
-(20, True)
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """``coffea-sonic bench SCENARIO``: the benchmark scenarios as subcommands.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic")
->>> add_subparsers(parser.add_subparsers(dest="command"))
->>> args = parser.parse_args(["bench", "suite", "--quick", "-o", "out"])
->>> args.scenario, args.quick, args.output
-('suite', True, 'out')
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

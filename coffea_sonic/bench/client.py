@@ -1,12 +1,5 @@
 """Measure one configuration with one or several client processes.
-Design notes: docs/internals/bench.md.
-
->>> job = ClientJob(mode="cpu", model="jet_tagger", batch_size=256, chunk_rows=512,
-...                 repetitions=2, warmup=1)
->>> result = run_client(job)
->>> len(result["chunk_seconds"]), result["rows_per_chunk"], result["requests_per_chunk"]
-(2, 512, 2)
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

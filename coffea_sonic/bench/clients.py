@@ -1,9 +1,5 @@
 """Client processes for benchmarks: ``size`` spawned processes that start a run together.
-Design notes: docs/internals/bench.md.
-
->>> ClientPool.__name__
-'ClientPool'
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """What a benchmark run measures: modes, models, sweeps, repetitions, and the presets.
-Design notes: docs/internals/bench.md.
-
->>> config = BenchConfig.quick()
->>> config.models, config.clients
-(('jet_tagger',), (1, 2, 3))
->>> config.reference_batch("jet_tagger") in config.batch_sizes_for("jet_tagger")
-True
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """What a bench run's measurements say: request profiles, output equality, targets, scaling fits.
-Design notes: docs/internals/bench.md.
-
->>> select([{"mode": "cpu", "sweeps": ["batch"]}, {"mode": "remote", "sweeps": []}], mode="remote")
-[{'mode': 'remote', 'sweeps': []}]
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

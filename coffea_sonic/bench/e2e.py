@@ -1,18 +1,5 @@
 """End to end: the demo analysis with its inference in-process vs served.
-Design notes: docs/internals/bench.md.
-
->>> model = _EngineModel("jet_tagger")  # in-process CPU
->>> from coffea_sonic import zoo
->>> model.infer_async(zoo.example_inputs("jet_tagger", 3)).result()["probs"].shape
-(3, 3)
->>> gpu_sets([1, 2, 4], available=2)
-[[0], [0, 1]]
->>> inputs = {"p": 0.8, "t_cpu": 1e-3, "t_gpu": 1e-4, "t_latency": 5e-5}
->>> [round(predicted_events_per_s(inputs, workers, 1)) for workers in (2, 10)]  # saturated at 10
-[5714, 10000]
->>> round(predicted_events_per_s(inputs, 10, 2))  # two GPUs
-20000
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

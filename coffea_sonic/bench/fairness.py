@@ -1,13 +1,5 @@
 """``coffea-sonic bench fairness``: several users share one server; is it fair?
-Design notes: docs/internals/bench.md.
-
->>> jain([1.0, 1.0, 1.0, 1.0]), round(jain([10.0, 1, 1, 1, 1, 1, 1, 1]), 3)
-(1.0, 0.338)
->>> spec = UserSpec(index=0, url="triton+grpc://127.0.0.1:1/jet_tagger", lanes=5, rows=64,
-...                 levels=3)
->>> [lane_priority(spec, lane) for lane in range(5)]
-[1, 2, 3, 3, 3]
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

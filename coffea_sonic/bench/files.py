@@ -1,17 +1,6 @@
 """A scenario's report on disk: the JSON (every raw number) beside its Markdown tables, and its
 figures (matplotlib on the file-only Agg backend), written the same way by every scenario.
-Design notes: docs/internals/bench.md.
-
->>> import tempfile
->>> out = Path(tempfile.mkdtemp()) / "run"
->>> write_report({"rows": 3}, out, "sweep", lambda report: f"| rows | {report['rows']} |\\n")
-'| rows | 3 |\\n'
->>> sorted(p.name for p in out.iterdir())
-['sweep.json', 'sweep.md']
->>> figure, axis = pyplot().subplots()
->>> save_figure(figure, out / "sweep.png", title="rows").name
-'sweep.png'
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

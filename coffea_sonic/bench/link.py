@@ -1,12 +1,5 @@
 """One default TritonModel across a shaped link: goodput against raw TCP, with and without compression.
-Design notes: docs/internals/bench.md.
-
->>> parse_links(["1000/0", "1000/20", "10000"])
-[(1000.0, [0.0, 20.0]), (10000.0, [0.0])]
->>> wire = [(0.1 * i, 10_000 * i) for i in range(11)]  # 100 kB in 1 s, 10 kB per 0.1 s
->>> call_phases([(0.0, 1.0)] * 3, wire)  # first 20 kB after 0.3 s, the rest by 1 s
-{'head_ms': 300.0, 'sending_ms': 700.0, 'tail_ms': 0.0}
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

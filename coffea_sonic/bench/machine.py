@@ -1,11 +1,5 @@
 """Where a benchmark ran: CPU model, cores, memory, GPU, library versions, date.
-
->>> info = machine_info()
->>> sorted(info)[:4]
-['cpu_cores', 'cpu_model', 'date', 'gpus']
->>> info["cpu_cores"] >= 1
-True
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

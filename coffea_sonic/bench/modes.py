@@ -1,14 +1,5 @@
 """One runner per benchmark mode: run a whole chunk in ``batch_size`` pieces, time every request.
-Design notes: docs/internals/bench.md.
-
->>> from coffea_sonic import zoo
->>> runner = make_runner(RunnerSpec(mode="cpu", model="jet_tagger", batch_size=100))
->>> outputs = runner.run(zoo.example_inputs("jet_tagger", 250))
->>> outputs["probs"].shape, len(runner.latencies_s)
-((250, 3), 3)
->>> runner.payload_bytes(250)
-6000
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """A server SIGKILLed mid-run with ``fallback="cpu"`` (``coffea-sonic bench outage``).
-Design notes: docs/internals/bench.md.
-
->>> MarkedJetTagging("triton+grpc://127.0.0.1:8001", marks="/tmp").marks
-'/tmp'
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """``passthrough``: the transport-bound model of the reference bench (x: 16 floats -> y: 2).
-Design notes: docs/internals/bench.md.
-
->>> import tempfile
->>> from pathlib import Path
->>> repo = write_passthrough(Path(tempfile.mkdtemp()))
->>> sorted(p.name for p in (repo / PASSTHROUGH).iterdir())
-['1', 'config.pbtxt']
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

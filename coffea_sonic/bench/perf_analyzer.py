@@ -1,9 +1,5 @@
 """NVIDIA's ``perf_analyzer``, installed on demand into a cache folder, and one measurement with it.
-Design notes: docs/internals/bench.md.
-
->>> parse_throughput("Concurrency: 4, throughput: 1.14075e+07 infer/sec, latency 22887 usec")
-(11407500.0, 22887.0)
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """Probes a benchmark reads around its timed work: client memory, server statistics, GPU load.
-Design notes: docs/internals/bench.md.
-
->>> import mmap
->>> with PeakRss() as rss:
-...     pages = mmap.mmap(-1, 64 << 20)  # fresh pages, whatever the heap holds free
-...     _ = pages.write(bytes(64 << 20))  # written: resident
->>> rss.growth_bytes > 32_000_000
-True
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

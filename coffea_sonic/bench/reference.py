@@ -1,14 +1,5 @@
 """TritonModel at its defaults beside NVIDIA's perf_analyzer, per model and transport, one run.
-Design notes: docs/internals/bench.md.
-
->>> config = reference_config(None, ["grpc"], quick=True)
->>> config.grid("passthrough"), config.call_rows_for("emtrk_cnn")
-([(65536, 1), (65536, 2)], 2048)
->>> markdown_table([{"model": "m", "transport": "grpc", "call_rows": 8, "tm_best": 2e6,
-...     "tm_transport_used": "grpc", "pa_best": {"rows_per_s": 4e6, "batch": 8, "concurrency": 2},
-...     "ratio": 0.5, "pa_error": "", "tm_error": ""}]).splitlines()[2]
-'| m | grpc | 8 | 2.00 M | 4.00 M (b 8, c 2) | **0.50x** |'
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

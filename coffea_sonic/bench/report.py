@@ -1,8 +1,5 @@
 """Write a benchmark result as JSON, a markdown report and PNG plots.
-
->>> format_rate(1_234_567.0), format_rate(512.0), format_bytes(3 * 2**20)
-('1.23 M', '512', '3.0 MiB')
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

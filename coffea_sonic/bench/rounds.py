@@ -1,14 +1,5 @@
 """Modes measured in alternating rounds, merged into one record per mode and client count.
-Design notes: docs/internals/bench.md.
-
->>> windows = [{"mode": "direct", "clients": 1, "round": 0, "events_per_s": 100.0},
-...            {"mode": "fused", "clients": 1, "round": 0, "events_per_s": 80.0},
-...            {"mode": "direct", "clients": 1, "round": 1, "events_per_s": 50.0},
-...            {"mode": "fused", "clients": 1, "round": 1, "events_per_s": 42.0}]
->>> direct, fused = merge_rounds(windows)
->>> direct["events_per_s"], fused["events_per_s"], fused["round_ratios"]
-(75.0, 61.0, [0.8, 0.84])
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
 """The ProtoDUNE SONIC scaling model, fitted to measured runs, and the network bound.
-Design notes: docs/internals/bench.md.
-
->>> model = ScalingModel(t_gpu=0.01, t_latency=0.002, p=0.5, t_cpu=0.1)
->>> round(model.t_ideal, 3), round(model.saturation_clients(), 1)
-(0.062, 6.2)
->>> round(model.time_per_event(1), 3), round(model.time_per_event(20), 3)
-(0.062, 0.2)
->>> model.recommended_cpu_per_gpu()
-6
->>> round(model.network_bound_clients(link_gbps=10, bytes_per_event=1e6), 1)
-77.5
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

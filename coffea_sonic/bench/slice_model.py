@@ -1,14 +1,5 @@
 """Transport-bound benchmark models: Triton python-backend models that answer a slice of the input.
-Design notes: docs/internals/bench.md.
-
->>> import tempfile
->>> from pathlib import Path
->>> repo = write_slice_model(Path(tempfile.mkdtemp()), "first_two", ("x", [16]), ("y", [2]))
->>> sorted(p.name for p in (repo / "first_two").iterdir())
-['1', 'config.pbtxt']
->>> "dims: [16]" in (repo / "first_two" / "config.pbtxt").read_text()
-True
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

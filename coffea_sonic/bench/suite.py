@@ -1,14 +1,5 @@
 """Run every sweep of a :class:`~coffea_sonic.bench.config.BenchConfig` and collect one result dict.
-Design notes: docs/internals/bench.md.
-
->>> results = run_bench(BenchConfig.tiny(modes=("cpu",), clients=(1,)))  # in-process: no server
->>> results["schema"], results["modes_run"], results["skipped"]
-('coffea-sonic-bench/1', ['cpu'], [])
->>> [(m["mode"], m["batch_size"], m["clients"]) for m in results["measurements"]]
-[('cpu', 0, 1), ('cpu', 128, 1), ('cpu', 512, 1)]
->>> results["measurements"][0]["rows_per_s"]["median"] > 0, results["equality"]["all_equal"]
-(True, True)
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """Rows/s and GB/s of tensor payload per transport, client processes and server, one run.
-Design notes: docs/internals/bench.md.
-
->>> [entry.kind for entry in PLANS["quick"]]
-['local', 'tritonclient', 'grpc', 'http', 'shm', 'shm']
->>> TransportBench(plan="quick", kinds=("tritonclient",)).entries()  # it blocks: 1 in flight
-[Entry(kind='tritonclient', model='payload_sink', rows=512, procs=1, in_flight=1)]
->>> row_bytes(SINK_NAME), label({"kind": "grpc", "rows": 512, "procs": 2, "in_flight": 4})
-(9216, 'grpc 512 rows, 2 x 4')
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """TritonModel against coffea's ``triton_wrapper`` on a transport-bound model, all in one run.
-Design notes: docs/internals/bench.md.
-
->>> WrapperBench().max_batch_sizes
-[65536, 262144]
->>> row = summarize("grpc", Timings([0.5, 0.25, 1.0]), Timings([1.0, 1.0, 1.0]), rows=100)
->>> row["rows_per_s_median"], row["ratio_to_wrapper"], row["ratio_to_wrapper_paired_median"]
-(200.0, 2.0, 2.0)
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

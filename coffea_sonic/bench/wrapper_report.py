@@ -1,11 +1,5 @@
 """The tables and figure of ``coffea-sonic bench wrapper`` (:mod:`.wrapper`'s results).
-Design notes: docs/internals/bench.md.
-
->>> run = {"config": {"max_batch_size": 8, "dynamic_batching": True, "rounds": 2},
-...        "comparison": [{"client": "http", "error": "unreachable"}]}
->>> _run_section(run)[-2]
-'| http | – | – | – | – | – | – | not measured: unreachable |'
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

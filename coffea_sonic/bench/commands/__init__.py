@@ -1,12 +1,5 @@
 """The ``coffea-sonic bench SCENARIO`` subcommands: one module here per scenario.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> names = register_all(parser.add_subparsers(dest="scenario"))
->>> {"suite", "fairness", "e2e", "report"} <= set(names)
-True
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """``coffea-sonic bench agc``: the Analysis Grand Challenge's ML step, local and served.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["agc", "--events", "5000", "--devices", "cpu,gpu"])
->>> args.events, args.devices, args.seconds
-(5000, ['cpu', 'gpu'], 5.0)
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
 """``coffea-sonic bench cache``: what the inference cache and Triton's response cache save.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["cache", "--scenario", "users", "--users", "4"])
->>> args.scenario, args.users, args.output
-('users', 4, 'bench-output/cache')
->>> load_now()["cpus"] == os.cpu_count()
-True
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

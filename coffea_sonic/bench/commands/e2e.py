@@ -1,16 +1,6 @@
 """``coffea-sonic bench e2e``: the analysis end to end on this machine, every way to infer, and
 its report (results.json, results.md with the table for RESULTS.md, e2e_machine.png).
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["e2e", "--events", "1000", "--workers", "2", "--gpus", "1,2"])
->>> args.events, args.workers, args.gpus, args.output
-(1000, 2, [1, 2], 'bench-output/e2e')
->>> machine_words({"gpus": ["NVIDIA H200, 143771 MiB, 580"] * 2, "cpu_cores": 32})
-'2× NVIDIA H200, 32 cores'
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """``coffea-sonic bench fairness``: several users share one server; is it fair?
 (:mod:`coffea_sonic.bench.fairness`)
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["fairness", "--quick", "--policy", "fifo"])
->>> args.quick, args.policy, args.output
-(True, 'fifo', 'bench-output/fairness')
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
 """``coffea-sonic bench link``: one default TritonModel through a shaped link (network namespaces).
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["link", "--seconds", "6", "-o", "benchmarks/results/cpu2-link"])
->>> args.seconds, args.links, args.no_compression, args.output
-(6.0, ['1000/0', '1000/20', '10000/0'], False, 'benchmarks/results/cpu2-link')
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

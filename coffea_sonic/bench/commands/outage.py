@@ -1,12 +1,5 @@
 """``coffea-sonic bench outage``: a 16-chunk Dask run whose server dies, against a healthy run.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["outage", "--events", "4000"])
->>> args.events, args.output
-(4000, 'bench-output/outage')
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

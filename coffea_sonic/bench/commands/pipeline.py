@@ -1,19 +1,5 @@
 """``coffea-sonic bench pipeline``: the trackgnn pipeline, events/s direct, fused, ensemble.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["pipeline", "--device", "cpu", "--clients", "1,8", "-o", "pb"])
->>> args.device, args.clients, args.modes, args.output
-('cpu', [1, 8], ['direct', 'fused', 'ensemble'], 'pb')
->>> rows, counts = chunks(3, index=0)[0]
->>> len(counts), rows.shape[1], int(counts.sum()) == len(rows)
-(3, 3, True)
->>> print(table([{"mode": "direct", "clients": 1, "events_per_s": 10.0, "hits_per_s": 900.0,
-...               "chunk_ms_p50": 2.5}], "cpu", 8).splitlines()[-1])
-| direct | 1 | 10.0 | 900 |  | 2.5 |  |
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
 """``coffea-sonic bench ragged``: bytes on the wire, ragged requests vs padded tensors.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["ragged", "--events", "2000", "--json-file", "r.json"])
->>> args.events, args.seed, args.json_file, args.output
-(2000, 0, 'r.json', 'bench-output/ragged')
->>> saving(ragged=25, padded=100), multiplicity(np.array([1, 3]))["mean"]
-(75.0, 2.0)
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
 """``coffea-sonic bench reference``: a default TritonModel beside NVIDIA's perf_analyzer
 (:mod:`coffea_sonic.bench.reference`).
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["reference", "--transports", "grpc,shm", "--quick"])
->>> args.transports, args.models, args.output
-(['grpc', 'shm'], None, 'bench-output/reference')
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

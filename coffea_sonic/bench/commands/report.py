@@ -1,12 +1,5 @@
 """``coffea-sonic bench report``: tables, targets, fit and plots again from a suite's JSON.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["report", "bench-output/suite/results.partial.json", "-o", "r"])
->>> args.results, args.output
-('bench-output/suite/results.partial.json', 'r')
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """``coffea-sonic bench soak``: many requests through TritonModel; descriptors and RSS stay flat.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["soak", "--servers", "2", "--json-file", "soak.json"])
->>> args.servers, args.transport, args.json_file, args.requests
-(2, 'auto', 'soak.json', 10000)
->>> verdict = judge([{"requests": 10, "seconds": 1.0, "open_fds": 20, "rss_mb": 100.0,
-...                   "channels": 1, "shm_regions": 0},
-...                  {"requests": 20, "seconds": 2.0, "open_fds": 21, "rss_mb": 101.0,
-...                   "channels": 1, "shm_regions": 0}], SoakConfig())
->>> verdict["fd_growth_after_warmup"], verdict["ok"]
-(0, True)
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

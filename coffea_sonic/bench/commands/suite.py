@@ -1,13 +1,5 @@
 """``coffea-sonic bench suite``: every inference mode on the same data, sweeps, scaling fit.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["suite", "--quick", "--models", "jet_tagger", "--clients", "1,2", "4"])
->>> config = config_from_args(args)
->>> config.preset, config.models, config.clients
-('quick', ('jet_tagger',), (1, 2, 4))
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

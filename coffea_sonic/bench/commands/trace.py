@@ -1,18 +1,5 @@
 """``coffea-sonic bench trace``: where a light user's latency goes in the fairness scenario.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["trace", "-o", "t", "--set", "rows=2048", "heavy_nice=0"])
->>> args.output, _overrides(args.set)
-('t', {'rows': 2048, 'heavy_nice': 0})
->>> entry = {"GRPC_WAITREAD_END": 1.0, "QUEUE_START": 1.1, "COMPUTE_START": 1.3,
-...          "COMPUTE_END": 1.6, "GRPC_SEND_START": 1.6, "GRPC_SEND_END": 1.7}
->>> parts = components({0: [entry]}, 0, sent=0.95, done=1.8)
->>> [round(parts[name], 2) for name in COMPONENTS]
-[0.15, 0.2, 0.3, 0.1, 0.1]
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,5 @@
 """``coffea-sonic bench transport``: rows/s and GB/s per transport, client processes and server.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["transport", "--plan", "gpu", "--only", "shm,cuda", "-o", "o"])
->>> args.plan, args.transports, args.output, args.duration_s, args.tag
-('gpu', ['shm', 'cuda'], 'o', 4.0, None)
->>> parser.parse_args(["transport", "--replot", "results-cpu.json"]).replot
-'results-cpu.json'
-
->>> from coffea_sonic.bench.transport_bench import KINDS, PLANS
->>> sorted(PLANS) == list(_PLANS) and sorted(KINDS) == sorted(_KINDS)
-True
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

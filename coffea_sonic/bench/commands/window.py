@@ -1,18 +1,5 @@
 """``coffea-sonic bench window``: request size x requests in flight of TritonModel, per transport.
-Design notes: docs/internals/bench.md.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["window", "--transports", "grpc", "http", "--sizes-mib", "2,4"])
->>> args.transports, args.sizes_mib, args.in_flight, args.output
-(['grpc', 'http'], [2.0, 4.0], [2, 4, 8], 'bench-output/window')
->>> report = {"machine": {"cpu_model": "cpu", "cpu_cores": 2, "date": "today"},
-...           "uptime_before": "a", "uptime_after": "b", "rows": 10, "command": "c",
-...           "windows": {"grpc 2 MiB x 4": [1e6, 3e6, 2e6]}}
->>> markdown(report).splitlines()[-1]
-'| grpc 2 MiB x 4 | 3.00 | 2.00 |'
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
 """``coffea-sonic bench wrapper``: TritonModel against coffea's ``triton_wrapper``, transport-bound.
-
->>> import argparse
->>> parser = argparse.ArgumentParser(prog="coffea-sonic bench")
->>> _ = register(parser.add_subparsers())
->>> args = parser.parse_args(["wrapper", "-o", "benchmarks/results/cpu2-transport",
-...                           "--sweep-rounds", "0", "--max-batch-size", "65536,262144"])
->>> args.output, args.sweep_rounds, args.max_batch_size, args.sweep_mib
-('benchmarks/results/cpu2-transport', 0, [65536, 262144], [1.0, 2.0, 4.0, 8.0, 16.0])
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Benchmarks that need a CUDA GPU (most of them; some modes also run on a CPU box).
-Design notes: docs/internals/bench.md.
-
->>> from coffea_sonic.bench.gpu import MODULES
->>> "defaults_sweep" in MODULES
-True
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

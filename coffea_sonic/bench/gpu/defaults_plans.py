@@ -2,14 +2,7 @@
 starts and which client runs it measures against each) and what each of its client processes
 runs (:func:`run_task`, handed to :class:`~coffea_sonic.bench.clients.ClientPool`): a loop on
 fixed chunks through ``TritonModel`` or an in-process engine.
-
->>> [server.name for server in plan_smoke()]
-['in-process', 'defaults', '2 instances, queue delay 0']
->>> _t("emtrk_cnn", 8, 4.5, 2, "grpc").client
-{'max_request_bytes': 4718592, 'max_in_flight': 2, 'transport': 'grpc'}
->>> _client_stats(None)["requests"]
-0
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

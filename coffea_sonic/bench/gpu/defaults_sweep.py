@@ -1,10 +1,5 @@
 """Served vs in-process throughput on one GPU at the defaults (and on every GPU of a machine).
-Design notes: docs/internals/bench.md.
-
->>> describe_client(Run("triton", "emtrk_cnn", 8,
-...                     {"max_request_bytes": 9 * MiB, "max_in_flight": 2}))
-'9 MiB, 2 in flight'
-"""
+Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Data for coffea-sonic: NanoAOD branch declarations, synthetic samples (imported lazily).
-
->>> from coffea_sonic import data
->>> data.DATASETS
-('ttbar', 'qcd_light')
+"""Data for coffea-sonic: NanoAOD branch declarations, synthetic samples (imported lazily; the
+datasets: docs/internals/examples.md, with an example).
 """
 
 from __future__ import annotations

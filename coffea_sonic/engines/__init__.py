@@ -1,11 +1,6 @@
 """In-process engines that run the zoo models without a server, on the same input dicts.
 
-What each runs: docs/internals/engines.md.
-
->>> from coffea_sonic import zoo
->>> engine = CpuEngine("jet_tagger")
->>> engine(zoo.example_inputs("jet_tagger", 4))["probs"].shape
-(4, 3)
+What each runs, with examples: docs/internals/engines.md.
 """
 
 from __future__ import annotations

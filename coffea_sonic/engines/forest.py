@@ -1,10 +1,7 @@
 """Tree models (XGBoost, LightGBM, Treelite) answering as Triton's FIL backend answers.
 
 Self-contained (numpy and the tree library; nothing of coffea-sonic): the embedded server's FIL
-backend runs a copy. What FIL does, and so this does: docs/internals/engines.md.
-
->>> notes({"model_type": "lightgbm", "is_classifier": "false", "algo": "ALGO_AUTO"})
-['FIL tuning parameters accepted; they change speed, not answers, and the embedded server runs the tree library itself: algo=ALGO_AUTO']
+backend runs a copy. What FIL does, and so this does, with examples: docs/internals/engines.md.
 """
 
 from __future__ import annotations

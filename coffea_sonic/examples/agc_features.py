@@ -1,11 +1,6 @@
 """The Analysis Grand Challenge's jet-parton assignment features, in numpy, without padding.
 
-How they follow the AGC: docs/internals/examples.md.
-
->>> [len(permutations(n)) for n in (4, 5, 6)]
-[12, 60, 180]
->>> permutations(4)[0].tolist()
-[1, 0, 2, 3]
+How they follow the AGC, with an example: docs/internals/examples.md.
 """
 
 from __future__ import annotations

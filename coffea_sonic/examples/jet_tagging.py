@@ -1,10 +1,6 @@
 """Example analysis: tag every jet with a served model and histogram the scores per dataset.
 
-What it computes and where it runs: docs/internals/examples.md.
-
->>> processor = JetTaggingProcessor("triton+grpc://127.0.0.1:8001")
->>> sorted(processor.sonic_models)
-['jet_tagger', 'particlenet_lite']
+What it computes and where it runs, with an example: docs/internals/examples.md.
 """
 
 from __future__ import annotations

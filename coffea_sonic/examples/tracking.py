@@ -1,10 +1,6 @@
 """Example analysis: track finding as a service, on the sample's tracker hits.
 
-What it computes and where it runs: docs/internals/examples.md (with an example).
-
->>> processor = TrackingProcessor("triton+grpc://127.0.0.1:8001")
->>> list(processor.sonic_models), processor.model
-(['trackgnn'], 'trackgnn')
+What it computes and where it runs, with examples: docs/internals/examples.md.
 """
 
 from __future__ import annotations

@@ -3,10 +3,6 @@
 (:class:`TokenGateway`).
 
 How it works: docs/internals/facility.md; the user's side: docs/facility/.
-
->>> from coffea_sonic import facility
->>> facility.parse_target("gpu1:8001").address
-'gpu1:8001'
 """
 
 from __future__ import annotations

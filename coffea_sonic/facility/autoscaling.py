@@ -1,11 +1,6 @@
 """SuperSONIC's autoscaling load: queue time per model execution over a pool of servers, in ms.
 
-How it works: docs/internals/facility.md, "SuperSONIC's autoscaling load".
-
->>> print(supersonic_query(window="15s"))
-sum by (release) (rate(nv_inference_queue_duration_us{release="coffea-sonic"}[15s])) / sum by (release) ((rate(nv_inference_exec_count{release="coffea-sonic"}[15s]) * 1000) + 0.001)
->>> verdict(250.0, 100.0, servers=2)
-'autoscaling load 250.0 ms queue per execution over 2 servers: ABOVE the 100 ms threshold (scale out: add servers)'
+How it works, with an example: docs/internals/facility.md, "SuperSONIC's autoscaling load".
 """
 
 from __future__ import annotations

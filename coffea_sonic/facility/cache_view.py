@@ -1,8 +1,5 @@
-"""``coffea-sonic monitor --inference-cache DIR``: what a persistent inference cache saved, all processes.
-
->>> import tempfile
->>> print(cache_lines(tempfile.mkdtemp())[1])
-  hits 0 blocks (0 rows), misses 0 blocks (0 rows), hit rate 0.0 %, 0.0 MB not sent
+"""``coffea-sonic monitor --inference-cache DIR``: what a persistent inference cache saved, all
+processes (docs/internals/facility.md, "What the clients wrote").
 """
 
 from __future__ import annotations

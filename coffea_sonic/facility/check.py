@@ -1,10 +1,6 @@
 """``coffea-sonic check``: can this machine (a worker node) use the facility's Triton servers?
 
-How it works: docs/internals/facility.md; what a user sees: docs/facility/check.md.
-
->>> report = check_server("127.0.0.1:1", timeout_s=1)
->>> report.ok, report.findings[0].aspect, report.findings[0].status
-(False, 'reachable', 'fail')
+How it works, with an example: docs/internals/facility.md; what a user sees: docs/facility/check.md.
 """
 
 from __future__ import annotations

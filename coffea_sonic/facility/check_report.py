@@ -1,8 +1,6 @@
 """What ``coffea-sonic check`` checks and what it found: targets, options, findings, the text.
 
->>> target = parse_target("triton+grpcs://gpu.example.org/jet_tagger/2")
->>> target.address, target.tls, target.model_url()
-('gpu.example.org:8001', True, 'triton+grpcs://gpu.example.org:8001/jet_tagger/2')
+How targets are parsed, with an example: docs/internals/facility.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """What Dask workers must know about the model servers, and how it reaches them without leaking secrets.
 
-How it works: docs/internals/facility.md, "Settings on batch workers" (with an example).
-
->>> env = WorkerEnvironment(values={"A": "1"}, forwarded=("SONIC_TOKEN",))
->>> env.htcondor_environment()
-'"A=\\'1\\' SONIC_TOKEN=\\'$ENV(SONIC_TOKEN)\\'"'
+How it works, with examples: docs/internals/facility.md, "Settings on batch workers".
 """
 
 from __future__ import annotations

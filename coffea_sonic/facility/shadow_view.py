@@ -1,8 +1,5 @@
-"""``coffea-sonic monitor --shadow DIR``: shadow validation's findings, summed over processes.
-
->>> import tempfile
->>> shadow_lines(tempfile.mkdtemp())[0].startswith("shadow validation")
-True
+"""``coffea-sonic monitor --shadow DIR``: shadow validation's findings, summed over processes
+(docs/internals/facility.md, "What the clients wrote").
 """
 
 from __future__ import annotations

@@ -2,10 +2,7 @@
 tbf, round-trip times from a user-space relay, and the facility's processes started inside hosts.
 
 Needs root (tests that use it are marked ``netlab``); without root, :class:`LocalHost` stands for
-this machine. How it works: docs/internals/netlab.md.
-
->>> Link(rate_mbit=1000, rtt_ms=20).shaped, Link().shaped
-(True, False)
+this machine. How it works, with examples: docs/internals/netlab.md.
 """
 
 from .lab import Host, Lab, missing_requirements, sweep_stale_labs

@@ -1,10 +1,6 @@
 """A lab of named hosts on one machine: network namespaces with private ``/dev/shm``, on one switch.
 
-How it works, and what it needs: docs/internals/netlab.md.
-
->>> from coffea_sonic.netlab import Lab, Link
->>> Lab()  # nothing is made until it is entered (or started)
-Lab(index=-1, hosts=[])
+How it works, what it needs, and examples: docs/internals/netlab.md.
 """
 
 from __future__ import annotations

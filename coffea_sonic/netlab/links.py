@@ -1,11 +1,6 @@
 """Links between lab hosts: a rate (tbf on both ends of a veth pair) and the commands shaping them.
 
-No netem here: round trips come from the relay (docs/internals/netlab.md).
-
->>> Link(rate_mbit=1000).burst_bytes(), QUEUE_LATENCY_MS
-(1250000, 20)
->>> Link().shaped, Link(rate_mbit=25000, rtt_ms=0).shaped
-(False, True)
+No netem here: round trips come from the relay (docs/internals/netlab.md, with examples).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The lab's network operations, through iproute2's ``ip``/``tc`` or through pyroute2 (netlink).
 
-Which one, and why both: docs/internals/netlab.md.
-
->>> sorted(BACKENDS)
-['ip', 'pyroute2']
->>> IpTools().netns_path("csnl0-gpu1")
-'/run/netns/csnl0-gpu1'
+Which one, and why both: docs/internals/netlab.md (with an example).
 """
 
 from __future__ import annotations

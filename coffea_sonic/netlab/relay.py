@@ -1,11 +1,6 @@
 """A TCP relay that adds a round-trip time: the kernel here has no netem, so a delay is user space.
 
-How it works: docs/internals/netlab.md, "Rates and round trips".
-
->>> relay_buffer_bytes(rtt_ms=20, rate_mbit=1000)
-2500000
->>> relay_buffer_bytes(rtt_ms=0, rate_mbit=None)
-33554432
+How it works, with examples: docs/internals/netlab.md, "Rates and round trips".
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The facility's processes, started inside lab hosts: tritonserver, and the commands they need.
 
 Each returns once its service answers, or raises ``ServiceStartError`` with the process' log
-(docs/internals/netlab.md).
-
->>> GRPC_PORT, HTTP_PORT, METRICS_PORT
-(8001, 8000, 8002)
->>> ensure_command("sh", "dash") == shutil.which("sh")
-True
+(docs/internals/netlab.md, with an example).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Example HEP models of the SONIC papers, declared once, exported to ONNX, served by Triton.
 
-The models: docs/development.md; how the zoo is put together: docs/internals/zoo.md.
-
->>> from coffea_sonic import zoo
->>> zoo.names()
-['deepmet', 'emtrk_cnn', 'jet_tagger', 'particlenet', 'particlenet_lite']
+The models: docs/development.md; how the zoo is put together, with examples:
+docs/internals/zoo.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Declarations of the zoo models: names, dtypes and per-row dims of every input and output.
-
->>> from coffea_sonic.zoo.spec import MODEL_SPECS
->>> MODEL_SPECS["jet_tagger"].inputs[0].dims
-(6,)
+"""Declarations of the zoo models: names, dtypes and per-row dims of every input and output
+(docs/internals/zoo.md, with an example).
 """
 
 from __future__ import annotations

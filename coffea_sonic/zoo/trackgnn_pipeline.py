@@ -2,11 +2,7 @@
 
 Self-contained on purpose (numpy and plain torch, scipy when present; no coffea_sonic import):
 the repository writer copies it next to every served trackgnn model. The stages and their
-numerics: docs/internals/zoo.md, "The stages".
-
->>> import numpy as np
->>> canonical_labels(np.array([1, 0, 1, 2, 2, 2]), np.array([3, 3]), min_hits=2).tolist()
-[0, -1, 0, 0, 0, 0]
+numerics, with examples: docs/internals/zoo.md, "The stages".
 """
 
 from __future__ import annotations

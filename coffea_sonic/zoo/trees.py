@@ -1,13 +1,6 @@
 """The zoo's tree models: served by Triton's FIL backend, run in-process by the tree engine.
 
-The models and how they are written: docs/internals/zoo.md, "Tree models".
-
->>> tree_names()
-['reconstruction_bdt_xgb']
->>> tree_versions("reconstruction_bdt_xgb")
-(1, 2)
->>> declared_tree_info("reconstruction_bdt_xgb").outputs[0].describe()
-'output__0 FP32[2]'
+The models and how they are written, with an example: docs/internals/zoo.md, "Tree models".
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The embedded real Triton server, the repository writer and planner, and your own models.
 
-How it works: docs/internals/server.md and docs/internals/standard-repositories.md.
-
->>> from coffea_sonic.server import LocalTritonServer, write_repository
->>> LocalTritonServer().running
-False
+How it works, with examples: docs/internals/server.md and docs/internals/standard-repositories.md.
 """
 
 from .launcher import LocalTritonServer, free_port, gpu_available, server_binary

@@ -10,11 +10,6 @@ server runs from an environment of its own while the user's environment keeps nu
   ``$COFFEA_SONIC_CACHE/server-env/``, cached and reused. Its Python is
   ``$COFFEA_SONIC_SERVER_PYTHON`` or the first of python3.12 ... python3.8 found on PATH.
   ``wheels=DIR`` installs from a local wheel folder only (machines without a package index).
-
->>> ServerEnvironment.describe(sys.executable).version == "%d.%d" % sys.version_info[:2]
-True
->>> SERVER_REQUIREMENTS[0]
-'nvidia-pytriton==0.7.0'
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The engine of ``fallback="local"``: an embedded Triton server with the model, per process.
 
-How it works: docs/internals/server.md, "The local fallback".
-
->>> declared_info("no_such_model") is None
-True
+How it works, with an example: docs/internals/server.md, "The local fallback".
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``coffea-sonic models add``: put an ONNX, TorchScript or tree model file into a Triton model
 repository.
 
-How it works: docs/internals/standard-repositories.md; what each format gives:
+How it works, with an example: docs/internals/standard-repositories.md; what each format gives:
 docs/user/own_model.md, "models add".
-
->>> parse_tensor_spec("INPUT__0:fp32:-1,3")
-TensorInfo(name='INPUT__0', datatype='FP32', dims=(-1, 3))
 """
 
 from __future__ import annotations

@@ -2,9 +2,6 @@
 
 How it works, and the environment variables that override where the binary comes from:
 docs/internals/server.md.
-
->>> isinstance(parent_death_prefix(), list)
-True
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Triton's response cache on the embedded server: one shared answer for identical requests.
 
-How it works: docs/internals/server.md, "The response cache".
-
->>> cache_directory(Path("/opt/tritonserver/bin/tritonserver"))
-PosixPath('/opt/tritonserver/caches')
+How it works, with an example: docs/internals/server.md, "The response cache".
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """TorchScript models that need custom operator libraries (``torch.ops.<namespace>.<op>``).
 
-How it works: docs/internals/standard-repositories.md, "TorchScript with custom operators".
-
->>> missing_operator_name("RuntimeError: Unknown builtin op: torch_sparse::spmm_sum.\\nHere are ...")
-'torch_sparse::spmm_sum'
+How it works, with an example: docs/internals/standard-repositories.md, "TorchScript with custom
+operators".
 """
 
 from __future__ import annotations

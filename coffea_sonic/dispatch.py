@@ -95,13 +95,6 @@ class CallRunner:
             for name, value in counts.items():
                 setattr(stats, name, getattr(stats, name) + value)
 
-    def submit(self, info: ModelInfo, inputs: Mapping[str, Any], counts: Any,
-               caller_waits: bool) -> InferenceHandle:
-        """Validate ``inputs`` (:meth:`validate`), count the call and send it (:meth:`send`)."""
-        arrays, rows, ragged = self.validate(info, inputs, counts, per_piece=True)
-        self.count(calls=1)
-        return self.send(info, arrays, rows, ragged, caller_waits, per_piece=True)
-
     def validate(self, info: ModelInfo, inputs: Mapping[str, Any], counts: Any, *,
                  per_piece: bool = False) -> tuple[dict[str, np.ndarray], int, Any]:
         """``(arrays, rows, ragged)``: the call's inputs checked against ``info`` (``counts``
@@ -263,7 +256,7 @@ class CallRunner:
         endpoint = self.router.acquire(self.model_name, self.version, piece.avoid)
         if endpoint is None:
             window.release(pump=False)
-            self._no_server(piece)
+            unserved.no_server(self, piece)
             return
         try:
             transport = endpoint.transports.data_transport(call.info.on_gpu_zero)
@@ -396,7 +389,8 @@ class CallRunner:
         policy = self.owner.retry
         now = time.monotonic()
         if piece.attempts >= policy.max_attempts or now >= piece.deadline:
-            self._give_up(piece, f"{piece.attempts + piece.busy_attempts} attempt(s) failed")
+            unserved.give_up(self, piece,
+                             f"{piece.attempts + piece.busy_attempts} attempt(s) failed")
             return
         piece.avoid = frozenset({piece.last_address})
         self.count(retries=1)
@@ -412,12 +406,3 @@ class CallRunner:
 
     def _what(self) -> str:
         return f"model {self.model_name!r}" + (f" version {self.version}" if self.version else "")
-
-    def _no_server(self, piece: Piece) -> None:
-        unserved.no_server(self, piece)
-
-    def _give_up(self, piece: Piece, why: str) -> None:
-        unserved.give_up(self, piece, why)
-
-    def _run_fallback(self, piece: Piece, reason: str) -> None:
-        unserved.run_fallback(self, piece, reason)

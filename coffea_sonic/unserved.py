@@ -1,7 +1,7 @@
 """A piece no server can serve now: fall back, wait for a server, or fail the call.
 
-Decided for :class:`~coffea_sonic.dispatch.CallRunner` (whose methods of the same names call
-these); how: docs/internals/dispatch.md.
+Decided for :class:`~coffea_sonic.dispatch.CallRunner`, which calls these; how:
+docs/internals/dispatch.md.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ def no_server(runner: CallRunner, piece: Piece) -> None:
             f"{router.describe(runner.model_name, runner.version)}"))
         return
     if runner.owner.fallback is not None:
-        runner._run_fallback(piece, router.describe(runner.model_name, runner.version))
+        run_fallback(runner, piece, router.describe(runner.model_name, runner.version))
         return
     left = piece.deadline - time.monotonic()
     if left <= 0:
-        runner._give_up(piece, "no healthy server left")
+        give_up(runner, piece, "no healthy server left")
         return
     # wait for the health thread to re-admit a server (or for the deadline)
     wait = min(left, max(router.seconds_until_probe(), runner.owner.retry.backoff_s(1)) + 0.05)
@@ -64,7 +64,7 @@ def give_up(runner: CallRunner, piece: Piece, why: str) -> None:
             "(fewer workers or max_in_flight), or ask the facility for a larger quota"))
         return
     if runner.owner.fallback is not None:
-        runner._run_fallback(piece, f"{why}; {servers}")
+        run_fallback(runner, piece, f"{why}; {servers}")
         return
     elapsed = time.monotonic() - piece.first_try if piece.first_try else 0.0
     incidents.record("gave_up", model=runner.model_name, chunk=call.chunk, rows=piece.rows,

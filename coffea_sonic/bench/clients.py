@@ -64,7 +64,7 @@ def _serve(run_task: RunTask, tasks: Any, control: Any) -> None:
 
 
 class ClientPool:
-    """``size`` spawned client processes running ``run_task`` (see the module docstring)."""
+    """``size`` spawned client processes running ``run_task`` (docs/internals/bench.md)."""
 
     def __init__(self, size: int, run_task: RunTask) -> None:
         context = mp.get_context("spawn")

@@ -35,7 +35,7 @@ MODEL = "jet_tagger"
 
 @dataclass(frozen=True)
 class FairnessConfig:
-    """Shape and length of the scenario (module docstring)."""
+    """Shape and length of the scenario (docs/internals/bench.md)."""
 
     users: int = 8
     heavy_factor: int = 10

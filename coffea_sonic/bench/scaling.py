@@ -21,7 +21,7 @@ class ScalingModel:
     p: float = 1.0
     t_cpu: float = 0.0
     n_gpu: int = 1
-    #: None: ``(1-p)·t_cpu + t_gpu + t_latency`` (see the module docstring)
+    #: None: ``(1-p)·t_cpu + t_gpu + t_latency`` (docs/internals/bench.md)
     t_ideal_override: float | None = None
 
     @property

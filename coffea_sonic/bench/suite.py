@@ -366,7 +366,7 @@ def _local_gpu_unavailable() -> str | None:
 
 def run_bench(config: BenchConfig, *, progress: Progress | None = None,
               checkpoint: str | None = None) -> dict:
-    """Run every sweep of ``config``; return the JSON-ready result dict (module docstring).
+    """Run every sweep of ``config``; return the JSON-ready result dict (docs/internals/bench.md).
 
     ``checkpoint``: a JSON file rewritten after every measurement with the records so far
     (:func:`finish_results` turns such a file into a full result).

@@ -7,7 +7,6 @@ How to use it, with examples: docs/user/processor.md; what it adds under ``proce
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import secrets
@@ -32,11 +31,6 @@ Inputs = Mapping[str, Any]
 
 def _is_dask_collection(value: Any) -> bool:
     return type(value).__module__.startswith("dask_awkward")
-
-
-def _stats_difference(now: InferenceStats, before: InferenceStats) -> InferenceStats:
-    return InferenceStats(**{field.name: getattr(now, field.name) - getattr(before, field.name)
-                             for field in dataclasses.fields(InferenceStats)})
 
 
 class SonicResult:
@@ -323,7 +317,7 @@ class SonicMixin:
                 hook.drain()
         for name, client in self.__dict__.get("_sonic_clients", {}).items():
             now = client.stats.copy()
-            collected[name] = _stats_difference(now, baselines.get(name, InferenceStats()))
+            collected[name] = now - baselines.get(name, InferenceStats())
             baselines[name] = now
         return SonicStats(collected, incidents.take())
 
@@ -341,8 +335,9 @@ class SonicMixin:
         """Check every declared model against its servers now (what the preflight does before a
         run; :mod:`coffea_sonic.preflight`); raises :class:`~coffea_sonic.errors.PreflightError`."""
         clients = {name: self.sonic_model(name) for name in self.sonic_models}
-        preflight.check_processor(clients, self.sonic_inputs, list(self.sonic_models),
-                                  optional=self.sonic_optional)
+        for name, client in clients.items():
+            preflight.check_model(name, client, self.sonic_inputs.get(name),
+                                  optional=name in self.sonic_optional)
 
     # -- pickling --------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from . import config, incidents
 from .incidents import IncidentLog
@@ -83,14 +83,6 @@ def _stats_in(output: Any, depth: int = 0) -> Iterator[SonicStats]:
             yield from _stats_in(value, depth + 1)
 
 
-def _totals(found: Iterable[SonicStats]) -> dict[str, InferenceStats]:
-    totals: dict[str, InferenceStats] = {}
-    for stats in found:
-        for name, value in stats.items():
-            totals[name] = totals[name] + value if name in totals else value.copy()
-    return totals
-
-
 def summary_lines(run: str, stats: SonicStats, path: str | None = None) -> list[str]:
     """The run's inference incidents in a few lines (the first names the run and report)."""
     log = stats.incidents
@@ -133,9 +125,7 @@ def finish_run(run: str, output: Any) -> Path | None:
     still hold everything).
     """
     found = list(_stats_in(output))
-    merged = SonicStats(_totals(found))
-    for stats in found:
-        merged.incidents += stats.incidents
+    merged = sum(found, SonicStats())  # every model's totals and every incident
     merged.incidents += incidents.take()  # what this (driver) process still holds
     folder = run_folder(run)
     journal = folder / "journal"

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import InferenceError
 
-__all__ = ["ModelInfo", "NamedTensors", "TensorInfo", "numpy_dtype", "signature_checksum",
-           "triton_dtype"]
+__all__ = ["ModelInfo", "NamedTensors", "TensorInfo", "decode_tensor", "numpy_dtype",
+           "signature_checksum", "tensor_bytes", "triton_dtype"]
 
 _TRITON_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(bool), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),
@@ -48,6 +49,41 @@ def triton_dtype(dtype: np.dtype) -> str:
     if dtype.kind in "SU":
         return "BYTES"
     return _NUMPY_TO_TRITON[dtype]
+
+
+def tensor_bytes(array: np.ndarray) -> Any:
+    """The bytes Triton expects for ``array``: BYTES serialised, else a flat view of its memory.
+
+    >>> bytes(tensor_bytes(np.array([[1, 2]], np.uint8))), tensor_bytes(np.array([b"ab"], object))
+    (b'\\x01\\x02', b'\\x02\\x00\\x00\\x00ab')
+    """
+    if array.dtype == object or array.dtype.kind in "SU":
+        from tritonclient.utils import serialize_byte_tensor
+
+        serialized = serialize_byte_tensor(array)
+        return serialized.item() if serialized.size else b""
+    # a flat byte view (memoryview.cast refuses shapes with a 0, e.g. [1, 0, 3])
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+
+
+def decode_tensor(name: str, datatype: str, shape: Sequence[int], content: Any,
+                  what: str = "") -> np.ndarray:
+    """Tensor ``name`` from the bytes Triton sent (a read-only view of ``content``); an
+    ``InferenceError`` (its message led by ``what``) when they do not fit the shape.
+
+    >>> decode_tensor("y", "FP32", [2], np.ones(2, np.float32).tobytes())
+    array([1., 1.], dtype=float32)
+    """
+    dtype, shape = numpy_dtype(datatype), tuple(shape)
+    if dtype == object:
+        from tritonclient.utils import deserialize_bytes_tensor
+
+        return deserialize_bytes_tensor(bytes(content)).reshape(shape)
+    expected = math.prod(shape) * dtype.itemsize
+    if len(content) != expected:
+        raise InferenceError(f"{what}output {name!r}: {len(content)} bytes for shape "
+                             f"{list(shape)} {datatype} (expected {expected})")
+    return np.frombuffer(content, dtype=dtype).reshape(shape)
 
 
 @dataclass(frozen=True)

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from ...core.tensors import TensorInfo, numpy_dtype, triton_dtype
+from ...core.tensors import TensorInfo, decode_tensor, tensor_bytes, triton_dtype
 from ...errors import InferenceError
 
-__all__ = ["decode_response", "encode_framed", "encode_request", "raw_bytes", "request_outputs"]
-
-def raw_bytes(array: np.ndarray) -> bytes:
-    if array.dtype == object or array.dtype.kind in "SU":
-        from tritonclient.utils import serialize_byte_tensor
-
-        serialized = serialize_byte_tensor(array)
-        return serialized.item() if serialized.size else b""
-    return np.ascontiguousarray(array).tobytes()
+__all__ = ["decode_response", "encode_framed", "encode_request", "request_outputs"]
 
 
 def encode_request(model: str, version: str, inputs: Mapping[str, np.ndarray],
@@ -32,7 +23,7 @@ def encode_request(model: str, version: str, inputs: Mapping[str, np.ndarray],
         tensor.name = name
         tensor.datatype = triton_dtype(array.dtype)
         tensor.shape.extend(array.shape)
-        request.raw_input_contents.append(raw_bytes(array))
+        request.raw_input_contents.append(bytes(tensor_bytes(array)))
     return request
 
 
@@ -43,22 +34,9 @@ def decode_response(response) -> dict[str, np.ndarray]:
         raise InferenceError(
             f"response of model {response.model_name!r} has {len(response.outputs)} outputs but "
             f"{len(raw)} raw contents; the server must send raw output contents")
-    outputs: dict[str, np.ndarray] = {}
-    for tensor, content in zip(response.outputs, raw):
-        shape = tuple(tensor.shape)
-        dtype = numpy_dtype(tensor.datatype)
-        if dtype == object:
-            from tritonclient.utils import deserialize_bytes_tensor
-
-            outputs[tensor.name] = deserialize_bytes_tensor(content).reshape(shape)
-            continue
-        expected = math.prod(shape) * dtype.itemsize
-        if len(content) != expected:
-            raise InferenceError(
-                f"model {response.model_name!r} output {tensor.name!r}: {len(content)} bytes for "
-                f"shape {list(shape)} {tensor.datatype} (expected {expected})")
-        outputs[tensor.name] = np.frombuffer(content, dtype=dtype).reshape(shape)
-    return outputs
+    what = f"model {response.model_name!r} "
+    return {tensor.name: decode_tensor(tensor.name, tensor.datatype, tensor.shape, content, what)
+            for tensor, content in zip(response.outputs, raw)}
 
 
 def request_outputs(message, outputs: Sequence[TensorInfo]) -> None:
@@ -107,10 +85,6 @@ def encode_framed(model: str, version: str, inputs: Mapping[str, np.ndarray],
         tensor.name = name
         tensor.datatype = triton_dtype(array.dtype)
         tensor.shape.extend(array.shape)
-        if array.dtype == object or array.dtype.kind in "SU":
-            data = memoryview(raw_bytes(array))
-        else:
-            # a flat byte view (memoryview.cast refuses shapes with a 0, e.g. [1, 0, 3])
-            data = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+        data = memoryview(tensor_bytes(array))
         parts += [_RAW_INPUT_TAG, _varint(data.nbytes), data]
     return b"".join([header.SerializeToString(), *parts])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import socket
 import ssl
@@ -16,7 +15,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ...core.secrets import Secret
-from ...core.tensors import TensorInfo, numpy_dtype, triton_dtype
+from ...core.tensors import TensorInfo, decode_tensor, numpy_dtype, tensor_bytes, triton_dtype
 from ...core.tls import TlsOptions
 from ...errors import InferenceError
 
@@ -168,17 +167,6 @@ class ProtocolError(OSError):
     """The peer does not speak HTTP/1.1 (e.g. a gRPC port)."""
 
 
-def _blob(array: np.ndarray) -> Any:
-    """The bytes Triton expects for ``array`` (a view of its memory when possible)."""
-    if array.dtype == object or array.dtype.kind in "SU":
-        from tritonclient.utils import serialize_byte_tensor
-
-        serialized = serialize_byte_tensor(array)
-        return serialized.item() if serialized.size else b""
-    contiguous = np.ascontiguousarray(array)
-    return contiguous.reshape(-1).view(np.uint8) if contiguous.size else b""
-
-
 def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[TensorInfo],
                   request_id: str = "", priority: int = 0) -> tuple[bytes, list[Any]]:
     """The inference header (JSON) and the tensors' bytes, in order; ``priority`` > 0 goes in
@@ -191,7 +179,7 @@ def encode_inputs(inputs: Mapping[str, np.ndarray], outputs: Iterable[TensorInfo
     described, blobs = [], []
     for name, array in inputs.items():
         array = np.asarray(array)
-        blob = _blob(array)
+        blob = tensor_bytes(array)
         blobs.append(blob)
         described.append({"name": name, "shape": list(array.shape),
                           "datatype": triton_dtype(array.dtype),
@@ -233,17 +221,7 @@ def decode_outputs(body: Any, header_length: int) -> tuple[str, dict[str, np.nda
                 continue
             chunk = memoryview(body)[offset: offset + size]
             offset += size
-            if dtype == object:
-                from tritonclient.utils import deserialize_bytes_tensor
-
-                outputs[name] = deserialize_bytes_tensor(bytes(chunk)).reshape(shape)
-                continue
-            expected = math.prod(shape) * dtype.itemsize
-            if size != expected or chunk.nbytes != size:
-                raise InferenceError(
-                    f"output {name!r}: {chunk.nbytes} bytes for shape {list(shape)} "
-                    f"{tensor['datatype']} (expected {expected})")
-            outputs[name] = np.frombuffer(chunk, dtype=dtype).reshape(shape)
+            outputs[name] = decode_tensor(name, tensor["datatype"], shape, chunk)
     except InferenceError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as error:

@@ -20,7 +20,7 @@ from ..senders import send_soon
 from .pool import Slot, SlotPool
 from .regions import align
 
-__all__ = ["Layout", "SlotTransport", "decode_inline", "plan", "shm_parameters"]
+__all__ = ["Layout", "SlotTransport", "plan", "shm_parameters"]
 
 
 @dataclass
@@ -81,20 +81,6 @@ def slot_message(request: InferRequest, slot: Slot, layout: Layout) -> Any:
         elif output.classification:
             tensor.parameters["classification"].int64_param = output.classification
     return message
-
-
-def decode_inline(tensor: Any, content: bytes, model: str) -> np.ndarray:
-    """One output that came back in the message (a read-only view of ``content``)."""
-    shape = tuple(tensor.shape)
-    dtype = numpy_dtype(tensor.datatype)
-    if dtype == object:
-        from tritonclient.utils import deserialize_bytes_tensor
-
-        return deserialize_bytes_tensor(content).reshape(shape)
-    if len(content) != math.prod(shape) * dtype.itemsize:
-        raise InferenceError(f"model {model!r} output {tensor.name!r}: {len(content)} bytes for "
-                             f"shape {list(shape)} {tensor.datatype}")
-    return np.frombuffer(content, dtype=dtype).reshape(shape)
 
 
 def checked_output(tensor: Any, layout: Layout, model: str) -> tuple[np.dtype, tuple, int]:

@@ -9,10 +9,9 @@ import numpy as np
 
 from ...core.endpoint import ServerSettings
 from ...core.process_local import ProcessLocal
-from ...core.tensors import triton_dtype
+from ...core.tensors import decode_tensor, triton_dtype
 from ..base import InferAnswer, InferRequest, answer_from
-from .common import (Layout, SlotTransport, checked_output, decode_inline, shm_parameters,
-                     slot_message)
+from .common import Layout, SlotTransport, checked_output, shm_parameters, slot_message
 from .pool import DEFAULT_MAX_SLOTS, Slot, SystemRegions
 
 __all__ = ["SystemShmTransport"]
@@ -87,8 +86,9 @@ class SystemShmTransport(SlotTransport):
                 dtype, shape, offset = checked_output(tensor, layout, request.model)
                 views[tensor.name] = slot.region.view(offset, dtype, shape)
             else:
-                inline[tensor.name] = decode_inline(tensor, raw_of.get(tensor.name, b""),
-                                                    request.model)
+                inline[tensor.name] = decode_tensor(tensor.name, tensor.datatype, tensor.shape,
+                                                    raw_of.get(tensor.name, b""),
+                                                    f"model {request.model!r} ")
         # the one copy: slot -> destination (or -> a fresh array when not deliverable)
         answer = answer_from(request, views, version=response.model_version, copy=True)
         if inline:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Collection, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -131,11 +131,3 @@ def check_declared_inputs(name: str, declared: Mapping[str, Any] | None,
                         f"{list(dims)} per row, the model takes {tensor.datatype} "
                         f"{list(tensor.dims)}", "fix the features in process() (and "
                         "sonic_inputs), or point sonic_models at the model they were made for")
-
-
-def check_processor(models: Mapping[str, Any], declared_inputs: Mapping[str, Any],
-                    names: Sequence[str], optional: Collection[str] = ()) -> None:
-    """Check every declared model ``names`` (clients in ``models``) in order; those in
-    ``optional`` may be missing."""
-    for name in names:
-        check_model(name, models[name], declared_inputs.get(name), optional=name in optional)

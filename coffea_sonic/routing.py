@@ -64,15 +64,6 @@ class Router:
         (:meth:`~coffea_sonic.transport.choice.ServerTransports.data_transport`)."""
         return endpoint.transports.data_transport(gpu_model)
 
-    @staticmethod
-    def disable_shm(endpoint: Endpoint, why: str, quiet: bool = False) -> None:
-        """Stop using shared memory with ``endpoint`` (logged once)."""
-        endpoint.transports.disable_shm(why, quiet)
-
-    def discover(self, endpoints: Sequence[Endpoint] | None = None, *, force: bool = False) -> None:
-        """Ask servers not yet discovered what they serve (:meth:`Discovery.discover`)."""
-        self.discovery.discover(endpoints, force=force)
-
     def model_info(self, model: str, version: str, *, timeout_s: float,
                    expected_checksum: str | None = None,
                    wait: bool = True) -> tuple[ModelInfo, str]:

@@ -9,29 +9,14 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .core.tensors import ModelInfo
 from .validation import check_finite_rows, piece_arrays
 
-__all__ = ["Call", "CallControl", "InferenceHandle", "Piece", "Window", "piece_tensors"]
-
-
-class CallControl(Protocol):
-    """What a handle asks of the machinery that runs its call."""
-
-    model_name: str
-
-    def count(self, **counts: float) -> None:
-        """Add to the model's statistics."""
-
-    def assemble(self, call: "Call") -> dict[str, np.ndarray]:
-        """The outputs of a finished call, in input order."""
-
-    def cancel(self, call: "Call", error: BaseException | None = None) -> None:
-        """Fail the call and cancel its requests in flight."""
+__all__ = ["Call", "InferenceHandle", "Piece", "Window", "piece_tensors"]
 
 
 @dataclass(eq=False)
@@ -117,7 +102,9 @@ class InferenceHandle:
     error that failed the call. A call gets all its outputs or raises: never partial outputs.
     """
 
-    def __init__(self, control: CallControl, call: Call) -> None:
+    def __init__(self, control: Any, call: Call) -> None:
+        #: the :class:`~coffea_sonic.dispatch.CallRunner` of the call (its ``model_name``,
+        #: ``count``, ``assemble`` and ``cancel``)
         self._control = control
         self._call = call
         self._assembled: dict[str, np.ndarray] | None = call.outputs

@@ -189,20 +189,12 @@ def flatten(jagged: Any) -> tuple[np.ndarray, Counts]:
     return to_numpy(flat, "the jagged column"), _levels_to_counts(levels, "the jagged column")
 
 
-def _typetracer_like(flat_example: np.ndarray, depth: int) -> ak.Array:
-    """An output typetracer of unknown length: ``depth`` var axes over ``flat_example``'s rows."""
-    empty = ak.from_numpy(flat_example[:0], regulararray=False)
-    for _ in range(depth):
-        empty = ak.unflatten(empty, np.zeros(0, dtype=np.int64))
-    return ak.Array(empty.layout.to_typetracer(forget_length=True))
-
-
 def _unflatten_one(rows: np.ndarray, counts: Counts, name: str) -> ak.Array:
     levels = list(counts) if isinstance(counts, tuple) else [counts]
     rows = np.asarray(rows)
     if any(is_typetracer(level) for level in levels):
         touch(*(level for level in levels if is_typetracer(level)))
-        return _typetracer_like(rows, len(levels))
+        return _typetracer_like(ak.from_numpy(rows[:0], regulararray=False), len(levels))
     numpy_levels = [np.asarray(level, dtype=np.int64) for level in levels]
     expected = int(numpy_levels[-1].sum()) if numpy_levels else len(rows)
     if len(rows) != expected:
@@ -340,7 +332,7 @@ def jet_constituents(events: Any, fields: Sequence[str] = CONSTITUENT_FIELDS, *,
     if is_typetracer(events):
         touch(jets_per_event, candidates_per_event, links_per_event)
         empty = ak.zip({name: column[:0] for name, column in candidate_columns.items()})
-        return _typetracer_like_records(empty, depth=2)
+        return _typetracer_like(empty, depth=2)
 
     n_jets = to_numpy(jets_per_event, f"n{jets}").astype(np.int64)
     n_candidates = to_numpy(candidates_per_event, f"n{candidates}").astype(np.int64)
@@ -360,8 +352,8 @@ def jet_constituents(events: Any, fields: Sequence[str] = CONSTITUENT_FIELDS, *,
     return ak.unflatten(ak.unflatten(flat, per_jet), n_jets)
 
 
-def _typetracer_like_records(flat_records: ak.Array, depth: int) -> ak.Array:
-    empty = flat_records
+def _typetracer_like(empty: ak.Array, depth: int) -> ak.Array:
+    """An output typetracer of unknown length: ``depth`` var axes over ``empty``'s rows."""
     for _ in range(depth):
         empty = ak.unflatten(empty, np.zeros(0, dtype=np.int64))
     return ak.Array(empty.layout.to_typetracer(forget_length=True))

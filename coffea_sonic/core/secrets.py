@@ -23,13 +23,6 @@ _LITERALS: dict[str, str] = {}
 _LITERALS_LOCK = threading.Lock()
 
 
-def _restore_literal(handle: str, prefix: str) -> "Secret":
-    secret = Secret.__new__(Secret)
-    secret._value, secret._env, secret._file, secret._prefix = None, None, None, prefix
-    secret._handle = handle
-    return secret
-
-
 class Secret:
     """A secret string: redacted repr, never pickled in clear (docs/internals/core.md).
 
@@ -53,18 +46,12 @@ class Secret:
     @classmethod
     def from_env(cls, name: str, *, prefix: str = "") -> "Secret":
         """A secret read from environment variable ``name`` in whichever process uses it."""
-        secret = cls.__new__(cls)
-        secret._value, secret._env, secret._file = None, name, None
-        secret._prefix, secret._handle = prefix, ""
-        return secret
+        return _restore(name, None, prefix, "")
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, *, prefix: str = "") -> "Secret":
         """A secret read (stripped) from file ``path`` at each use (picks up refreshed tokens)."""
-        secret = cls.__new__(cls)
-        secret._value, secret._env, secret._file = None, None, str(path)
-        secret._prefix, secret._handle = prefix, ""
-        return secret
+        return _restore(None, str(path), prefix, "")
 
     @classmethod
     def bearer_from_env(cls, name: str) -> "Secret":
@@ -123,11 +110,8 @@ class Secret:
     __str__ = __repr__
 
     def __reduce__(self):
-        if self._env is not None:
-            return (_from_env_with_prefix, (self._env, self._prefix))
-        if self._file is not None:
-            return (_from_file_with_prefix, (self._file, self._prefix))
-        return (_restore_literal, (self._handle, self._prefix))
+        # a literal's value stays behind: only its handle travels
+        return (_restore, (self._env, self._file, self._prefix, self._handle))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Secret):
@@ -139,12 +123,12 @@ class Secret:
         return hash((self._env, self._file, self._handle, self._prefix))
 
 
-def _from_env_with_prefix(name: str, prefix: str) -> Secret:
-    return Secret.from_env(name, prefix=prefix)
-
-
-def _from_file_with_prefix(path: str, prefix: str) -> Secret:
-    return Secret.from_file(path, prefix=prefix)
+def _restore(env: str | None, file: str | None, prefix: str, handle: str) -> Secret:
+    """A secret read from ``env`` or ``file``, else the literal of ``handle`` in this process."""
+    secret = Secret.__new__(Secret)
+    secret._value, secret._env, secret._file = None, env, file
+    secret._prefix, secret._handle = prefix, handle
+    return secret
 
 
 def _is_sensitive(name: str) -> bool:

@@ -9,7 +9,6 @@ from typing import Any
 
 from ...core.process_local import ProcessLocal
 from ...core.tls import TlsOptions
-from ...errors import ServerUnavailableError
 
 __all__ = ["Connection", "channel_options", "close_all", "get_connection", "pool_size"]
 
@@ -50,18 +49,6 @@ class Connection:
     channel: Any
     stub: Any
     pid: int = field(default_factory=os.getpid)
-
-    def wait_ready(self, timeout_s: float) -> None:
-        """Block until the channel is connected; ``ServerUnavailableError`` after ``timeout_s``."""
-        import grpc
-
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
-        except grpc.FutureTimeoutError:
-            scheme = "TLS" if self.tls else "plaintext"
-            raise ServerUnavailableError(
-                f"cannot connect to Triton at {self.address} ({scheme}) within {timeout_s:g} s; "
-                "is the server running and is the address (and TLS setting) right?") from None
 
     def close(self) -> None:
         self.channel.close()

@@ -202,16 +202,12 @@ def _grpc_compression(name: str) -> Any:
 MAX_CONNECTIONS = 8
 DEFAULT_CONNECTIONS = transport_kind("grpc").connections
 
-def _identity(payload: bytes) -> bytes:
-    return payload
-
-
 def _framed_infer(connection: Connection) -> Any:
     """ModelInfer on ``connection``, taking already serialised requests (codec.encode_framed)."""
     from tritonclient.grpc import service_pb2
 
     return connection.channel.unary_unary(
-        "/inference.GRPCInferenceService/ModelInfer", request_serializer=_identity,
+        "/inference.GRPCInferenceService/ModelInfer", request_serializer=None,
         response_deserializer=service_pb2.ModelInferResponse.FromString)
 
 

@@ -76,8 +76,7 @@ class MemoryTransport(Transport):
 
     def _answer(self, request: InferRequest, future: TransportFuture, fault: Any) -> None:
         try:
-            if not self.up:
-                raise TransportError("down", "server stopped", address=self.address)
+            self._check_open()
             if fault is not None and fault[0] == "error":
                 kind, detail = fault[1]
                 raise TransportError(kind, detail, address=self.address)
@@ -98,8 +97,7 @@ class MemoryTransport(Transport):
             future.fail(error)
 
     def _model(self, model: str) -> tuple[ModelInfo, Engine]:
-        if not self.up:
-            raise TransportError("down", "server stopped", address=self.address)
+        self._check_open()
         try:
             return self.models[model]
         except KeyError:
@@ -107,8 +105,7 @@ class MemoryTransport(Transport):
                                  address=self.address, code="NOT_FOUND") from None
 
     def ready(self, timeout_s: float) -> bool:
-        if not self.up:
-            raise TransportError("down", "server stopped", address=self.address)
+        self._check_open()
         return True
 
     def model_index(self, timeout_s: float) -> dict[str, tuple[str, ...]]:
@@ -127,7 +124,7 @@ class MemoryTransport(Transport):
         self._model(model)
         return self._statistics.get(model, ServerStatistics())
 
-    def _check_open(self, group: str) -> None:
+    def _check_open(self, group: str = "") -> None:
         if not self.up:
             raise TransportError("down", "server stopped", address=self.address)
         if group in self.restricted:

@@ -52,10 +52,6 @@ def parse_size(value: int | str, what: str = "inference cache size") -> int:
     return size
 
 
-def _info_to_json(info: ModelInfo) -> dict[str, Any]:
-    return dataclasses.asdict(info)
-
-
 def _info_from_json(data: Mapping[str, Any]) -> ModelInfo:
     known = {field.name for field in dataclasses.fields(ModelInfo)}
     values: dict[str, Any] = {}
@@ -119,7 +115,7 @@ class InferenceCache:
 
     def _remember(self, model_dir: Path, info: ModelInfo) -> None:
         path = model_dir / "served.json"
-        text = json.dumps(_info_to_json(info), sort_keys=True)
+        text = json.dumps(dataclasses.asdict(info), sort_keys=True)
         try:
             if path.read_text() == text:
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -137,23 +138,12 @@ def infer_cached(cache: InferenceCache, info: ModelInfo, version: str, arrays: A
     return StoringHandle(submit(sub_arrays, sub_rows), plan, cache)
 
 
-class ReadyHandle:
-    """A call answered wholly from the cache."""
+class ReadyHandle(Future):
+    """A call answered wholly from the cache (a future already done)."""
 
     def __init__(self, outputs: Arrays) -> None:
-        self._outputs = outputs
-
-    def done(self) -> bool:
-        return True
-
-    def result(self, timeout: float | None = None) -> Arrays:
-        return self._outputs
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        return None
-
-    def cancel(self) -> None:
-        """Nothing is in flight."""
+        super().__init__()
+        self.set_result(outputs)
 
 
 class StoringHandle:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -108,15 +109,9 @@ class TransportError(SonicError):
         return f"{self.code or self.kind}: {self.detail}" if self.detail else (self.code or self.kind)
 
     def __reduce__(self):
-        return (_rebuild, (self.kind, self.detail, self.address, self.code, self.retry_after_s,
-                           self.repeated))
-
-
-def _rebuild(kind: str, detail: str, address: str, code: str,
-             retry_after_s: float | None = None, repeated: bool = False) -> TransportError:
-    error = TransportError(kind, detail, address=address, code=code, retry_after_s=retry_after_s)
-    error.repeated = repeated
-    return error
+        return (functools.partial(TransportError, address=self.address, code=self.code,
+                                  retry_after_s=self.retry_after_s),
+                (self.kind, self.detail), {"repeated": self.repeated})
 
 
 def retry_after(metadata: Any) -> float | None:

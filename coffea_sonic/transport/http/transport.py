@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import ssl
@@ -83,7 +84,8 @@ class HttpTransport(Transport):
 
     def __reduce__(self):
         # configuration only: every process makes its own sockets, threads and TLS context
-        return (_rebuild, (self.settings, self.max_connections, self.compression))
+        return (functools.partial(HttpTransport, max_connections=self.max_connections,
+                                  compression=self.compression), (self.settings,))
 
     def __repr__(self) -> str:
         extra = f", compression={self.compression!r}" if self.compression else ""
@@ -344,8 +346,3 @@ class HttpTransport(Transport):
 def _model_path(model: str, version: str) -> str:
     path = f"/v2/models/{quote(model, safe='')}"
     return path + f"/versions/{quote(version, safe='')}" if version else path
-
-
-def _rebuild(settings: ServerSettings, max_connections: int,
-             compression: Compression | None) -> HttpTransport:
-    return HttpTransport(settings, max_connections=max_connections, compression=compression)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -47,7 +48,8 @@ class SystemShmTransport(SlotTransport):
 
     def __reduce__(self):
         # configuration only: the receiving process makes its own regions
-        return (_rebuild, (self.settings, self.max_slots, self.copy_threads))
+        return (functools.partial(SystemShmTransport, max_slots=self.max_slots,
+                                  copy_threads=self.copy_threads), (self.settings,))
 
     def _message(self, request: InferRequest, slot: Slot, layout: Layout) -> Any:
         message = slot_message(request, slot, layout)
@@ -98,7 +100,3 @@ class SystemShmTransport(SlotTransport):
             answer.nbytes += extra.nbytes
             answer.outputs = {t.name: answer.outputs[t.name] for t in response.outputs}
         return answer
-
-
-def _rebuild(settings: ServerSettings, max_slots: int, copy_threads: int) -> SystemShmTransport:
-    return SystemShmTransport(settings, max_slots=max_slots, copy_threads=copy_threads)

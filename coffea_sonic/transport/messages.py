@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -16,16 +15,14 @@ __all__ = ["answering_digest", "model_info_from_responses", "models_in_index", "
 def _tensors(declared: Any) -> tuple[TensorInfo, ...]:
     from tritonclient.grpc import model_config_pb2
 
+    name_of = model_config_pb2.DataType.Name
+    # configs say TYPE_STRING for BYTES (metadata says BYTES)
     return tuple(
         TensorInfo(name=t.name,
-                   datatype=model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_"),
+                   datatype=name_of(t.data_type).removeprefix("TYPE_").replace("STRING", "BYTES"),
                    dims=tuple(int(d) for d in t.dims),
                    labelled=bool(getattr(t, "label_filename", "")))
         for t in declared)
-
-
-def _bytes_named(tensor: TensorInfo) -> TensorInfo:
-    return dataclasses.replace(tensor, datatype="BYTES") if tensor.datatype == "STRING" else tensor
 
 
 def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
@@ -40,9 +37,6 @@ def model_info_from_responses(metadata: Any, config: Any) -> ModelInfo:
         skip = 1 if declared.max_batch_size > 0 else 0
         inputs = tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)[skip:]) for t in metadata.inputs)
         outputs = tuple(TensorInfo(t.name, t.datatype, tuple(t.shape)[skip:]) for t in metadata.outputs)
-    # BYTES is reported as TYPE_STRING in configs
-    inputs = tuple(_bytes_named(t) for t in inputs)
-    outputs = tuple(_bytes_named(t) for t in outputs)
     # ragged batching (coffea_sonic.ragged): inputs that may differ in shape within a batch, and
     # outputs scattered like such an input (one row per object, not per event)
     ragged_inputs = tuple(t.name for t in declared.input if t.allow_ragged_batch)

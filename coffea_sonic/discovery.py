@@ -53,14 +53,19 @@ class Discovery:
                     endpoint.index_restricted, endpoint.served = True, {}
                     logger.info("coffea-sonic: %s restricts its repository index; asking for "
                                 "each model instead", endpoint.address)
-                elif answer.outcome == "other":  # it answered: e.g. our token was refused
-                    raise to_sonic_error(answer, model="(repository index)",
-                                         address=endpoint.address,
-                                         credentials=endpoint.settings.credential_source())
                 else:
-                    self._mark_failed(endpoint, answer.describe())
+                    self._failed(endpoint, answer, "(repository index)")
                 continue
             endpoint.index_restricted, endpoint.served = False, answer
+
+    def _failed(self, endpoint: Endpoint, error: TransportError, model: str,
+                version: str = "") -> None:
+        """Raise the error of a server that answered (e.g. it refused our token), or quarantine
+        one that did not."""
+        if error.outcome == "other":
+            raise to_sonic_error(error, model=model, version=version, address=endpoint.address,
+                                 credentials=endpoint.settings.credential_source()) from None
+        self._mark_failed(endpoint, error.describe())
 
     def _index(self, endpoint: Endpoint) -> dict[str, tuple[str, ...]] | TransportError:
         try:
@@ -80,11 +85,8 @@ class Discovery:
         except TransportError as error:
             if error.kind == "not_found":
                 endpoint.served[model] = ()
-            elif error.outcome == "other":
-                raise to_sonic_error(error, model=model, address=endpoint.address,
-                                     credentials=endpoint.settings.credential_source()) from None
             else:
-                self._mark_failed(endpoint, error.describe())
+                self._failed(endpoint, error, model)
             return
         endpoint.served[model] = info.versions
 
@@ -177,11 +179,7 @@ class Discovery:
         try:
             return self._info(endpoint, model, version, timeout_s, refresh)
         except TransportError as error:
-            if error.outcome == "other":
-                raise to_sonic_error(error, model=model, version=version,
-                                     address=endpoint.address,
-                                     credentials=endpoint.settings.credential_source()) from None
-            self._mark_failed(endpoint, error.describe())
+            self._failed(endpoint, error, model, version)
             return None
 
     def compatible(self, endpoint: Endpoint, timeout_s: float) -> bool:

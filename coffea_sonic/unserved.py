@@ -55,8 +55,8 @@ def no_server(runner: CallRunner, piece: Piece) -> None:
 def give_up(runner: CallRunner, piece: Piece, why: str) -> None:
     call = piece.call
     servers = runner.router.describe(runner.model_name, runner.version)
+    elapsed = time.monotonic() - piece.first_try if piece.first_try else 0.0
     if piece.quota_refusal:  # the servers are fine: the user is over a quota
-        elapsed = time.monotonic() - piece.first_try if piece.first_try else 0.0
         runner.fail(call, QuotaExceededError(
             f"{runner._what()}: {piece.last_address} refused rows {piece.start}-{piece.stop} "
             f"over a quota until the deadline ({elapsed:.1f} s, retry total_s "
@@ -66,7 +66,6 @@ def give_up(runner: CallRunner, piece: Piece, why: str) -> None:
     if runner.owner.fallback is not None:
         run_fallback(runner, piece, f"{why}; {servers}")
         return
-    elapsed = time.monotonic() - piece.first_try if piece.first_try else 0.0
     incidents.record("gave_up", model=runner.model_name, chunk=call.chunk, rows=piece.rows,
                      detail=f"{why}, {elapsed:.1f} s")
     errors = "; ".join(f"{address}: {error}" for address, error in piece.errors.items())

@@ -36,8 +36,7 @@ class SonicStats(dict):
     def __add__(self, other: Any) -> "SonicStats":
         if not isinstance(other, SonicStats):
             return NotImplemented
-        total = SonicStats({name: stats.copy() for name, stats in self.items()},
-                           IncidentLog() + self.incidents)
+        total = self.__deepcopy__({})
         total += other
         return total
 

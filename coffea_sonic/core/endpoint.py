@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from .secrets import Secret, header_fingerprint, normalize_headers, resolve_headers
+from .settings import setting
 from .tls import TlsOptions
 
 __all__ = ["DEFAULT_GRPC_PORT", "DEFAULT_HTTP_PORT", "ModelRef", "ServerSettings", "configured_headers",
@@ -230,8 +231,6 @@ def _coerce_protocol_key(value: Any) -> ProtocolKey | None:
 def configured_tls() -> TlsOptions:
     """TLS options from the settings ``ca_file``, ``cert_file``, ``key_file``, ``server_name``
     (``COFFEA_SONIC_CA_FILE``..., Dask config, facility file); system roots when none is set."""
-    from .settings import setting
-
     return TlsOptions.coerce({
         "root_certificates": setting("ca_file"),
         "certificate_chain": setting("cert_file"),
@@ -243,8 +242,6 @@ def configured_tls() -> TlsOptions:
 def configured_headers() -> dict[str, "str | Secret"]:
     """``authorization: Bearer <token>`` when the settings ``token_env`` (the NAME of the variable
     holding the token) or ``token_file`` are set; only the name or path is ever kept."""
-    from .settings import setting
-
     token_file = setting("token_file")
     if token_file:
         return {"authorization": Secret.from_file(token_file, prefix="Bearer ")}
@@ -257,8 +254,6 @@ def configured_headers() -> dict[str, "str | Secret"]:
 def configured_protocol_key() -> ProtocolKey | None:
     """The restricted-protocol key from the settings ``protocol_key_name`` and
     ``protocol_key_env`` (the NAME of the variable holding the value) or ``protocol_key_file``."""
-    from .settings import setting
-
     name = setting("protocol_key_name")
     if not name:
         return None

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from ..core.endpoint import ServerSettings
 from ..errors import ConfigurationError
 from .base import Transport
+from .errors import TransportError
 from .registry import open_transport
 
 __all__ = ["MAX_REPROBES", "ServerTransports"]
@@ -66,8 +67,6 @@ class ServerTransports:
     def kind(self, gpu_model: bool = False) -> str:
         """The kind of :meth:`data_transport` (``"grpc"`` where the choice raises: the request
         that makes it will report the error)."""
-        from .errors import TransportError
-
         try:
             return self.data_transport(gpu_model).name
         except TransportError:

@@ -11,14 +11,14 @@ from ..core.endpoint import ServerSettings
 from ..core.process_local import ProcessLocal
 from ..errors import ConfigurationError
 from .base import Transport
-from .kinds import KINDS as _TABLE
+from .kinds import KINDS as _TABLE, REQUESTABLE
 
 __all__ = ["KINDS", "close_all_transports", "open_transport"]
 
 logger = logging.getLogger(__name__)
 
 #: transport kinds made from server settings (:mod:`.kinds`)
-KINDS = tuple(name for name, kind in _TABLE.items() if kind.factory)
+KINDS = REQUESTABLE[1:]
 
 #: this process' transports (a forked child makes its own and never closes its parent's)
 _transports: ProcessLocal[tuple[Any, ...], Transport] = ProcessLocal("transports")

@@ -15,6 +15,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ...core.endpoint import ServerSettings, parse_address
+from ..errors import TransportError
+
 __all__ = [
     "ALIGNMENT", "MIN_REGION_BYTES", "PREFIX", "SystemRegion", "align", "host_of",
     "is_local_host", "new_region_name", "pid_alive", "pid_of", "region_prefix", "region_size",
@@ -96,8 +99,6 @@ def region_size(nbytes: int) -> int:
 
 def host_of(address: str) -> str:
     """The host part of ``host:port``."""
-    from ...core.endpoint import parse_address
-
     return parse_address(address)[0]
 
 
@@ -235,8 +236,6 @@ def sweep_stale_regions(grpc: Any, *, kinds: Sequence[str] = ("System",),
     """
     from tritonclient.grpc import service_pb2
 
-    from ..errors import TransportError
-
     removed = []
     for name in stale_names(_dev_shm_names()):
         unlink_name(name)
@@ -264,7 +263,6 @@ def sweep_stale_regions(grpc: Any, *, kinds: Sequence[str] = ("System",),
 
 
 def _grpc_transport(grpc: Any) -> Any:
-    from ...core.endpoint import ServerSettings
     from ..grpc.transport import GrpcTransport
 
     if isinstance(grpc, str):

@@ -290,11 +290,6 @@ class SlotPool:
                 return
         self._discard(slot, CLEANUP_TIMEOUT_S, attempt)
 
-    def pending(self) -> list[str]:
-        """Regions dropped but still in use by the server (unregistered when it is done)."""
-        with self._lock:
-            return sorted(slot.name for slot in self._pending) if self.owned else []
-
     def regions(self) -> list[str]:
         """Names of the regions this pool holds now (this process' only)."""
         with self._lock:

@@ -208,12 +208,7 @@ class SystemRegion:
 
 def stale_names(names: Sequence[str]) -> list[str]:
     """Those of ``names`` made by a process of this pid namespace that no longer exists."""
-    stale = []
-    for name in names:
-        pid = pid_of(name)
-        if pid is not None and not pid_alive(pid):
-            stale.append(name)
-    return stale
+    return [name for name in names if (pid := pid_of(name)) is not None and not pid_alive(pid)]
 
 
 def _dev_shm_names() -> list[str]:
@@ -236,11 +231,15 @@ def sweep_stale_regions(grpc: Any, *, kinds: Sequence[str] = ("System",),
     """
     from tritonclient.grpc import service_pb2
 
+    from ..grpc.transport import GrpcTransport
+
     removed = []
     for name in stale_names(_dev_shm_names()):
         unlink_name(name)
         removed.append(name)
-    grpc = _grpc_transport(grpc)
+    if isinstance(grpc, str):
+        grpc = ServerSettings(grpc)
+    grpc = GrpcTransport(grpc) if isinstance(grpc, ServerSettings) else grpc
     for kind in kinds:
         try:
             status = grpc.rpc(f"{kind}SharedMemoryStatus",
@@ -260,11 +259,3 @@ def sweep_stale_regions(grpc: Any, *, kinds: Sequence[str] = ("System",),
             logger.info("unregistered region %s of dead client %d at %s", name, pid_of(name),
                         grpc.address)
     return removed
-
-
-def _grpc_transport(grpc: Any) -> Any:
-    from ..grpc.transport import GrpcTransport
-
-    if isinstance(grpc, str):
-        grpc = ServerSettings(grpc)
-    return GrpcTransport(grpc) if isinstance(grpc, ServerSettings) else grpc

@@ -25,11 +25,6 @@ PARALLEL_COPY_BYTES = 8 << 20
 _copy_pools: ProcessLocal[int, ThreadPoolExecutor] = ProcessLocal("shared-memory copy threads")
 
 
-def _copy_pool(threads: int) -> ThreadPoolExecutor:
-    return _copy_pools.get(threads, lambda: ThreadPoolExecutor(threads,
-                                                               thread_name_prefix="csonic-copy"))
-
-
 class SystemShmTransport(SlotTransport):
     """Requests to one Triton server on this host, tensors through system shared memory.
 
@@ -68,7 +63,9 @@ class SystemShmTransport(SlotTransport):
             np.copyto(target, source, casting="no")
             return
         bounds = np.linspace(0, len(source), threads + 1).astype(int)
-        jobs = [_copy_pool(threads).submit(np.copyto, target[a:b], source[a:b], casting="no")
+        pool = _copy_pools.get(threads, lambda: ThreadPoolExecutor(
+            threads, thread_name_prefix="csonic-copy"))
+        jobs = [pool.submit(np.copyto, target[a:b], source[a:b], casting="no")
                 for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
         for job in jobs:
             job.result()

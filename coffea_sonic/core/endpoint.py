@@ -175,15 +175,10 @@ class ServerSettings:
 
     def key(self) -> tuple[Any, ...]:
         """What identifies these settings in per-process caches (no secret values)."""
+        pairs = [*self.headers] + ([self.protocol_key] if self.protocol_key is not None else [])
+        sources = tuple(value.source for _, value in pairs if isinstance(value, Secret))
         return (self.address, self.protocol, self.tls.key() if self.tls else None,
-                self.fingerprint, self._secret_sources())
-
-    def _secret_sources(self) -> tuple[str, ...]:
-        """Where each secret is read from (part of :meth:`key`)."""
-        values = [value for _, value in self.headers]
-        if self.protocol_key is not None:
-            values.append(self.protocol_key[1])
-        return tuple(value.source for value in values if isinstance(value, Secret))
+                self.fingerprint, sources)
 
     def credential_source(self) -> str:
         """Where the ``authorization`` header comes from, never its value.

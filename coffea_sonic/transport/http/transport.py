@@ -32,13 +32,12 @@ _PORT_HINT = ("; is the server running, and is this its HTTP port (Triton's defa
               "not the gRPC one?")
 
 
+@dataclasses.dataclass(slots=True)
 class _Call:
     """One request in flight through :meth:`HttpTransport.submit`: its future and connection."""
 
-    __slots__ = ("future", "connection")
-
-    def __init__(self, future: TransportFuture) -> None:
-        self.future, self.connection = future, None
+    future: TransportFuture
+    connection: Connection | None = None
 
     def abort(self) -> None:  # the future's cancel hook: fail the socket calls in progress
         connection = self.connection

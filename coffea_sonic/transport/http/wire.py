@@ -10,6 +10,7 @@ import ssl
 import tempfile
 import time
 import zlib
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -48,14 +49,14 @@ def ssl_context(tls: TlsOptions) -> ssl.SSLContext:
     return context
 
 
+@dataclass(slots=True)
 class Response:
     """Status, lower-cased headers and body of one answer."""
 
-    __slots__ = ("status", "headers", "body", "keep_alive")
-
-    def __init__(self, status: int, headers: dict[str, str], body: bytearray,
-                 keep_alive: bool) -> None:
-        self.status, self.headers, self.body, self.keep_alive = status, headers, body, keep_alive
+    status: int
+    headers: dict[str, str]
+    body: bytearray
+    keep_alive: bool
 
 
 class Connection:

@@ -32,10 +32,6 @@ class Layout:
     total: int = 0
 
 
-def _nbytes(value: Any) -> int:
-    return value.nbytes if isinstance(value, np.ndarray) else value.numel() * value.element_size()
-
-
 def plan(request: InferRequest, *, every_output: bool = False) -> Layout | None:
     """The slot layout of ``request``, or None when it must travel inline (BYTES or empty inputs;
     with ``every_output``, an output of unknown size: docs/internals/transport-shm.md)."""
@@ -45,7 +41,9 @@ def plan(request: InferRequest, *, every_output: bool = False) -> Layout | None:
         if isinstance(value, np.ndarray) and (value.dtype == object or value.dtype.kind in "SU"
                                               or value.dtype.type is np.void or value.size == 0):
             return None
-        layout.inputs[name] = (offset, _nbytes(value))
+        nbytes = value.nbytes if isinstance(value, np.ndarray) else (  # a torch tensor
+            value.numel() * value.element_size())
+        layout.inputs[name] = (offset, nbytes)
         offset = align(offset + layout.inputs[name][1])
     for output in request.outputs:
         dims = ((request.rows,) if request.rows is not None else ()) + tuple(output.dims)

@@ -73,6 +73,10 @@ class ProcessLocal(Generic[K, V]):
         self._own()
         return list(self._values.values())
 
+    def items(self) -> list[tuple[K, V]]:
+        self._own()
+        return list(self._values.items())
+
     def clear(self) -> list[V]:
         """Forget every value of this process; returns them (e.g. to close them)."""
         self._own()

@@ -146,44 +146,40 @@ class GrpcTransport(Transport):
 
     # -- control calls ------------------------------------------------------------------------------
 
-    def ready(self, timeout_s: float) -> bool:
+    def call(self, method: str, timeout_s: float, **fields: Any) -> Any:
+        """:meth:`rpc` ``method`` with its ``<method>Request`` of ``fields``.
+
+        >>> try:
+        ...     GrpcTransport(ServerSettings("127.0.0.1:1")).call("ServerReady", 0.5)
+        ... except TransportError as nobody_there:
+        ...     nobody_there.kind
+        'down'
+        """
         from tritonclient.grpc import service_pb2
 
-        return bool(self.rpc("ServerReady", service_pb2.ServerReadyRequest(), timeout_s).ready)
+        return self.rpc(method, getattr(service_pb2, f"{method}Request")(**fields), timeout_s)
+
+    def ready(self, timeout_s: float) -> bool:
+        return bool(self.call("ServerReady", timeout_s).ready)
 
     def model_index(self, timeout_s: float) -> dict[str, tuple[str, ...]]:
-        from tritonclient.grpc import service_pb2
-
-        return models_in_index(self.rpc("RepositoryIndex",
-                                        service_pb2.RepositoryIndexRequest(ready=True), timeout_s))
+        return models_in_index(self.call("RepositoryIndex", timeout_s, ready=True))
 
     def model_ready(self, model: str, version: str, timeout_s: float) -> bool:
-        from tritonclient.grpc import service_pb2
-
-        return bool(self.rpc("ModelReady", service_pb2.ModelReadyRequest(
-            name=model, version=version), timeout_s).ready)
+        return bool(self.call("ModelReady", timeout_s, name=model, version=version).ready)
 
     def model_info(self, model: str, version: str, timeout_s: float) -> ModelInfo:
-        from tritonclient.grpc import service_pb2
-
-        metadata = self.rpc("ModelMetadata", service_pb2.ModelMetadataRequest(
-            name=model, version=version), timeout_s)
-        config = self.rpc("ModelConfig", service_pb2.ModelConfigRequest(
-            name=model, version=version), timeout_s)
+        metadata = self.call("ModelMetadata", timeout_s, name=model, version=version)
+        config = self.call("ModelConfig", timeout_s, name=model, version=version)
         return model_info_from_responses(metadata, config)
 
     def statistics(self, model: str, version: str, timeout_s: float) -> ServerStatistics:
-        from tritonclient.grpc import service_pb2
-
-        response = self.rpc("ModelStatistics", service_pb2.ModelStatisticsRequest(
-            name=model, version=version), timeout_s)
+        response = self.call("ModelStatistics", timeout_s, name=model, version=version)
         return statistics_from_response(response, model)
 
     def server_metadata(self, timeout_s: float) -> dict[str, Any]:
         """Server name, version and extensions (for ``coffea-sonic check``)."""
-        from tritonclient.grpc import service_pb2
-
-        answer = self.rpc("ServerMetadata", service_pb2.ServerMetadataRequest(), timeout_s)
+        answer = self.call("ServerMetadata", timeout_s)
         return {"name": answer.name, "version": answer.version,
                 "extensions": list(answer.extensions)}
 

@@ -254,12 +254,8 @@ class SlotPool:
             return True
         reachable = True
         if timeout_s > 0:
-            from tritonclient.grpc import service_pb2
-
-            request = getattr(service_pb2, f"{self.kind.rpc}SharedMemoryUnregisterRequest")(
-                name=slot.name)
             try:
-                self.grpc.rpc(f"{self.kind.rpc}SharedMemoryUnregister", request, timeout_s)
+                self.grpc.call(f"{self.kind.rpc}SharedMemoryUnregister", timeout_s, name=slot.name)
             except TransportError as error:  # a dead server has forgotten it anyway
                 if "in use" in error.detail.lower() and attempt < RETRY_ATTEMPTS:
                     self._retry_later(slot, attempt + 1)
@@ -289,6 +285,11 @@ class SlotPool:
             if slot not in self._pending or not self.owned:
                 return
         self._discard(slot, CLEANUP_TIMEOUT_S, attempt)
+
+    def pending(self) -> list[str]:
+        """Regions dropped but still in use by the server (unregistered when it is done)."""
+        with self._lock:
+            return sorted(slot.name for slot in self._pending) if self.owned else []
 
     def regions(self) -> list[str]:
         """Names of the regions this pool holds now (this process' only)."""

@@ -229,8 +229,6 @@ def sweep_stale_regions(grpc: Any, *, kinds: Sequence[str] = ("System",),
     >>> sweep_stale_regions("127.0.0.1:1", timeout_s=0.5)  # nothing stale, no server: nothing
     []
     """
-    from tritonclient.grpc import service_pb2
-
     from ..grpc.transport import GrpcTransport
 
     removed = []
@@ -242,16 +240,13 @@ def sweep_stale_regions(grpc: Any, *, kinds: Sequence[str] = ("System",),
     grpc = GrpcTransport(grpc) if isinstance(grpc, ServerSettings) else grpc
     for kind in kinds:
         try:
-            status = grpc.rpc(f"{kind}SharedMemoryStatus",
-                              getattr(service_pb2, f"{kind}SharedMemoryStatusRequest")(), timeout_s)
+            status = grpc.call(f"{kind}SharedMemoryStatus", timeout_s)
         except TransportError as error:  # nothing to sweep on a server we cannot ask
             logger.debug("cannot list %s shared-memory regions at %s: %s", kind, grpc.address, error)
             continue
         for name in stale_names(list(status.regions)):
             try:
-                grpc.rpc(f"{kind}SharedMemoryUnregister",
-                         getattr(service_pb2, f"{kind}SharedMemoryUnregisterRequest")(name=name),
-                         timeout_s)
+                grpc.call(f"{kind}SharedMemoryUnregister", timeout_s, name=name)
             except TransportError as error:
                 logger.debug("cannot unregister stale %s at %s: %s", name, grpc.address, error)
                 continue

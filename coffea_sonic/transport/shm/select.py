@@ -49,8 +49,6 @@ def probe_shared_memory(grpc: Any, *, checks: int = PROBE_CHECKS,
 
 def _probe(grpc: Any, checks: int, timeout_s: float) -> tuple[tuple[bool, str], bool]:
     """The answer, and whether it may be cached."""
-    from tritonclient.grpc import service_pb2
-
     if not shm_possible(grpc.address):
         return (False, f"server {grpc.address} is not on this host"), True
     try:
@@ -59,17 +57,15 @@ def _probe(grpc: Any, checks: int, timeout_s: float) -> tuple[tuple[bool, str], 
         return (False, f"no POSIX shared memory here ({error})"), True
     try:
         try:
-            grpc.rpc("SystemSharedMemoryRegister", service_pb2.SystemSharedMemoryRegisterRequest(
-                name=region.name, key=region.key, offset=0, byte_size=region.size), timeout_s)
+            grpc.call("SystemSharedMemoryRegister", timeout_s, name=region.name, key=region.key,
+                      offset=0, byte_size=region.size)
         except TransportError as error:
             return (False, f"registration refused: {error.describe()}"), not error.retryable
         region.unlink()
         spread = True  # until every check found the region: unregister everywhere
         try:
             for check in range(checks):
-                status = grpc.rpc("SystemSharedMemoryStatus",
-                                  service_pb2.SystemSharedMemoryStatusRequest(name=region.name),
-                                  timeout_s)
+                status = grpc.call("SystemSharedMemoryStatus", timeout_s, name=region.name)
                 known = status.regions.get(region.name)
                 if known is None or known.key != region.key or known.byte_size != region.size:
                     return (False, f"status call {check + 1} of {checks} did not find the probe "
@@ -91,12 +87,9 @@ def _probe(grpc: Any, checks: int, timeout_s: float) -> tuple[tuple[bool, str], 
 def _unregister(grpc: Any, name: str, times: int, timeout_s: float) -> None:
     """Unregister ``name`` ``times`` times: behind a balancer each call may reach another backend
     (Triton answers OK for a name it does not know)."""
-    from tritonclient.grpc import service_pb2
-
     for _ in range(times):
         try:
-            grpc.rpc("SystemSharedMemoryUnregister",
-                     service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout_s)
+            grpc.call("SystemSharedMemoryUnregister", timeout_s, name=name)
         except TransportError as error:
             if error.kind in ("down", "timeout"):
                 return  # gone: it has forgotten the region with everything else

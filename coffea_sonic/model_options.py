@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from . import config
 from .core.endpoint import ModelRef, ServerSettings, configured_tls, parse_model_url
 from .core.tls import TlsOptions
 from .errors import ConfigurationError
@@ -39,16 +40,10 @@ def unknown_keywords(owner: str, given: Mapping[str, Any], known: Iterable[str])
                              f"(its keywords: {', '.join(known)})")
 
 
-def _setting(name: str, default: Any) -> Any:
-    from . import config
-
-    return config.setting(name, default)
-
-
 def resolve_connect_timeout(value: Any) -> float:
     """``value``, or the ``connect_timeout_s`` setting (default 10 s), as seconds > 0."""
     if value is None:
-        value = _setting("connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
+        value = config.setting("connect_timeout_s", DEFAULT_CONNECT_TIMEOUT_S)
     try:
         seconds = float(value)
     except (TypeError, ValueError):
@@ -61,7 +56,7 @@ def resolve_connect_timeout(value: Any) -> float:
 def resolve_nonfinite(value: Any) -> str:
     """``value``, or the ``nonfinite`` setting (default ``"warn"``): pass, warn or raise."""
     if value is None:
-        value = _setting("nonfinite", DEFAULT_NONFINITE)
+        value = config.setting("nonfinite", DEFAULT_NONFINITE)
     policy = str(value).strip().lower() if isinstance(value, str) else value
     if policy not in NONFINITE_POLICIES:
         raise ConfigurationError(
@@ -73,7 +68,7 @@ def checked_transport(transport: str | Callable[[ServerSettings], Any] | None
                       ) -> str | Callable[[ServerSettings], Any]:
     """The transport asked for (None: the ``transport`` setting, default ``"auto"``)."""
     if transport is None:
-        transport = str(_setting("transport", "auto")).strip().lower()
+        transport = str(config.setting("transport", "auto")).strip().lower()
     if not callable(transport) and transport not in REQUESTABLE:
         raise ConfigurationError(
             f"transport must be one of {', '.join(map(repr, REQUESTABLE))} or a factory "

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
+from . import config
 from .core.process_local import ProcessLocal
 from .errors import ConfigurationError
 
@@ -47,8 +48,6 @@ def resolve_fallback(value: FallbackChoice) -> str | Callable[[str], Engine] | N
     ``value`` None means "use the configured setting" (default off).
     """
     if value is None:
-        from . import config
-
         value = config.setting("fallback", "off")
     if value is False:
         return None

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from . import config
 from . import fallback as fallback_module
 from .core.process_local import ProcessLocal
 from .dispatch import CallHooks, PieceAnswer
@@ -57,8 +58,6 @@ def tolerance_for(*, gpu: bool) -> float:
 def resolve_shadow(fraction: float | str | None) -> float:
     """The shadow fraction: ``fraction``, else the setting ``shadow`` (default 0: off)."""
     if fraction is None:
-        from . import config
-
         fraction = config.setting("shadow", 0.0)
     try:
         value = float(fraction or 0.0)
@@ -189,8 +188,6 @@ class ShadowHook(CallHooks):
 
     def _publish(self, model: str) -> None:
         """Write the report where ``monitor --shadow DIR`` reads it (setting ``shadow_dir``)."""
-        from . import config
-
         folder = config.setting("shadow_dir", None)
         if not folder:
             return

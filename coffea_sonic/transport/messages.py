@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from typing import Any
@@ -66,24 +67,21 @@ def answering_digest(config: Any) -> str:
     """
     from google.protobuf import json_format
 
+    as_dict = functools.partial(json_format.MessageToDict, preserving_proto_field_name=True)
     parts: dict[str, Any] = {}
     if config.optimization.HasField("graph"):
         parts["graph"] = config.optimization.graph.level
     if config.optimization.HasField("execution_accelerators"):
-        parts["accelerators"] = json_format.MessageToDict(
-            config.optimization.execution_accelerators, preserving_proto_field_name=True)
+        parts["accelerators"] = as_dict(config.optimization.execution_accelerators)
     labels = {t.name: t.label_filename for t in config.output if t.label_filename}
     if labels:
         parts["labels"] = labels
     if config.default_model_filename:
         parts["file"] = config.default_model_filename
-    if len(config.ensemble_scheduling.step):
-        parts["steps"] = [json_format.MessageToDict(step, preserving_proto_field_name=True)
-                          for step in config.ensemble_scheduling.step]
-    for field in ("batch_input", "batch_output"):
-        if len(getattr(config, field)):
-            parts[field] = [json_format.MessageToDict(entry, preserving_proto_field_name=True)
-                            for entry in getattr(config, field)]
+    for key, entries in (("steps", config.ensemble_scheduling.step),
+                         ("batch_input", config.batch_input), ("batch_output", config.batch_output)):
+        if len(entries):
+            parts[key] = [as_dict(entry) for entry in entries]
     if not parts:
         return ""
     canonical = json.dumps(parts, sort_keys=True)

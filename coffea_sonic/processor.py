@@ -44,21 +44,17 @@ class SonicResult:
                  on_done: Callable[[], None] | None = None,
                  realign: Callable[[dict[str, np.ndarray]], dict[str, Any]] | None = None) -> None:
         self._handle = handle
-        self._counts = counts
         self._outputs = dict(done_outputs) if done_outputs is not None else None
         self._on_done = on_done
         #: turns the model's rows into the outputs (default: unflatten every output by counts)
-        self._realign = realign
+        self._realign = realign or (functools.partial(columns.unflatten, counts=counts)
+                                    if counts is not None else None)
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """Block until the outputs are there: numpy rows, or awkward arrays aligned with ``like``."""
         if self._outputs is None:
             rows = self._handle.result(timeout)
-            if self._realign is not None:
-                self._outputs = self._realign(rows)
-            else:
-                self._outputs = (columns.unflatten(rows, self._counts)
-                                 if self._counts is not None else rows)
+            self._outputs = self._realign(rows) if self._realign is not None else rows
             if self._on_done is not None:
                 self._on_done()
         return self._outputs

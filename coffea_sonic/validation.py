@@ -30,8 +30,7 @@ _warned_nonfinite: set[tuple[str, str]] = set()
 
 
 def _shape_text(info: ModelInfo, tensor: TensorInfo) -> str:
-    dims = ["N"] + [str(d) if d >= 0 else "*" for d in tensor.dims] if info.batching else [
-        str(d) if d >= 0 else "*" for d in tensor.dims]
+    dims = ["N"] * info.batching + [str(d) if d >= 0 else "*" for d in tensor.dims]
     return "[" + ", ".join(dims) + "]"
 
 

@@ -158,9 +158,6 @@ class Window:
             self._queue.extend(pieces)
         self.pump()
 
-    def submit_front(self, piece: Piece) -> None:
-        self.submit_first([piece])
-
     def submit_first(self, pieces: Sequence[Piece]) -> None:
         """Queue ``pieces`` ahead of every waiting piece, in their order."""
         with self._lock:

@@ -320,7 +320,7 @@ class CallRunner:
             if not error.repeated:  # one forgetting, however many requests were in flight
                 endpoint.transports.region_forgotten(error.describe())
             piece.attempts -= 1
-            window.submit_front(piece)
+            window.submit_first([piece])
             return
         detail = error.describe()
         self.router.release(endpoint, error.outcome, detail)
@@ -402,7 +402,7 @@ class CallRunner:
         logger.info("coffea-sonic: retrying %s rows %d-%d in %.2f s (attempt %d failed at %s: %s)",
                     self.model_name, piece.start, piece.stop, delay, piece.attempts,
                     piece.last_address, piece.errors.get(piece.last_address, "?"))
-        call_later(delay, lambda: self.window.submit_front(piece))
+        call_later(delay, lambda: self.window.submit_first([piece]))
 
     def _what(self) -> str:
         return f"model {self.model_name!r}" + (f" version {self.version}" if self.version else "")

@@ -50,7 +50,7 @@ def no_server(runner: CallRunner, piece: Piece) -> None:
                        runner._what(), piece.start, piece.stop, left,
                        runner.owner.retry.total_s, router.describe(runner.model_name,
                                                                  runner.version))
-    call_later(wait, lambda: runner.window.submit_front(piece))
+    call_later(wait, lambda: runner.window.submit_first([piece]))
 
 def give_up(runner: CallRunner, piece: Piece, why: str) -> None:
     call = piece.call

@@ -100,9 +100,8 @@ class Provenance:
     def __add__(self, other: Any) -> "Provenance":
         if not isinstance(other, Provenance):
             return NotImplemented
-        total = Provenance(dict(self.answered), self.require_consistent_versions
-                           or other.require_consistent_versions)
-        total._merge(other)
+        total = Provenance(dict(self.answered), self.require_consistent_versions)
+        total += other
         return total
 
     def __radd__(self, other: Any) -> "Provenance":
@@ -114,13 +113,10 @@ class Provenance:
         if not isinstance(other, Provenance):
             return NotImplemented
         self.require_consistent_versions |= other.require_consistent_versions
-        self._merge(other)
-        return self
-
-    def _merge(self, other: "Provenance") -> None:
         for key, rows in other.answered.items():
             self.answered[key] = self.answered.get(key, 0) + rows
         self.check()
+        return self
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # a record reaching the driver from Dask workers (where coffea reduces chunk outputs)

@@ -165,16 +165,20 @@ def _executor(args: argparse.Namespace, stack: ExitStack):
     from coffea import processor
 
     status = not args.no_progress
+    # Each call already retried and failed over inside the client; running the whole chunk again
+    # (coffea's default: three more times) only repeats a final error such as a shadow divergence.
     if args.executor == "iterative":
-        return processor.IterativeExecutor(status=status), 1
+        return processor.IterativeExecutor(status=status, retries=0), 1
     if args.executor == "futures":
-        return processor.FuturesExecutor(workers=args.workers, status=status), args.workers
+        return (processor.FuturesExecutor(workers=args.workers, status=status, retries=0),
+                args.workers)
     kind = args.scheduler or args.cluster
     from .facility.cluster import make_cluster
 
     cluster = stack.enter_context(make_cluster(kind, workers=args.workers, **batch_options(args)))
     print(f"Dask cluster: {cluster!r}", flush=True)
-    return processor.DaskExecutor(client=cluster.client, status=status), max(cluster.n_workers(), 1)
+    return (processor.DaskExecutor(client=cluster.client, status=status, retries=0),
+            max(cluster.n_workers(), 1))
 
 
 def _server_statistics(urls: Mapping[str, str]) -> dict[str, Any]:

@@ -428,3 +428,22 @@ def test_pickles_by_configuration(server, info, data):
     assert_close(clone.infer(request_of(info, inputs)).outputs, reference)
     transport.close()
     clone.close()
+
+
+def test_an_answer_body_shorter_than_its_declared_tensor_fails_naming_the_output():
+    import json
+
+    from coffea_sonic.errors import InferenceError
+    from coffea_sonic.transport.http.wire import decode_outputs
+
+    def body(declared: int, sent: bytes) -> tuple[bytes, int]:
+        header = json.dumps({"outputs": [{"name": "probs", "datatype": "FP32", "shape": [2],
+                                          "parameters": {"binary_data_size": declared}}]})
+        return header.encode() + sent, len(header)
+
+    whole = np.ones(2, np.float32).tobytes()
+    assert decode_outputs(*body(8, whole))[1]["probs"].tolist() == [1.0, 1.0]
+    with pytest.raises(InferenceError, match=r"output 'probs': 8 of its 12 bytes arrived"):
+        decode_outputs(*body(12, whole))
+    with pytest.raises(InferenceError, match=r"output 'probs': 4 bytes for shape \[2\] FP32"):
+        decode_outputs(*body(4, whole[:4]))

@@ -222,6 +222,8 @@ def decode_outputs(body: Any, header_length: int) -> tuple[str, dict[str, np.nda
                 continue
             chunk = memoryview(body)[offset: offset + size]
             offset += size
+            if chunk.nbytes != size:  # the body ended before the size its header declared
+                raise InferenceError(f"output {name!r}: {chunk.nbytes} of its {size} bytes arrived")
             outputs[name] = decode_tensor(name, tensor["datatype"], shape, chunk)
     except InferenceError:
         raise

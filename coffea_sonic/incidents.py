@@ -102,9 +102,6 @@ class IncidentLog:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def __bool__(self) -> bool:
-        return bool(self._by_id)
-
     def __eq__(self, other: object) -> bool:
         return isinstance(other, IncidentLog) and self._by_id == other._by_id
 

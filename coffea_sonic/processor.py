@@ -347,9 +347,8 @@ class SonicMixin:
         self.__dict__.setdefault("_sonic_journal", run_report.journal_folder(run))
         state = self.__dict__.copy()
         # Clients are cheap to remake and hold per-process state; workers build their own.
-        state.pop("_sonic_clients", None)
-        state.pop("_sonic_baseline", None)
-        state.pop("_sonic_provenance", None)
+        for key in ("_sonic_clients", "_sonic_baseline", "_sonic_provenance"):
+            state.pop(key, None)
         return state
 
 

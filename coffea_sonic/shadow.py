@@ -154,7 +154,25 @@ class ShadowHook(CallHooks):
                  served: dict[str, np.ndarray], gpu: bool, endpoint: Any, runtime: Any) -> None:
         started = time.perf_counter()
         try:
-            self._check(model, source, version, inputs, served, gpu, endpoint, runtime)
+            reference = self._engine(model, version)(inputs)
+            limit = self.tolerance or tolerance_for(gpu=gpu)
+            rows = len(next(iter(inputs.values())))
+            alarms = []
+            with self._lock:
+                for name, value in served.items():
+                    if name not in reference:
+                        continue
+                    found = divergence(value, np.asarray(reference[name]).reshape(value.shape))
+                    record = self.divergences.setdefault((source, name), Divergence())
+                    record.rows += rows
+                    record.largest = max(record.largest, found)
+                    if found > limit:
+                        record.alarms += 1
+                        alarms.append((name, found))
+            if alarms:  # acted on before counted: a caller that sees the count sees the alarm
+                self._alarm(model, source, version, alarms, limit, endpoint, runtime)
+            runtime.count(shadow_rows=rows, shadow_alarms=len(alarms))
+            self._publish(model)
             runtime.count(shadow_s=time.perf_counter() - started)
         except Exception as error:  # noqa: BLE001 - a broken reference must be seen, not hidden
             with self._lock:
@@ -163,28 +181,6 @@ class ShadowHook(CallHooks):
                     else ShadowDivergenceError(
                         f"shadow validation of model {model!r} could not compare answers of "
                         f"{source}: {type(error).__name__}: {error}"))
-
-    def _check(self, model: str, source: str, version: str, inputs: dict[str, np.ndarray],
-               served: dict[str, np.ndarray], gpu: bool, endpoint: Any, runtime: Any) -> None:
-        reference = self._engine(model, version)(inputs)
-        limit = self.tolerance or tolerance_for(gpu=gpu)
-        rows = len(next(iter(inputs.values())))
-        alarms = []
-        with self._lock:
-            for name, value in served.items():
-                if name not in reference:
-                    continue
-                found = divergence(value, np.asarray(reference[name]).reshape(value.shape))
-                record = self.divergences.setdefault((source, name), Divergence())
-                record.rows += rows
-                record.largest = max(record.largest, found)
-                if found > limit:
-                    record.alarms += 1
-                    alarms.append((name, found))
-        if alarms:  # acted on before counted: a caller that sees the count sees the alarm
-            self._alarm(model, source, version, alarms, limit, endpoint, runtime)
-        runtime.count(shadow_rows=rows, shadow_alarms=len(alarms))
-        self._publish(model)
 
     def _publish(self, model: str) -> None:
         """Write the report where ``monitor --shadow DIR`` reads it (setting ``shadow_dir``)."""

@@ -60,7 +60,7 @@ def add_list_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *
                     type: Callable[[str], Any] = str, choices: Iterable[Any] | None = None,
                     split_commas: bool = True, metavar: str | None = None,
                     **kwargs: Any) -> argparse.Action:
-    """A list option of the CLI's one convention (see the module docstring)."""
+    """A list option of the CLI's one convention (docs/internals/command-line.md)."""
     if metavar is None:
         metavar = "N" if type in (int, float) else "NAME"
     return parser.add_argument(*flags, action=ListAction, item_type=type, item_choices=choices,

@@ -37,7 +37,7 @@ class PieceAnswer:
 
 
 class CallHooks:
-    """Extension points of the call machinery (see the module docstring); each does nothing
+    """Extension points of the call machinery (docs/internals/dispatch.md); each does nothing
     here. Hooks run in transport threads: keep them quick and thread-safe."""
 
     def on_call(self, call: Call) -> None:

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 class Router:
-    """The servers of one model URL list, in one process (see the module docstring)."""
+    """The servers of one model URL list, in one process (docs/internals/routing.md)."""
 
     def __init__(self, servers: Sequence[ServerSettings], *, policy: RetryPolicy,
                  connect_timeout_s: float, transport: Any = "auto") -> None:

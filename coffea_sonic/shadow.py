@@ -30,7 +30,7 @@ __all__ = ["DEFAULT_TOLERANCE", "ShadowAction", "ShadowDivergenceError", "Shadow
 logger = logging.getLogger(__name__)
 
 ShadowAction = Literal["raise", "quarantine"]
-#: Tolerance on :func:`divergence` by where the server runs the model (see the module docstring).
+#: Tolerance on :func:`divergence` by where the server runs the model (docs/internals/shadow.md).
 DEFAULT_TOLERANCE: dict[str, float] = {"cpu": 1e-4, "gpu": 1e-4}
 _NOT_SHADOWED = ("fallback engine", "hook")
 _executors: ProcessLocal[str, ThreadPoolExecutor] = ProcessLocal("shadow thread")
@@ -79,7 +79,7 @@ class Divergence:
 
 
 class ShadowHook(CallHooks):
-    """Recomputes ``fraction`` of the rows of every served answer (see the module docstring)."""
+    """Recomputes ``fraction`` of the rows of every served answer (docs/internals/shadow.md)."""
 
     def __init__(self, fraction: float, *, tolerance: float | None = None,
                  action: ShadowAction = "raise", reference: Any = None) -> None:

@@ -69,9 +69,8 @@ MODULES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "routing": ("coffea_sonic.routing",
                 ["tests/test_routing_edges.py", "tests/test_routing_mutants.py",
                  "tests/test_routing.py"],
-                ("Router.control", "Router.data_transport", "Router.disable_shm",
-                 "Router.discover", "Router.model_info", "Router._ensure_health_thread",
-                 "Router._health_loop", "Router._probe")),
+                ("Router.control", "Router.data_transport", "Router.model_info",
+                 "Router._ensure_health_thread", "Router._health_loop", "Router._probe")),
 }
 
 

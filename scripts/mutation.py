@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import copy
 import importlib.abc
 import importlib.util
 import json

@@ -8,7 +8,6 @@ import json
 import pytest
 
 from coffea_sonic.bench.commands import run_scenario
-from coffea_sonic.bench.wrapper import WrapperBench, run_wrapper
 
 ROWS, BATCH = 10_000, 4096
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MissingDependencyError, ModelNotFoundError, require
+from ..errors import ModelNotFoundError, require
 from .spec import (EMTRK_PATCH, JET_CLASSES, JET_TAGGER_FEATURES, MODEL_SPECS,
                    PARTICLENET_FEATURES, PARTICLENET_MAX_CONSTITUENTS, ModelSpec, TensorSpec)
 

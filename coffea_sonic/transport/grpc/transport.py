@@ -19,7 +19,7 @@ from ..errors import TransportError, from_grpc
 from ..messages import model_info_from_responses, models_in_index, statistics_from_response
 from ..compression import configured_compression
 from ..kinds import transport_kind
-from .channel import Connection, get_connection
+from .channel import Connection, get_connection, renew_connection
 from .codec import decode_response, encode_framed
 from .heap import tune_heap
 from ..senders import send_soon
@@ -86,14 +86,37 @@ class GrpcTransport(Transport):
         return self._metadata
 
     def rpc(self, method: str, request: Any, timeout_s: float) -> Any:
-        """Call the unary RPC ``method`` of Triton's service; failures as TransportError."""
+        """Call the unary RPC ``method`` of Triton's service; failures as TransportError.
+
+        A refusal is asked again once on a new channel if the pooled one may only remember an
+        earlier server on this address (channel.renew_connection)."""
+        used = self.connection
         try:
-            return getattr(self.connection.stub, method)(request, timeout=timeout_s,
-                                                         metadata=self.metadata)
-        except TransportError:
-            raise
+            return self._rpc(used, method, request, timeout_s)
+        except TransportError as error:
+            if error.kind != "down" or not self._renew(used):
+                raise
+        return self._rpc(self.connection, method, request, timeout_s)
+
+    def _rpc(self, connection: Connection, method: str, request: Any, timeout_s: float) -> Any:
+        try:
+            return getattr(connection.stub, method)(request, timeout=timeout_s,
+                                                    metadata=self.metadata)
         except Exception as error:  # noqa: BLE001 - grpc.RpcError, unreadable TLS files, ...
             raise from_grpc(error, self.address) from None
+
+    def _renew(self, stale: Connection) -> bool:
+        """Use a new pooled channel in place of ``stale``; False if it is too young to renew."""
+        renewed = renew_connection(stale, self.settings.fingerprint)
+        if renewed is None:
+            return False
+        with self._lock:
+            if self._connection is stale:
+                self._connection = renewed
+                self._framed_infers[0] = _framed_infer(renewed)
+        logger.info("coffea-sonic: %s refused a call; asking again on a new channel (the old one "
+                    "may remember an earlier refusal)", self.address)
+        return True
 
     # -- inference ----------------------------------------------------------------------------------
 

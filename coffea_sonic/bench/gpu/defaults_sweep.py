@@ -24,36 +24,15 @@ from coffea_sonic.bench.report import format_rate
 logger = logging.getLogger("defaults_sweep")
 
 
-# -- servers ------------------------------------------------------------------------------------------
-
-def start_server(config: Server, models: list[str], device: str):
-    """A started LocalTritonServer for ``config``."""
-    from coffea_sonic.server import LocalTritonServer
-
-    if config.default:
-        return LocalTritonServer(models=models, device=device, startup_timeout_s=240).start()
-    return LocalTritonServer(models=models, device=device, instances=config.instances,
-                             repository_options=config.options, startup_timeout_s=240).start()
-
-
-# -- main ---------------------------------------------------------------------------------------------
-
 def describe_client(run: Run) -> str:
-    if run.kind == "verify":
-        return "served == in-process check"
-    if run.kind == "local":
-        return "in-process engine"
-    if not run.client:
-        return "TritonModel()"
-    parts = []
-    for key, value in run.client.items():
-        if key == "max_request_bytes":
-            parts.append(f"{value / MiB:g} MiB")
-        elif key == "max_in_flight":
-            parts.append(f"{value} in flight")
-        else:
-            parts.append(str(value))
-    return ", ".join(parts)
+    """The client column's words for ``run``: its kind, else its TritonModel options."""
+    fixed = {"verify": "served == in-process check", "local": "in-process engine"}
+    if run.kind in fixed:
+        return fixed[run.kind]
+    words = {"max_request_bytes": lambda value: f"{value / MiB:g} MiB",
+             "max_in_flight": lambda value: f"{value} in flight"}
+    return ", ".join(words.get(key, str)(value)
+                     for key, value in run.client.items()) or "TritonModel()"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,95 +63,90 @@ def _plan(args: argparse.Namespace) -> list[Server]:
 
 @dataclass
 class _Sweep:
-    """One sweep's state: its options and clock, the client pool, the GPU sampler, the report."""
+    """One sweep's state: its options and clock, the report and its path, the pool, the GPUs."""
 
     args: argparse.Namespace
-    began: float
     duration: float
-    out: Path
-    tag: str
+    path: Path
     report: dict
     models: list[str]
-    pool: ClientPool
-    gpu: Any
+    began: float = field(default_factory=time.time)
+    pool: Any = None
+    gpu: Any = None
     baseline: dict[str, float] = field(default_factory=dict)
-    stopped: bool = False
 
     def over_budget(self) -> bool:
         return time.time() - self.began > self.args.budget
 
     def write_json(self) -> None:
-        (self.out / f"defaults-{self.tag}.json").write_text(json.dumps(self.report, indent=1))
+        self.path.write_text(json.dumps(self.report, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    began = time.time()
-    plan = _plan(args)
-    duration = args.duration or (4.0 if args.plan == "final" else 2.0)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tag = args.tag or args.plan
-    records: list[dict] = []
-    report = {"machine": machine_info(), "plan": args.plan, "duration_s": duration, "records": records,
-              "chunk_rows": CHUNK_ROWS}
-    logger.info("machine: %s", report["machine"])
-    models = sorted({run.model for server in plan for run in server.runs})
-    # generate/cached zoo models once, before client processes need them
     from coffea_sonic import zoo
-
-    for name in models:
-        zoo.onnx_path(name)
     from coffea_sonic.bench.probes import GpuUtilisation
 
-    pool = ClientPool(max(run.procs for server in plan for run in server.runs), run_task)
-    gpu = GpuUtilisation().__enter__()
-    sweep = _Sweep(args, began, duration, out, tag, report, models, pool, gpu)
-    try:
-        for config in plan:
-            if sweep.stopped:
-                break
-            _run_config(sweep, config)
-    finally:
-        gpu.__exit__(None, None, None)
-        sweep.pool.close()
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    plan = _plan(args)
+    duration = args.duration or (4.0 if args.plan == "final" else 2.0)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine_info(), "plan": args.plan, "duration_s": duration,
+              "records": [], "chunk_rows": CHUNK_ROWS}
+    logger.info("machine: %s", report["machine"])
+    sweep = _Sweep(args, duration, Path(args.out) / f"defaults-{args.tag or args.plan}.json",
+                   report, sorted({run.model for server in plan for run in server.runs}))
+    for name in sweep.models:  # made or cached once, before client processes need them
+        zoo.onnx_path(name)
+    with GpuUtilisation() as sweep.gpu:
+        sweep.pool = ClientPool(max(run.procs for server in plan for run in server.runs),
+                                run_task)
+        try:
+            for config in plan:
+                if not _run_config(sweep, config):
+                    break
+        finally:
+            sweep.pool.close()
     report["baseline_rows_per_s"] = sweep.baseline
-    report["elapsed_s"] = round(time.time() - began, 1)
+    report["elapsed_s"] = round(time.time() - sweep.began, 1)
     sweep.write_json()
     table = summary_markdown(report)
-    (out / f"defaults-{tag}.md").write_text(table + "\n")
+    sweep.path.with_suffix(".md").write_text(table + "\n")
     print(table)
     return 0
 
 
-def _run_config(sweep: _Sweep, config: Server) -> None:
-    """Start ``config``'s server (where a run needs one) and measure its runs within the budget."""
-    served = any(run.kind != "local" for run in config.runs)
+def _run_config(sweep: _Sweep, config: Server) -> bool:
+    """Start ``config``'s server (where a run needs one) and measure its runs; False once the
+    time budget is spent."""
+    from coffea_sonic.server import LocalTritonServer
+
     server = None
-    if served:
+    if any(run.kind != "local" for run in config.runs):
         if sweep.over_budget():
-            sweep.stopped = True
-            return
+            return False
         t0 = time.time()
-        try:
-            server = start_server(config, sweep.models, sweep.args.device)
+        try:  # a default config has no instances nor options: LocalTritonServer's defaults
+            server = LocalTritonServer(models=sweep.models, device=sweep.args.device,
+                                       instances=config.instances,
+                                       repository_options=config.options,
+                                       startup_timeout_s=240).start()
         except Exception as error:  # noqa: BLE001 - report it and go on
             logger.error("%s: server did not start: %s", config.name, error)
             sweep.report["records"].append({"server": config.name,
                                             "error": f"server start: {error}"[:3000]})
-            return
+            return True
         logger.info("%s: server ready in %.1f s", config.name, time.time() - t0)
     try:
         for run in config.runs:
             if sweep.over_budget():
                 logger.warning("time budget spent: the remaining runs are left out")
-                sweep.stopped = True
-                break
+                return False
             _run_one(sweep, run, config, server)
     finally:
         if server is not None:
             server.stop()
+    return True
 
 
 def _run_one(sweep: _Sweep, run: Run, config: Server, server) -> None:

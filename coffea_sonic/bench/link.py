@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .files import write_report
+from .files import table, write_report
 from .machine import machine_info, uptime_line
 from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
 
@@ -307,29 +307,28 @@ def run_link(config: LinkBench) -> dict:
     return report
 
 
+def _case_cells(c: dict) -> list:
+    phases = (f"{c['head_ms']:.1f} / {c['sending_ms']:.0f} / {c['tail_ms']:.1f}"
+              if "head_ms" in c else "-")
+    server = {"lab": "lab launcher", "serve": "coffea-sonic serve"}.get(c.get("server", "lab"))
+    return [server, f"{c['rate_mbit'] / 1000:g} Gb/s", f"{c['rtt_ms']:g} ms", c["compression"],
+            f"{c.get('rows', 200_000) * 64 / 1e6:.1f}", c["mode"], f"{c['raw_busy']:.0%}",
+            f"{c['link_busy']:.0%}", f"{c['payload_Bps'] * 8 / 1e6:.0f}", phases]
+
+
 def markdown(report: dict) -> str:
     """The cases and the compressibility table, with machine, load and command."""
     m = report["machine"]
     lines = [f"# passthrough across a tbf-shaped link ({m['cpu_model']}, {m['cpu_cores']} cores, "
              f"{m['date']})", "", f"load: before `{report['uptime_before']}`, after "
              f"`{report.get('uptime_after', '')}`", "", f"command: `{report['command']}`", "",
-             "| server | link | added RTT | compression | call MB | calls | raw TCP busy | "
-             "model: link busy | payload Mbit/s | per call: head / sending / tail ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for c in report["cases"]:
-        phases = (f"{c['head_ms']:.1f} / {c['sending_ms']:.0f} / {c['tail_ms']:.1f}"
-                  if "head_ms" in c else "-")
-        server = {"lab": "lab launcher", "serve": "coffea-sonic serve"}.get(c.get("server", "lab"))
-        lines.append(f"| {server} | {c['rate_mbit'] / 1000:g} Gb/s | {c['rtt_ms']:g} ms | "
-                     f"{c['compression']} "
-                     f"| {c.get('rows', 200_000) * 64 / 1e6:.1f} | {c['mode']} | "
-                     f"{c['raw_busy']:.0%} | {c['link_busy']:.0%} | "
-                     f"{c['payload_Bps'] * 8 / 1e6:.0f} | {phases} |")
-    lines += ["", "| model | compressed size (zlib 6) | compress rate, one core (MB/s) |",
-              "|---|---|---|"]
-    for name, row in report.get("compressibility", {}).items():
-        lines.append(f"| {name} | {row['compressed_fraction']:.0%} | "
-                     f"{row['compress_MBps_one_core']:.0f} |")
+             *table(["server", "link", "added RTT", "compression", "call MB", "calls",
+                     "raw TCP busy", "model: link busy", "payload Mbit/s",
+                     "per call: head / sending / tail ms"], map(_case_cells, report["cases"])),
+             "", *table(["model", "compressed size (zlib 6)", "compress rate, one core (MB/s)"],
+                        ([name, f"{row['compressed_fraction']:.0%}",
+                          f"{row['compress_MBps_one_core']:.0f}"]
+                         for name, row in report.get("compressibility", {}).items()))]
     return "\n".join(lines) + "\n"
 
 

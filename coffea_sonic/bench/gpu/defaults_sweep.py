@@ -4,7 +4,6 @@ Design notes and examples: docs/internals/bench.md."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
@@ -18,7 +17,7 @@ from coffea_sonic.bench.clients import ClientPool
 from coffea_sonic.bench.gpu.defaults_plans import (CHUNK_ROWS, PLANS, MiB, Run, Server, plan_final,
                                                    run_task)
 from coffea_sonic.bench.machine import machine_info
-from coffea_sonic.bench.files import cell, table
+from coffea_sonic.bench.files import cell, table, write_report
 from coffea_sonic.bench.report import format_rate
 
 logger = logging.getLogger("defaults_sweep")
@@ -63,7 +62,8 @@ def _plan(args: argparse.Namespace) -> list[Server]:
 
 @dataclass
 class _Sweep:
-    """One sweep's state: its options and clock, the report and its path, the pool, the GPUs."""
+    """One sweep's state: its options and clock, the report and its path (no suffix), the pool,
+    the GPUs."""
 
     args: argparse.Namespace
     duration: float
@@ -78,8 +78,10 @@ class _Sweep:
     def over_budget(self) -> bool:
         return time.time() - self.began > self.args.budget
 
-    def write_json(self) -> None:
-        self.path.write_text(json.dumps(self.report, indent=1))
+    def write(self) -> str:
+        """The report so far as JSON, its table as Markdown (returned)."""
+        return write_report(self.report, self.path.parent, self.path.name,
+                            lambda report: summary_markdown(report) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,11 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     plan = _plan(args)
     duration = args.duration or (4.0 if args.plan == "final" else 2.0)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
     report = {"machine": machine_info(), "plan": args.plan, "duration_s": duration,
               "records": [], "chunk_rows": CHUNK_ROWS}
     logger.info("machine: %s", report["machine"])
-    sweep = _Sweep(args, duration, Path(args.out) / f"defaults-{args.tag or args.plan}.json",
+    sweep = _Sweep(args, duration, Path(args.out) / f"defaults-{args.tag or args.plan}",
                    report, sorted({run.model for server in plan for run in server.runs}))
     for name in sweep.models:  # made or cached once, before client processes need them
         zoo.onnx_path(name)
@@ -109,10 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep.pool.close()
     report["baseline_rows_per_s"] = sweep.baseline
     report["elapsed_s"] = round(time.time() - sweep.began, 1)
-    sweep.write_json()
-    table = summary_markdown(report)
-    sweep.path.with_suffix(".md").write_text(table + "\n")
-    print(table)
+    print(sweep.write(), end="")
     return 0
 
 
@@ -164,7 +162,7 @@ def _run_one(sweep: _Sweep, run: Run, config: Server, server) -> None:
                 run.model, run.procs, format_rate(record.get("rows_per_s")),
                 record.get("ratio"), record.get("gpu_busy"), record.get("profile"),
                 record.get("client_summary"), record.get("errors") or "")
-    sweep.write_json()
+    sweep.write()
     if "died" in " ".join(record.get("errors", [])):
         sweep.pool.close()
         sweep.pool = ClientPool(sweep.pool.size, run_task)

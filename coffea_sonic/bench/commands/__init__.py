@@ -9,16 +9,20 @@ import logging
 import pkgutil
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from ...cliargs import add_output_option
+from ...cliargs import add_deprecated_alias, add_output_option
 from ...errors import SonicError
 
-__all__ = ["DEFAULT_OUTPUT_ROOT", "add_numbers", "add_output", "print_written",
-           "progress_printer", "register_all", "run_scenario", "scenario_names", "scenario_parser"]
+__all__ = ["DEFAULT_OUTPUT_ROOT", "OLD_SPELLINGS", "add_json_file", "add_numbers", "add_output",
+           "old_spellings", "print_finished", "print_written", "progress_printer", "register_all",
+           "run_scenario", "scenario_names", "scenario_parser"]
 
 #: Scenarios write into DEFAULT_OUTPUT_ROOT/SCENARIO unless ``-o`` says otherwise.
 DEFAULT_OUTPUT_ROOT = "bench-output"
+#: Options renamed alike in every scenario: the old spelling still works, hidden, and warns.
+OLD_SPELLINGS = {"--out": "--output", "--duration": "--duration-s", "--window": "--window-s",
+                 "--json": "--json-file", "--stagger": "--stagger-s"}
 
 
 def scenario_names() -> list[str]:
@@ -43,13 +47,39 @@ def add_output(parser: argparse.ArgumentParser, scenario: str) -> argparse.Actio
 
 
 def scenario_parser(subparsers: argparse._SubParsersAction, name: str, *, help: str,
-                    description: str) -> argparse.ArgumentParser:
+                    description: str, run: Callable[[argparse.Namespace], int] | None = None
+                    ) -> argparse.ArgumentParser:
     """The parser of scenario ``name``: its one-line ``help``, its ``description`` (printed as
-    written, examples included) and ``-o/--output DIR`` (default ``bench-output/NAME``)."""
+    written, examples included), ``-o/--output DIR`` (default ``bench-output/NAME``) and ``run``,
+    the function that runs it (``func``)."""
     parser = subparsers.add_parser(name, help=help, description=description,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     add_output(parser, name)
+    if run is not None:
+        parser.set_defaults(func=run)
     return parser
+
+
+def old_spellings(parser: argparse.ArgumentParser, *old: str) -> argparse.ArgumentParser:
+    """Keep each ``old`` spelling (of :data:`OLD_SPELLINGS`) working, hidden and warning; the
+    parser.
+
+    >>> parser = old_spellings(scenario_parser(argparse.ArgumentParser().add_subparsers(), "x",
+    ...                                        help="", description=""), "--out")
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True):
+    ...     parser.parse_args(["--out", "o"]).output
+    'o'
+    """
+    for spelling in old:
+        add_deprecated_alias(parser, spelling,
+                             parser._option_string_actions[OLD_SPELLINGS[spelling]])
+    return parser
+
+
+def add_json_file(parser: argparse.ArgumentParser, what: str) -> argparse.Action:
+    """``--json-file FILE``: also write ``what`` there (besides the file in ``-o``)."""
+    return parser.add_argument("--json-file", metavar="FILE", help=f"also write {what} here")
 
 
 def add_numbers(parser: argparse.ArgumentParser,
@@ -81,6 +111,22 @@ def print_written(written: Mapping[str, object]) -> None:
     """One line per file a scenario wrote: ``  name: path``."""
     for name, path in written.items():
         print(f"  {name}: {path}")
+
+
+def print_finished(title: str, started: float, lines: Iterable[str] = (),
+                   written: Mapping[str, object] | None = None) -> None:
+    """How a scenario ends: ``bench TITLE finished in N s``, its summary ``lines`` and the files
+    it wrote (:func:`print_written`).
+
+    >>> print_finished("demo", time.perf_counter(), ["  all good"], {"json": "out/r.json"})
+    bench demo finished in 0 s
+      all good
+      json: out/r.json
+    """
+    print(f"bench {title} finished in {time.perf_counter() - started:.0f} s")
+    for line in lines:
+        print(line)
+    print_written(written or {})
 
 
 def run_scenario(name: str, argv: list[str], *, prog: str | None = None,

@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ...cliargs import add_deprecated_alias
 from ..files import write_json
-from . import add_numbers, progress_printer, scenario_parser
+from . import add_numbers, old_spellings, progress_printer, scenario_parser
 
 __all__ = ["demo_twice", "load_now", "record_calls", "register", "shared_users", "user_main"]
 
@@ -23,7 +22,7 @@ __all__ = ["demo_twice", "load_now", "record_calls", "register", "shared_users",
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``cache`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "cache",
+        subparsers, "cache", run=run,
         help="the demo twice with the inference cache; users sharing a response cache",
         description=(
             "demo-twice: coffea-sonic demo --inference-cache DIR twice (own server and Dask each "
@@ -37,15 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "sharing one server's response cache (default: %(default)s)")
     add_numbers(parser, [("--users", int, 10, "users"),
                          ("--events", int, 20_000, "events per dataset, 2 datasets")])
-    stagger = parser.add_argument("--stagger-s", type=float, default=2.0, metavar="SECONDS",
-                                  help="users start this many seconds apart (default: "
-                                       "%(default)s)")
-    add_deprecated_alias(parser, "--stagger", stagger)
+    parser.add_argument("--stagger-s", type=float, default=2.0, metavar="SECONDS",
+                        help="users start this many seconds apart (default: %(default)s)")
     parser.add_argument("--cache-size", default="1GB", help="response cache size (default 1GB)")
     parser.add_argument("--demo-args", default="", metavar="ARGS",
                         help="more options for both demo runs, e.g. '--device gpu --workers 8'")
-    parser.set_defaults(func=run)
-    return parser
+    return old_spellings(parser, "--stagger")
 
 
 def run(args: argparse.Namespace) -> int:

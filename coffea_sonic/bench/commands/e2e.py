@@ -13,13 +13,13 @@ from typing import Any
 
 from ...cliargs import add_list_option
 from ..files import cell, pyplot, save_figure, table, write_report
-from . import print_written, progress_printer, scenario_parser
+from . import print_finished, progress_printer, scenario_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``e2e`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "e2e", help="the demo analysis end to end: in-process CPU / GPU vs served on 1, 2, 4 GPUs",
+        subparsers, "e2e", run=run, help="the demo analysis end to end: in-process CPU / GPU vs served on 1, 2, 4 GPUs",
         description=(
             "The demo analysis end to end on this machine (a GPU node): in-process CPU, "
             "in-process GPU in every worker, and served on the first 1, 2, 4 GPUs (those the "
@@ -34,7 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                          "(default: 1 2 4)")
     parser.add_argument("--no-local-gpu", action="store_true",
                         help="leave out the in-process GPU run")
-    parser.set_defaults(func=run)
     return parser
 
 
@@ -48,9 +47,7 @@ def run(args: argparse.Namespace) -> int:
                              local_gpu=not args.no_local_gpu,
                              progress=progress_printer(started))
     written = write_results(result, args.output, command="coffea-sonic " + " ".join(sys.argv[1:]))
-    print(f"bench e2e finished in {time.perf_counter() - started:.0f} s")
-    print(result["summary"])
-    print_written(written)
+    print_finished("e2e", started, [result["summary"]], written)
     return 0
 
 

@@ -9,13 +9,13 @@ import time
 from typing import Any
 
 from ..files import write_json
-from . import progress_printer, scenario_parser
+from . import print_finished, progress_printer, scenario_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``fairness`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "fairness", help="several users share one server: goodput fairness and latency",
+        subparsers, "fairness", run=run, help="several users share one server: goodput fairness and latency",
         description=(
             "8 users (processes) share one embedded server, one with 10x the load: Jain's index "
             "of goodput while all saturate, and the light users' p95 latency beside the heavy "
@@ -25,7 +25,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--policy", choices=("fair", "fifo", "gateway"), default=None,
                         help="priorities by depth (fair, default), none (fifo), or a quota per "
                              "user at the HAProxy gateway (gateway: no priorities, no yield gate)")
-    parser.set_defaults(func=run)
     return parser
 
 
@@ -50,8 +49,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = config_for("quick" if args.quick else "full", policy=args.policy)
     results = run_fairness(config, progress=progress_printer(started))
-    print(f"bench fairness ({config.preset}, policy {config.policy}) finished in "
-          f"{time.perf_counter() - started:.0f} s")
-    print("\n".join(summary_lines(results)))
+    print_finished(f"fairness ({config.preset}, policy {config.policy})", started,
+                   summary_lines(results))
     write_json(results, args.output, "results.json")
     return 0 if results["fairness"]["met"] else 1

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ...cliargs import add_deprecated_alias, add_list_option
-from . import add_numbers, scenario_parser
+from ...cliargs import add_list_option
+from . import add_numbers, old_spellings, scenario_parser
 
 _DESCRIPTION = """\
 Needs root (coffea_sonic.netlab: hosts in network namespaces). A lab host behind a tbf-shaped link
@@ -26,10 +26,9 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``link`` to the ``bench`` scenarios."""
-    parser = scenario_parser(subparsers, "link", description=_DESCRIPTION,
+    parser = scenario_parser(subparsers, "link", run=run, description=_DESCRIPTION,
                              help="one TritonModel through a shaped link (root: network "
                                   "namespaces)")
-    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     add_list_option(parser, "--links", default=["1000/0", "1000/20", "10000/0"],
                     metavar="RATE[/RTT]",
                     help="link rate in Mbit/s, each with the round-trip time in ms a relay adds "
@@ -43,8 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                          ("--rows", int, 200_000, "rows per call (16 floats each)")])
     parser.add_argument("--no-compression", action="store_true",
                         help="leave out the gzip/deflate cases and the compressibility table")
-    parser.set_defaults(func=run)
-    return parser
+    return old_spellings(parser, "--out")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from ...cliargs import add_deprecated_alias, add_device_option, add_list_option, resolve_device
+from ...cliargs import add_device_option, add_list_option, resolve_device
 from ...errors import ConfigurationError
 from ..clients import ClientPool, ready_then_start, timed_calls
 from ..files import table as markdown_table, write_report
 from ..machine import machine_info
-from . import add_numbers, scenario_parser
+from . import add_numbers, old_spellings, scenario_parser
 
 __all__ = ["MODES", "PipelineConfig", "chunks", "register", "run_pipeline", "table"]
 
@@ -46,9 +46,8 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``pipeline`` to the ``bench`` scenarios."""
-    parser = scenario_parser(subparsers, "pipeline", description=_DESCRIPTION,
+    parser = scenario_parser(subparsers, "pipeline", run=run, description=_DESCRIPTION,
                              help="the trackgnn pipeline: in-process vs served fused vs ensemble")
-    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     add_device_option(parser, default="gpu",
                       help="where the pipeline runs, in the clients and on the server (auto: a "
                            "GPU if nvidia-smi sees one; default: %(default)s)")
@@ -64,7 +63,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "once, direct again at the end)"),
         ("--gpu", int, 0, "--device gpu: the one GPU the server and the direct runs use"),
         ("--instances", int, None, "model instances per GPU (None: LocalTritonServer's)")])
-    add_deprecated_alias(parser, "--duration", parser._option_string_actions["--duration-s"])
     parser.add_argument("--handoff", choices=("host", "device"), default=None,
                         help="how the ensemble's stages pass tensors to each other: as numpy "
                              "through the host, or as DLPack tensors where they lie (default: "
@@ -81,8 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--server", default=None, metavar="HOST:PORT",
                         help="use this running server's gRPC address (serving trackgnn and "
                              "trackgnn_ensemble) instead of starting one")
-    parser.set_defaults(func=run)
-    return parser
+    return old_spellings(parser, "--out", "--duration")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ...cliargs import add_deprecated_alias
 from ...zoo.spec import PARTICLENET_FEATURES
 from ..files import write_json
-from . import add_numbers, scenario_parser
+from . import add_json_file, add_numbers, old_spellings, scenario_parser
 
 __all__ = ["measure", "multiplicity", "register", "saving", "summary_lines"]
 
@@ -41,17 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from ...data.synthetic import DEFAULT_EVENTS_PER_DATASET
     from ...model import TRANSPORT_DEFAULTS
 
-    parser = scenario_parser(subparsers, "ragged", description=_DESCRIPTION,
+    parser = scenario_parser(subparsers, "ragged", run=run, description=_DESCRIPTION,
                              help="bytes on the wire: ragged requests vs padded tensors")
     add_numbers(parser, [
         ("--events", int, DEFAULT_EVENTS_PER_DATASET, "events per dataset, ttbar and qcd_light"),
         ("--seed", int, 0, "the sample's seed"),
         ("--cap", int, TRANSPORT_DEFAULTS["grpc"][0], "max_request_bytes (gRPC's)")])
-    json_file = parser.add_argument("--json-file", metavar="FILE",
-                                    help="also write the results here")
-    add_deprecated_alias(parser, "--json", json_file)
-    parser.set_defaults(func=run)
-    return parser
+    add_json_file(parser, "the results")
+    return old_spellings(parser, "--json")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 
 from ... import zoo
-from ...cliargs import add_deprecated_alias, add_list_option, add_server_options
-from . import scenario_parser
+from ...cliargs import add_list_option, add_server_options
+from . import old_spellings, scenario_parser
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``reference`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "reference", help="TritonModel at defaults vs NVIDIA's perf_analyzer, per transport",
+        subparsers, "reference", run=run, help="TritonModel at defaults vs NVIDIA's perf_analyzer, per transport",
         description=(
             "For each model and transport: NVIDIA's perf_analyzer (the C++ load generator, "
             "installed on demand) over a batch x concurrency grid, a default TritonModel in one "
@@ -36,14 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                          "65536, emtrk_cnn 256 2048, jet_tagger 16384 65536)")
     add_list_option(parser, "--concurrency", type=int,
                     help="perf_analyzer's concurrency values (default 1 2 4)")
-    window = parser.add_argument("--window-s", type=float, default=None, metavar="S",
-                                 help="seconds of each TritonModel window (default 5)")
-    add_deprecated_alias(parser, "--window", window)
+    parser.add_argument("--window-s", type=float, default=None, metavar="S",
+                        help="seconds of each TritonModel window (default 5)")
     add_server_options(parser, metavar="GRPC[,HTTP]", device_default=None,
                        server_help="an existing server serving the models: host:port of gRPC, "
                                    "optionally ,host:port of HTTP")
-    parser.set_defaults(func=run)
-    return parser
+    return old_spellings(parser, "--window")
 
 
 def run(args: argparse.Namespace) -> int:

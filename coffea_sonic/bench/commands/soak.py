@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ...cliargs import add_deprecated_alias
 from ..files import write_json
-from . import add_numbers, scenario_parser
+from . import add_json_file, add_numbers, old_spellings, scenario_parser
 
 __all__ = ["SoakConfig", "judge", "register", "run_soak"]
 
@@ -35,7 +34,7 @@ examples:
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``soak`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "soak", description=_DESCRIPTION,
+        subparsers, "soak", run=run, description=_DESCRIPTION,
         help="many requests through TritonModel: no growth of descriptors or memory")
     add_numbers(parser, [
             ("--requests", int, 10_000, "requests in all"),
@@ -48,11 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             ("--max-rss-growth-mb", float, 64.0, "RSS the run may add after warm-up, MB")])
     parser.add_argument("--transport", default="auto", choices=["auto", "grpc", "shm"],
                         help="TritonModel's transport (default: auto: shared memory here)")
-    json_file = parser.add_argument("--json-file", metavar="FILE",
-                                    help="also write the verdict and samples here")
-    add_deprecated_alias(parser, "--json", json_file)
-    parser.set_defaults(func=run)
-    return parser
+    add_json_file(parser, "the verdict and samples")
+    return old_spellings(parser, "--json")
 
 
 def run(args: argparse.Namespace) -> int:

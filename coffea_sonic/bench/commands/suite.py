@@ -11,7 +11,7 @@ from ... import zoo
 from ...cliargs import add_list_option, add_server_options
 from ...errors import ConfigurationError
 from ..config import MODES, PRESETS
-from . import print_written, progress_printer, scenario_parser
+from . import print_finished, progress_printer, scenario_parser
 
 EXAMPLES = """\
 examples:
@@ -46,7 +46,7 @@ def _rows_per_event(text: str) -> tuple[str, float]:
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``suite`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "suite", help="CPU vs local GPU vs served (ours and coffea's wrapper): sweeps and fit",
+        subparsers, "suite", run=run, help="CPU vs local GPU vs served (ours and coffea's wrapper): sweeps and fit",
         description=(
             "Measure rows/s, events/s, latency percentiles, bytes, server queue vs compute time, "
             "GPU utilisation and client memory for every inference mode on the same data, check "
@@ -82,7 +82,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "(0: skip)")
     add_list_option(parser, "--e2e-workers", type=int, metavar="W",
                     help="Dask worker counts of the end-to-end run")
-    parser.set_defaults(func=run)
     return parser
 
 
@@ -170,8 +169,5 @@ def run(args: argparse.Namespace) -> int:
     results = run_bench(config, progress=progress_printer(started), checkpoint=str(checkpoint))
     written = write_outputs(results, output)
     checkpoint.unlink(missing_ok=True)
-    print(f"bench suite ({config.preset}) finished in {time.perf_counter() - started:.0f} s")
-    for line in summary_lines(results):
-        print(line)
-    print_written(written)
+    print_finished(f"suite ({config.preset})", started, summary_lines(results), written)
     return 0 if results["equality"]["all_equal"] else 1

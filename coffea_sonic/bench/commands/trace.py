@@ -35,13 +35,12 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``trace`` to the ``bench`` scenarios."""
-    parser = scenario_parser(subparsers, "trace", description=_DESCRIPTION,
+    parser = scenario_parser(subparsers, "trace", run=run, description=_DESCRIPTION,
                              help="the fairness scenario traced: where a light request's time goes")
     parser.add_argument("--analyse", metavar="DIR",
                         help="only analyse a folder an earlier run wrote (no run)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="FairnessConfig fields (JSON values), e.g. rows=2048 heavy_nice=0")
-    parser.set_defaults(func=run)
     return parser
 
 

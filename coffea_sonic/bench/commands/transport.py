@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ...cliargs import add_deprecated_alias, add_device_option, add_list_option
-from . import add_numbers, print_written, scenario_parser
+from ...cliargs import add_device_option, add_list_option
+from . import add_numbers, old_spellings, print_written, scenario_parser
 
 _KINDS = ("tritonclient", "grpc", "http", "shm", "cuda", "local")
 _PLANS = ("cpu", "gpu", "quick")
@@ -32,9 +32,8 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``transport`` to the ``bench`` scenarios."""
-    parser = scenario_parser(subparsers, "transport", description=_DESCRIPTION,
+    parser = scenario_parser(subparsers, "transport", run=run, description=_DESCRIPTION,
                              help="rows/s and GB/s per transport, client processes and server")
-    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     parser.add_argument("--plan", default="cpu", choices=_PLANS,
                         help="the windows to measure (default: cpu)")
     add_list_option(parser, "--transports", "--only", choices=_KINDS, default=[],
@@ -44,7 +43,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_numbers(parser, [("--duration-s", float, 4.0, "seconds per window"),
                          ("--instances", int, None,
                           "model instances per device, None: the server's default")])
-    add_deprecated_alias(parser, "--duration", parser._option_string_actions["--duration-s"])
     parser.add_argument("--staging", default="pinned", choices=["pinned", "pageable"],
                         help="host staging of the GPU model's inputs (default: pinned)")
     parser.add_argument("--gpu-inputs", action="store_true",
@@ -52,8 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--tag", default=None, help="file name tag (default: the plan)")
     parser.add_argument("--replot", metavar="JSON",
                         help="only write the table and figure of an earlier results-TAG.json")
-    parser.set_defaults(func=run)
-    return parser
+    return old_spellings(parser, "--out", "--duration")
 
 
 def run(args: argparse.Namespace) -> int:

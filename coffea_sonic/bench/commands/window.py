@@ -8,9 +8,9 @@ import itertools
 import statistics
 import sys
 
-from ...cliargs import add_deprecated_alias, add_list_option
+from ...cliargs import add_list_option
 from ..files import table
-from . import add_numbers, scenario_parser
+from . import add_numbers, old_spellings, scenario_parser
 
 __all__ = ["markdown", "register", "run"]
 
@@ -29,9 +29,8 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``window`` to the ``bench`` scenarios."""
-    parser = scenario_parser(subparsers, "window", description=_DESCRIPTION,
+    parser = scenario_parser(subparsers, "window", run=run, description=_DESCRIPTION,
                              help="request size x requests in flight of one TritonModel")
-    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     add_list_option(parser, "--transports", choices=("grpc", "shm", "http"), default=["grpc"],
                     help="default: grpc")
     add_list_option(parser, "--sizes-mib", type=float, default=[1.0, 2.0, 4.0, 8.0],
@@ -41,9 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_numbers(parser, [("--rows", int, 200_000, "rows per call"),
                          ("--window-s", float, 3.0, "seconds per window"),
                          ("--rounds", int, 3, "windows per configuration")])
-    add_deprecated_alias(parser, "--window", parser._option_string_actions["--window-s"])
-    parser.set_defaults(func=run)
-    return parser
+    return old_spellings(parser, "--out", "--window")
 
 
 def _sweep(args: argparse.Namespace) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from ...cliargs import add_deprecated_alias, add_list_option
-from . import add_numbers, scenario_parser
+from ...cliargs import add_list_option
+from . import add_numbers, old_spellings, scenario_parser
 
 _DESCRIPTION = """\
 The transport-bound slice16 model (python backend: 16 FP32 per row in, the first 2 back) on an
@@ -25,9 +25,8 @@ examples:
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``wrapper`` to the ``bench`` scenarios."""
-    parser = scenario_parser(subparsers, "wrapper", description=_DESCRIPTION,
+    parser = scenario_parser(subparsers, "wrapper", run=run, description=_DESCRIPTION,
                              help="TritonModel vs coffea's triton_wrapper, transport-bound")
-    add_deprecated_alias(parser, "--out", parser._option_string_actions["--output"])
     add_list_option(parser, "--max-batch-size", type=int, default=[65536, 262144],
                     help="the model's max_batch_size, one server each (default: 65536 262144)")
     parser.add_argument("--no-dynamic-batching", action="store_true",
@@ -39,8 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                     help="max_request_bytes of the sweep, MiB (default: 1 2 4 8 16)")
     add_list_option(parser, "--sweep-in-flight", type=int, default=[1, 2, 4, 8],
                     help="max_in_flight of the sweep (default: 1 2 4 8)")
-    parser.set_defaults(func=run)
-    return parser
+    return old_spellings(parser, "--out")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,10 +19,11 @@ import numpy as np
 
 from .machine import cpu_model, package_versions
 from .modes import coffea_wrapper_class
+from .passthrough import passthrough_inputs
 from .slice_model import write_slice_model
 
 __all__ = ["Timings", "WrapperBench", "client_steps", "run_wrapper", "serial_breakdown",
-           "slice_inputs", "summarize", "sweep"]
+           "summarize", "sweep"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,15 +46,6 @@ class WrapperBench:
     sweep_rounds: int = 12
     sweep_mib: list[float] = field(default_factory=lambda: [1.0, 2.0, 4.0, 8.0, 16.0])
     sweep_in_flight: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-
-
-def slice_inputs(rows: int) -> dict[str, np.ndarray]:
-    """``{"x": rows x 16 float32}``, the same every run (the answer is ``x[:, :2]``).
-
-    >>> slice_inputs(4)["x"].shape
-    (4, 16)
-    """
-    return {"x": np.random.default_rng(0).standard_normal((rows, FEATURES)).astype(np.float32)}
 
 
 def _repository(dest: Path, max_batch_size: int, dynamic_batching: bool) -> Path:
@@ -305,7 +297,7 @@ def run_wrapper(config: WrapperBench) -> dict[str, Any]:
            "cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
            "python": sys.version.split()[0], **{k: v or "?" for k, v in versions.items()},
            "command": " ".join(sys.argv), "load_before": _load()}
-    inputs = slice_inputs(config.rows)
+    inputs = passthrough_inputs(config.rows)
     workdir = Path(tempfile.mkdtemp(prefix="wrapper-vs-tritonmodel-"))
     largest = max(config.max_batch_sizes)
     results: dict[str, Any] = {
@@ -336,7 +328,7 @@ def client_steps(inputs: dict[str, np.ndarray], piece_rows: int, repeats: int) -
     """Milliseconds of each client-side step for one ``piece_rows``-row request in isolation
     (best of ``repeats``): TritonModel's gRPC encoding and decoding against the wrapper's.
 
-    >>> steps = client_steps(slice_inputs(1000), piece_rows=1000, repeats=1)
+    >>> steps = client_steps(passthrough_inputs(1000), piece_rows=1000, repeats=1)
     >>> steps["piece_bytes"], steps["request_wire_bytes"] > steps["piece_bytes"]
     (64000, True)
     """

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -28,8 +27,6 @@ class Run:
     model: str
     procs: int = 1
     client: dict = field(default_factory=dict)  # TritonModel keyword arguments
-    label: str = ""
-    duration: float | None = None
 
 
 @dataclass
@@ -45,14 +42,9 @@ class Server:
 
 def _t(model: str, procs: int, mrb_mib: float | None = None, mif: int | None = None,
        transport: str | None = None) -> Run:
-    client: dict[str, Any] = {}
-    if mrb_mib is not None:
-        client["max_request_bytes"] = int(mrb_mib * MiB)
-    if mif is not None:
-        client["max_in_flight"] = mif
-    if transport is not None:
-        client["transport"] = transport
-    return Run("triton", model, procs, client)
+    client = {"max_request_bytes": None if mrb_mib is None else int(mrb_mib * MiB),
+              "max_in_flight": mif, "transport": transport}
+    return Run("triton", model, procs, {k: v for k, v in client.items() if v is not None})
 
 
 def plan_final(include_16: bool = True) -> list[Server]:

@@ -171,7 +171,7 @@ def _run_one(sweep: _Sweep, run: Run, config: Server, server) -> None:
 def measure(run: Run, config: Server, server, pool: ClientPool, gpu: Any, duration: float,
             device: str) -> dict:
     rows = CHUNK_ROWS[run.model]
-    seconds = run.duration or (duration + (0.5 if run.procs >= 8 else 0.0))
+    seconds = duration + (0.5 if run.procs >= 8 else 0.0)
     task = {"kind": run.kind, "model": run.model, "rows": rows, "client": run.client,
             "duration": seconds, "device": device,
             "url": server.url(run.model) if server is not None else None,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import sys
 import tempfile
 import time
@@ -295,17 +294,15 @@ def run_transport_bench(config: TransportBench) -> dict:
               "uptime_before": uptime_line(), "device": device, "instances": instances,
               "records": records}
     models = sorted({entry.model for entry in entries} - {SINK_NAME})
-    scratch = Path(tempfile.mkdtemp(prefix="bench-transport-"))
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench-transport-",
+                                     ignore_cleanup_errors=True) as scratch:
         if models:
-            write_repository(scratch, models, backend="python", device=device,
+            write_repository(Path(scratch), models, backend="python", device=device,
                              instances=instances, staging=config.staging,
                              gpu_input_tensors=config.gpu_inputs and device == "gpu")
-        repository = write_payload_sink(scratch, instances=2)
+        repository = write_payload_sink(Path(scratch), instances=2)
         with LocalTritonServer(repository=repository, device=device) as server:
             _measure_all(server, entries, device, config.duration, records)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     report["uptime_after"] = uptime_line()
     return report
 

@@ -27,7 +27,6 @@ FOLDER_INPUTS = {
     ("monitor", "--inference-cache"): "caches it reads counters from",
     ("monitor", "--shadow"): "reports it reads",
     ("bench", "trace", "--analyse"): "an earlier run's folder it reads",
-    ("bench", "agc", "--model-files"): "model files it reads",
 }
 
 # Commands that print no result of their own, so no --json.
@@ -36,9 +35,8 @@ NO_RESULT = {
     ("demo",): "writes its results (summary.json, histograms, plot) into -o DIR",
     ("bench",): "without a scenario it lists the scenarios (a help text)",
     **{("bench", name): "writes its results (JSON files, tables, figures) into -o DIR"
-       for name in ("suite", "agc", "cache", "e2e", "fairness", "link", "outage", "pipeline",
-                    "ragged", "reference", "report", "soak", "trace", "transport", "window",
-                    "wrapper")},
+       for name in ("suite", "cache", "e2e", "fairness", "link", "pipeline", "ragged",
+                    "reference", "report", "soak", "trace", "transport", "window", "wrapper")},
 }
 
 DURATION_WORDS = re.compile(r"timeout|interval|duration|window|stagger|delay|threshold|seconds|"
@@ -176,7 +174,7 @@ def test_commands_that_print_a_result_offer_json():
             assert json_options, f"{' '.join(path)} prints a result: offer --json (or say in " \
                                  "NO_RESULT why it prints none)"
     leaves = {path for path, _ in _leaf_commands()}
-    assert set(NO_RESULT) - leaves - {("bench", "agc")} == set(), "NO_RESULT names no command"
+    assert set(NO_RESULT) - leaves == set(), "NO_RESULT names no command"
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[warnings.WarningMessage]]:

@@ -1,61 +1,105 @@
 """The Analysis Grand Challenge's ML step, four ways: events per second of scoring a chunk's jet
-permutations with the jet-parton assignment BDT pair (the zoo's ``reconstruction_bdt_xgb``,
-the AGC's shape and name, :mod:`coffea_sonic.zoo.trees`; or the AGC's own trained files).
-Design notes and examples: docs/internals/bench.md."""
+permutations with the jet-parton assignment BDT pair (the zoo's ``reconstruction_bdt_xgb``, the
+AGC's shape and name, :mod:`coffea_sonic.zoo.trees`; or the AGC's own trained files).
+
+A chunk is ``--events`` events with the AGC's permutation counts (12, 60 or 180 rows of 20
+features for 4, 5 or >= 6 jets; ``JET_MULTIPLICITY`` of a ttbar selection); each event is scored
+by the model not trained on its parity (even events: version 1, trained on odd events). Cases:
+
+* ``local xgboost``: XGBoost in this process (``Booster.inplace_predict``, one call per parity),
+  what the AGC's local path does;
+* ``served (CPU)`` / ``served (GPU)``: the embedded server (Triton FIL backend: XGBoost on the
+  CPU, or on the GPU with ``device="cuda"``), one default ``TritonModel`` per version, both
+  parities in flight together;
+* ``AGC client``: the AGC's own client path against the same server: tritonclient gRPC, the
+  model's metadata asked per chunk, one synchronous ``infer`` per parity
+  (``get_inference_results_triton`` at the pinned commit).
+
+Every answer is checked against local XGBoost (float32 rounding). The AGC's metric, events per
+second per core, is the rate over the client's cores (a served case's client is one process on
+one core; local XGBoost predicts on every core of the machine). ``--end-to-end-events`` also runs
+the whole analysis (``coffea_sonic.examples.agc.AgcProcessor``) served and in-process.
+
+Run from a checkout (it is not part of the installed package): ``python benchmarks/agc_bench.py
+--help``; RESULTS.md holds its results.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
+import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from .files import pyplot, save_figure, table, write_report
-from .machine import machine_info, uptime_line
-
-__all__ = ["AgcBench", "JET_MULTIPLICITY", "agc_chunk", "markdown", "plot_agc", "run_agc",
-           "write_agc"]
+from coffea_sonic.bench.commands import add_numbers
+from coffea_sonic.bench.files import pyplot, save_figure, table, write_report
+from coffea_sonic.bench.machine import machine_info, uptime_line
+from coffea_sonic.cliargs import add_list_option
 
 MODEL = "reconstruction_bdt_xgb"
 #: Share of selected ttbar events with 4, 5 and >= 6 jets (permutations: 12, 60, 180).
 JET_MULTIPLICITY = {12: 0.40, 60: 0.32, 180: 0.28}
+RESULTS = Path(__file__).resolve().parent / "results" / "cpu2-agc"
+
+DESCRIPTION = """\
+Scores a chunk of AGC-like events (12, 60 or 180 jet permutations of 20 features each; each event
+by the BDT not trained on its parity) with the zoo's reconstruction_bdt_xgb pair four ways: XGBoost
+in this process (the AGC's local path), the embedded server's FIL backend through a default
+TritonModel (both parities in flight) on each --devices, and the AGC's own client path
+(tritonclient gRPC, metadata per chunk, one synchronous call per parity) against the same server.
+Every answer is checked against local XGBoost. Prints events/s, events/s per client core (the AGC's
+metric) and the ratio to local XGBoost; writes agc.json, agc.md and agc.png into -o DIR.
+
+examples:
+  python benchmarks/agc_bench.py                          # CPU server, 20 000 events per chunk
+  python benchmarks/agc_bench.py --model-files tests/data/agc     # the AGC's own 251-tree models
+  python benchmarks/agc_bench.py --devices cpu,gpu -o benchmarks/results/gpu-agc   # GPU machine
+"""
 
 
-@dataclass
-class AgcBench:
-    """Events per chunk, seconds per case, and where the server runs."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options; ``-o`` defaults to the folder RESULTS.md names for the CPU machine."""
+    parser = argparse.ArgumentParser(prog="agc_bench.py", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-o", "--output", default=str(RESULTS), metavar="DIR",
+                        help="folder to write results into (default: benchmarks/results/cpu2-agc "
+                             "of this checkout)")
+    add_numbers(parser, [("--events", int, 20_000, "events per chunk"),
+                         ("--seconds", float, 5.0, "seconds per case"),
+                         ("--end-to-end-events", int, 0,
+                          "also run the whole AGC analysis (AgcProcessor, one process) on a "
+                          "synthetic sample of this many events, served and in-process (0: no)")])
+    add_list_option(parser, "--devices", default=["cpu"], choices=["cpu", "gpu"],
+                    metavar="DEVICE",
+                    help="where the embedded server runs the BDTs (default: cpu; gpu: XGBoost "
+                         "on CUDA)")
+    parser.add_argument("--model-files", metavar="DIR",
+                        help="a folder with the AGC's own model_odd.json (served as version 1) "
+                             "and model_even.json (version 2) instead of the zoo's pair")
+    return parser
 
-    events: int = 20_000
-    seconds: float = 5.0
-    devices: list[str] = field(default_factory=lambda: ["cpu"])
-    #: a folder with the AGC's own ``model_odd.json`` (version 1) and ``model_even.json``
-    #: (version 2) to use instead of the zoo's pair (None: the zoo's)
-    model_files: str | None = None
-    #: events of the synthetic AGC-like sample the whole analysis runs on (0: none), one
-    #: process (coffea's IterativeExecutor), served and with XGBoost in-process
-    end_to_end_events: int = 0
 
+def _files(model_files: str | None) -> dict[int, Path]:
+    from coffea_sonic.zoo.trees import tree_file
 
-def _files(config: AgcBench) -> dict[int, Path]:
-    from ..zoo.trees import tree_file
-
-    if config.model_files is None:
+    if model_files is None:
         return {version: tree_file(MODEL, version) for version in (1, 2)}
-    folder = Path(config.model_files)
+    folder = Path(model_files)
     return {1: folder / "model_odd.json", 2: folder / "model_even.json"}
 
 
-def _server(config: AgcBench, device: str, files: dict[int, Path]):
+def _server(model_files: str | None, device: str, files: dict[int, Path]) -> Any:
     """The embedded server of the BDT pair: the zoo's by name, or a repository of ``files``."""
-    from ..server import LocalTritonServer
-    from ..zoo.trees import tree_config_text
+    from coffea_sonic.server import LocalTritonServer
+    from coffea_sonic.zoo.trees import tree_config_text
 
-    if config.model_files is None:
+    if model_files is None:
         return LocalTritonServer(models=[MODEL], device=device)
     repository = Path(tempfile.mkdtemp(prefix="agc-bench-"))
     (repository / MODEL).mkdir()
@@ -99,8 +143,8 @@ def _local(rows: np.ndarray, even: np.ndarray,
     return score
 
 
-def _served(server, rows: np.ndarray, even: np.ndarray) -> Callable[[], np.ndarray]:
-    from ..model import TritonModel
+def _served(server: Any, rows: np.ndarray, even: np.ndarray) -> Callable[[], np.ndarray]:
+    from coffea_sonic.model import TritonModel
 
     models = {version: TritonModel(server.url(MODEL, version)) for version in (1, 2)}
 
@@ -114,7 +158,7 @@ def _served(server, rows: np.ndarray, even: np.ndarray) -> Callable[[], np.ndarr
     return score
 
 
-def _agc_client(server, rows: np.ndarray, even: np.ndarray) -> Callable[[], np.ndarray]:
+def _agc_client(server: Any, rows: np.ndarray, even: np.ndarray) -> Callable[[], np.ndarray]:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(server.grpc_address)
@@ -134,25 +178,24 @@ def _agc_client(server, rows: np.ndarray, even: np.ndarray) -> Callable[[], np.n
     return score
 
 
-def run_agc(config: AgcBench) -> dict:
+def run_agc(args: argparse.Namespace) -> dict:
     """Every case; the report (machine, load, command, rates, ratios to local XGBoost)."""
-    import sys
-
-    rows, even = agc_chunk(config.events)
-    files = _files(config)
+    rows, even = agc_chunk(args.events)
+    files = _files(args.model_files)
     report = {"machine": machine_info(), "uptime_before": uptime_line(),
-              "command": " ".join(sys.argv), "events": config.events, "rows": len(rows),
-              "seconds": config.seconds, "models": {v: str(p) for v, p in files.items()},
+              "command": " ".join(sys.argv), "events": args.events, "rows": len(rows),
+              "seconds": args.seconds, "models": {v: str(p) for v, p in files.items()},
               "cases": []}
-    local_rate, reference = _rate(_local(rows, even, files), config.events, config.seconds)
+    local_rate, reference = _rate(_local(rows, even, files), args.events, args.seconds)
     cores = os.cpu_count() or 1
     report["cases"].append({"case": f"local xgboost (this process, {cores} CPU threads)",
                             "events_per_s": local_rate, "client_cores": cores})
-    for device in config.devices:
-        with _server(config, device, files) as server:
-            for name, make in ((f"served ({device.upper()}), TritonModel", _served),
-                               (f"AGC client (tritonclient, {device.upper()} server)", _agc_client)):
-                rate, answer = _rate(make(server, rows, even), config.events, config.seconds)
+    for device in args.devices:
+        with _server(args.model_files, device, files) as server:
+            cases = ((f"served ({device.upper()}), TritonModel", _served),
+                     (f"AGC client (tritonclient, {device.upper()} server)", _agc_client))
+            for name, make in cases:
+                rate, answer = _rate(make(server, rows, even), args.events, args.seconds)
                 worst = float(np.abs(answer - reference).max())
                 if worst > 1e-5:
                     raise AssertionError(f"{name}: answers differ from local XGBoost by {worst}")
@@ -161,40 +204,40 @@ def run_agc(config: AgcBench) -> dict:
     for case in report["cases"]:
         case["vs_local"] = case["events_per_s"] / local_rate
         case["events_per_s_per_core"] = case["events_per_s"] / case["client_cores"]
-    if config.end_to_end_events:
-        report["end_to_end"] = _end_to_end(config, files)
+    if args.end_to_end_events:
+        report["end_to_end"] = _end_to_end(args, files)
     report["uptime_after"] = uptime_line()
     report["client_cores_available"] = os.cpu_count()
     return report
 
 
-def _end_to_end(config: AgcBench, files: dict[int, Path]) -> list[dict]:
+def _end_to_end(args: argparse.Namespace, files: dict[int, Path]) -> list[dict]:
     """The whole AGC analysis (selection, features, the ML step, histograms, systematics) in one
     process on a synthetic sample: events/s served on each device and with XGBoost in-process;
     the ML histograms of every case equal the local ones."""
     from coffea import processor
     from coffea.nanoevents import NanoAODSchema
 
-    from ..data.agc_sample import write_agc_sample
-    from ..examples.agc import AgcProcessor
+    from coffea_sonic.data.agc_sample import write_agc_sample
+    from coffea_sonic.examples.agc import AgcProcessor
 
     schema = type("QuietSchema", (NanoAODSchema,), {"warn_missing_crossrefs": False})
     sample = write_agc_sample(tempfile.mkdtemp(prefix="agc-e2e-"),
-                              events=config.end_to_end_events // 2, files=2, seed=5)
+                              events=args.end_to_end_events // 2, files=2, seed=5)
     runnable = {name: {"files": {path: "Events" for path in paths}}
                 for name, paths in sample.items()}
 
-    def run(instance) -> tuple[float, dict]:
+    def run(instance: Any) -> tuple[float, dict]:
         runner = processor.Runner(executor=processor.IterativeExecutor(status=False),
                                   schema=schema, chunksize=20_000)
         began = time.perf_counter()
         output = runner(runnable, treename="Events", processor_instance=instance)
-        return config.end_to_end_events / (time.perf_counter() - began), output
+        return args.end_to_end_events / (time.perf_counter() - began), output
 
     rate, local = run(AgcProcessor(local_models={v: str(p) for v, p in files.items()}))
     rows = [{"case": "AGC analysis, XGBoost in-process", "events_per_s": rate}]
-    for device in config.devices:
-        with _server(config, device, files) as server:
+    for device in args.devices:
+        with _server(args.model_files, device, files) as server:
             rate, served = run(AgcProcessor(f"triton+grpc://{server.grpc_address}"))
         top = "mass_w1w2btophad"
         if not np.array_equal(served["ml_hist_dict"][top].values(),
@@ -225,19 +268,27 @@ def plot_agc(reports: list[dict], path: str | Path) -> Path:
 def markdown(report: dict) -> str:
     """The cases as a table, with machine, load and command."""
     m = report["machine"]
+    gpus = ", ".join(m.get("gpus") or []) or "no GPU"
     lines = [f"# AGC ML step: {report['events']} events ({report['rows']} permutations) per chunk "
-             f"({m['cpu_model']}, {m['cpu_cores']} cores, {', '.join(m.get('gpus') or []) or 'no GPU'}, "
-             f"{m['date']})", "", f"load: before `{report['uptime_before']}`, after "
+             f"({m['cpu_model']}, {m['cpu_cores']} cores, {gpus}, {m['date']})", "",
+             f"load: before `{report['uptime_before']}`, after "
              f"`{report.get('uptime_after', '')}`", "", f"command: `{report['command']}`", "",
              *table(["case", "events/s", "events/s per client core", "vs local xgboost"], [
-                 [row["case"], f"{row['events_per_s']:,.0f}", f"{row['events_per_s_per_core']:,.0f}",
+                 [row["case"], f"{row['events_per_s']:,.0f}",
+                  f"{row['events_per_s_per_core']:,.0f}",
                   f"{row['vs_local']:.2f}x" if "vs_local" in row else "-"]
                  for row in [*report["cases"], *report.get("end_to_end", [])]])]
     return "\n".join(lines) + "\n"
 
 
-def write_agc(report: dict, out: str) -> str:
-    """agc.json, agc.md and agc.png in ``out``; returns the table."""
-    table = write_report(report, out, "agc", markdown)
-    plot_agc([report], Path(out) / "agc.png")
-    return table
+def main(argv: list[str] | None = None) -> int:
+    """Run every case; write agc.json, agc.md and agc.png into ``-o``; print the table."""
+    args = build_parser().parse_args(argv)
+    report = run_agc(args)
+    print(write_report(report, args.output, "agc", markdown))
+    plot_agc([report], Path(args.output) / "agc.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

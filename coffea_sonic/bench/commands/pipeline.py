@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +20,7 @@ from ...errors import ConfigurationError
 from ..clients import ClientPool, ready_then_start, timed_calls
 from ..files import table as markdown_table, write_report
 from ..machine import machine_info
+from ..rounds import merge_rounds
 from . import add_numbers, old_spellings, scenario_parser
 
 __all__ = ["MODES", "PipelineConfig", "chunks", "register", "run_pipeline", "table"]
@@ -306,23 +307,16 @@ def _measure(config: PipelineConfig, mode: str, clients: int, server: Any, pool:
     return record
 
 
-def _measure_rounds(config: PipelineConfig, server: Any, pool: ClientPool, gpu: Any,
-                    report: dict) -> list[dict]:
-    """Every mode in ``config.rounds`` alternating windows per client count, merged; the
-    windows go into ``report["windows"]``."""
-    from dataclasses import replace
-
-    from ..rounds import merge_rounds
-
-    window_config = replace(config, duration=config.duration / config.rounds)
-    windows = report.setdefault("windows", [])
-    for clients in config.clients:
-        for round_index in range(config.rounds):
-            for mode in config.modes:
-                windows.append({**_measure(window_config, mode, clients, server, pool, gpu),
-                                "round": round_index})
-                logger.info("%s", windows[-1])
-    return merge_rounds(windows)
+def _plan(config: PipelineConfig) -> list[tuple[str, int, dict]]:
+    """(mode, clients, what the record adds) in the order they run: with ``rounds`` > 1 every mode
+    in each round per client count; else each mode per client count, then direct once more (the
+    direct rate moves between runs: the served ones compare with the mean of both)."""
+    if config.rounds > 1:
+        return [(mode, clients, {"round": index}) for clients in config.clients
+                for index in range(config.rounds) for mode in config.modes]
+    again = "direct" in config.modes and len(config.modes) > 1
+    return ([(mode, clients, {}) for mode in config.modes for clients in config.clients]
+            + [("direct", clients, {"again": True}) for clients in config.clients if again])
 
 
 def add_ratios(records: list[dict]) -> None:
@@ -375,20 +369,14 @@ def run_pipeline(config: PipelineConfig, out: str | Path) -> tuple[dict, str]:
         server = _start_server(config, report)
         report["direct_stage_ms"] = _stage_ms(config.device, config.events, config.gpu)
         logger.info("direct, ms per stage of one call: %s", report["direct_stage_ms"])
-        if config.rounds > 1:
-            records.extend(_measure_rounds(config, server, pool, gpu, report))
-        else:
-            for mode in config.modes:
-                for clients in config.clients:
-                    records.append(_measure(config, mode, clients, server, pool, gpu))
-                    logger.info("%s", records[-1])
-            # the direct rate moves between runs: once more after the served runs, and the
-            # served ones compared with the mean of both
-            again = "direct" in config.modes and len(config.modes) > 1
-            for clients in config.clients if again else ():
-                records.append({**_measure(config, "direct", clients, server, pool, gpu),
-                                "again": True})
-                logger.info("%s", records[-1])
+        # rounds: the windows merged per mode and client count are the records
+        runs = report.setdefault("windows", []) if config.rounds > 1 else records
+        window = replace(config, duration=config.duration / config.rounds)
+        for mode, clients, extra in _plan(config):
+            runs.append({**_measure(window, mode, clients, server, pool, gpu), **extra})
+            logger.info("%s", runs[-1])
+        if runs is not records:
+            records.extend(merge_rounds(runs))
     finally:
         add_ratios(records)
         gpu.__exit__(None, None, None)

@@ -44,25 +44,20 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _sweep(args: argparse.Namespace) -> dict:
-    import tempfile
-    from pathlib import Path
-
-    from ...server import LocalTritonServer
     from ..clients import ClientPool
     from ..machine import machine_info, uptime_line
-    from ..passthrough import PASSTHROUGH, write_passthrough
-    from ..reference import tritonmodel_task
+    from ..passthrough import PASSTHROUGH
+    from ..reference import _served, tritonmodel_task
 
     report = {"machine": machine_info(), "uptime_before": uptime_line(), "rows": args.rows,
               "window_s": args.window_s, "command": " ".join(sys.argv), "windows": {}}
-    repository = write_passthrough(Path(tempfile.mkdtemp(prefix="passthrough-")))
     pool = ClientPool(1, tritonmodel_task)
     try:
-        with LocalTritonServer(repository=repository, device="cpu") as server:
+        with _served(PASSTHROUGH, None, "cpu") as (grpc_address, http_address):
             for _, transport, size, flight in itertools.product(
                     range(args.rounds), args.transports, args.sizes_mib, args.in_flight):
                 scheme = "http" if transport == "http" else "grpc"
-                address = server.http_address if scheme == "http" else server.grpc_address
+                address = http_address if scheme == "http" else grpc_address
                 task = {"url": f"triton+{scheme}://{address}/{PASSTHROUGH}",
                         "transport": transport, "rows": args.rows, "model": PASSTHROUGH,
                         "duration": args.window_s,

@@ -105,13 +105,14 @@ class ClientPool:
         ``errors`` (the failed processes'), ``server_profile`` (Triton's, of ``model`` at the
         gRPC address ``server``, over ``task["duration"]``; None without both) and
         ``gpu_percent`` (the mean busy of ``gpu``, a GpuUtilisation; None without)."""
-        from .probes import run_gpu_mean, server_profile, server_statistics, statistics_transport
+        from .probes import ServerMeter, run_gpu_mean, server_profile
 
-        stats = (statistics_transport(server) if server and model else None)
-        before = server_statistics(stats, model) if stats and model else None
+        meter = ServerMeter(server, [model] if model else [])
+        meter.start()
         start, results = self.run(task, procs)
-        profile = (server_profile(before, server_statistics(stats, model), task["duration"])
-                   if stats and model and before is not None else None)
+        meter.stop()
+        summary = meter.summary(model or "", task["duration"])
+        profile = server_profile(summary) if summary else None
         return {"start": start, "results": results, "server_profile": profile,
                 "errors": [result["error"] for result in results if "error" in result],
                 "gpu_percent": (None if gpu is None

@@ -20,7 +20,7 @@ from ..errors import ConfigurationError
 from ..examples.jet_tagging import PHYSICS_MODELS, JetTaggingProcessor
 from ..stats import InferenceStats
 from .config import BenchConfig
-from .probes import server_statistics, server_statistics_summary, statistics_transport
+from .probes import ServerMeter
 from .scaling import ScalingModel
 
 logger = logging.getLogger(__name__)
@@ -175,11 +175,6 @@ def _analysis_sample(events: int, files: int, warmup_events: int) -> Iterator[tu
             os.environ["PYTHONWARNINGS"] = saved
 
 
-def _server_meter(address: str) -> Callable[[], dict]:
-    transport = statistics_transport(address)
-    return lambda: {name: server_statistics(transport, name) for name in E2E_MODELS}
-
-
 def _as_runner_fileset(fileset: Mapping[str, list[str]]) -> dict:
     return {name: {"files": {path: "Events" for path in files}} for name, files in fileset.items()}
 
@@ -212,7 +207,7 @@ def histogram_bins(output: dict) -> dict[str, dict[str, list]]:
 
 
 def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[str]], workers: int,
-              chunksize: int, measure_server: Callable | None, gpu: Any = None) -> dict:
+              chunksize: int, server: str | None, gpu: Any = None) -> dict:
     from coffea import processor
     from coffea.nanoevents import NanoAODSchema
 
@@ -227,11 +222,12 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
         # Warm-up on other files: every worker loads its engine / opens its channel once, as in a
         # long job. (Same files would reuse the cached results: coffea submits pure tasks.)
         runner(_as_runner_fileset(warmup), treename="Events", processor_instance=analysis)
-        before = measure_server() if measure_server else None
+        meter = ServerMeter(server, E2E_MODELS)
+        meter.start()
         started, started_at = time.perf_counter(), time.time()
         output = runner(_as_runner_fileset(fileset), treename="Events", processor_instance=analysis)
         wall_s = time.perf_counter() - started
-        after = measure_server() if measure_server else None
+        meter.stop()
         peaks = cluster.client.run(_worker_peak_rss)
         gpu_percent = gpu.mean_between(started_at, time.time()) if gpu is not None else None
     events = sum(int(entry["events"]) for entry in output["cutflow"].values())
@@ -248,9 +244,8 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
         "histograms": histogram_bins(output),
     }
     row["inference_share"] = row["inference_seconds"] / (wall_s * workers)
-    if before is not None and after is not None:
-        row["server_busy_s"] = sum(server_statistics_summary(after[name] - before[name], wall_s)
-                                   ["busy_s"] for name in before)
+    if meter.models:
+        row["server_busy_s"] = sum(meter.summary(name, wall_s)["busy_s"] for name in meter.models)
     return row
 
 
@@ -272,8 +267,7 @@ def run_end_to_end(config: BenchConfig, *, server_address: str | None,
             if server_address:
                 progress(f"e2e: served inference ({server_address}), {workers} worker(s)")
                 analysis = JetTaggingProcessor(f"triton+grpc://{server_address}", physics=True)
-                row = _run_once(analysis, fileset, warmup, workers, chunksize,
-                                _server_meter(server_address))
+                row = _run_once(analysis, fileset, warmup, workers, chunksize, server_address)
                 rows.append({"inference": "served", **row})
     cpu_wall = {row["workers"]: row["wall_s"] for row in rows if row["inference"] == "cpu"}
     for row in rows:
@@ -375,8 +369,8 @@ def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4
     files = max(1, min(16, os.cpu_count() or 1, workers))
     rows: list[dict] = []
 
-    def run(label: str, gpus_used: int, analysis: Any, meter: Callable | None, sampler: Any):
-        row = _run_once(analysis, fileset, warmup, workers, chunksize, meter, sampler)
+    def run(label: str, gpus_used: int, analysis: Any, server: str | None, sampler: Any):
+        row = _run_once(analysis, fileset, warmup, workers, chunksize, server, sampler)
         rows.append({"inference": label, "gpus": gpus_used, **row})
         progress(f"e2e: {_row_line(rows[-1])}")
 
@@ -407,7 +401,7 @@ def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4
                 address = server.grpc_address
                 run(f"served-{len(gpu_list)}gpu" if gpu_list else "served-cpu", len(gpu_list),
                     JetTaggingProcessor(f"triton+grpc://{address}", physics=True),
-                    _server_meter(address), sampler.only(gpu_list) if gpu_list else None)
+                    address, sampler.only(gpu_list) if gpu_list else None)
     return summarise(rows, events=events, workers=workers, chunksize=chunksize,
                      gpus_available=available)
 

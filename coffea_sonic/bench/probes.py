@@ -106,9 +106,40 @@ def statistics_transport(server: str) -> Transport:
     return open_transport(target.settings(), "grpc")
 
 
-def server_statistics(transport: Transport, model: str, timeout_s: float = 30.0) -> ServerStatistics:
-    """Triton's cumulative statistics of ``model`` (every version) through ``transport``."""
-    return transport.statistics(model, "", timeout_s)
+class ServerMeter:
+    """Triton's cumulative statistics of ``models`` (every version) at ``server`` (an address
+    for :func:`statistics_transport`, or a transport; None: nothing to read), read at
+    :meth:`start` and :meth:`stop`: what the server did for them over a timed window.
+
+    >>> meter = ServerMeter("127.0.0.1:1", ["jet_tagger"])
+    >>> meter.models, meter.summary("jet_tagger"), ServerMeter(None, ["jet_tagger"]).models
+    (('jet_tagger',), None, ())
+    """
+
+    def __init__(self, server: "str | Transport | None", models: Sequence[str]) -> None:
+        self.transport = statistics_transport(server) if isinstance(server, str) else server
+        self.models = tuple(models) if server else ()
+        self.before: dict[str, ServerStatistics] = {}
+        self.after: dict[str, ServerStatistics] = {}
+        self.started = self.stopped = 0.0
+
+    def _read(self) -> dict[str, ServerStatistics]:
+        return {model: self.transport.statistics(model, "", 30.0) for model in self.models}
+
+    def start(self) -> None:
+        self.before, self.started = self._read(), time.perf_counter()
+
+    def stop(self) -> None:
+        self.stopped = time.perf_counter()
+        self.after = self._read()
+
+    def summary(self, model: str, wall_s: float | None = None) -> dict | None:
+        """:func:`server_statistics_summary` of ``model`` over the window (``wall_s``: its
+        seconds, default from :meth:`start` to :meth:`stop`); None before both ran."""
+        if model not in self.before or model not in self.after:
+            return None
+        return server_statistics_summary(self.after[model] - self.before[model],
+                                         self.stopped - self.started if wall_s is None else wall_s)
 
 
 def server_statistics_summary(delta: ServerStatistics, wall_s: float) -> dict:
@@ -140,24 +171,21 @@ def server_statistics_summary(delta: ServerStatistics, wall_s: float) -> dict:
     return summary
 
 
-def server_profile(before: ServerStatistics, after: ServerStatistics, wall_s: float) -> dict:
+def server_profile(summary: dict) -> dict:
     """Per-request server times (ms), average batch, requests, executions and busy fraction of
-    one model between two cumulative statistics (the benchmark scripts' table columns).
+    one model from its :func:`server_statistics_summary` (the benchmark scripts' table columns).
 
-    >>> after = ServerStatistics(success_count=10, inference_count=1000, execution_count=5,
+    >>> delta = ServerStatistics(success_count=10, inference_count=1000, execution_count=5,
     ...                          queue_ns=20_000_000, compute_infer_ns=50_000_000)
-    >>> profile = server_profile(ServerStatistics(), after, wall_s=0.1)
+    >>> profile = server_profile(server_statistics_summary(delta, wall_s=0.1))
     >>> profile["queue_ms"], profile["compute_infer_ms"], profile["avg_batch"], profile["busy_fraction"]
     (2.0, 5.0, 200.0, 0.25)
     """
-    delta = after - before
-    summary = server_statistics_summary(delta, wall_s)
     profile = {f"{part}_ms": round(summary[f"{part}_ms_per_request"], 3)
                for part in ("queue", "compute_input", "compute_infer", "compute_output")}
-    profile["avg_batch"] = round(delta.average_batch, 1)
-    profile["requests"] = delta.success_count
-    profile["executions"] = delta.execution_count
-    profile["busy_fraction"] = round(summary["busy_fraction"], 3)
+    profile.update(avg_batch=round(summary["average_batch"], 1),
+                   requests=summary["success_count"], executions=summary["execution_count"],
+                   busy_fraction=round(summary["busy_fraction"], 3))
     return profile
 
 

@@ -19,28 +19,13 @@ from .modes import output_row_bytes, row_bytes
 from ..facility.check_report import parse_target
 from ..transport.base import Transport
 from ..transport.errors import TransportError
-from .probes import (GpuUtilisation, server_statistics, server_statistics_summary,
-                     statistics_transport)
+from .probes import GpuUtilisation, ServerMeter, statistics_transport
 from .derived import compute_scaling, compute_targets, equality_summary, request_profile
 
 logger = logging.getLogger(__name__)
 
 SCHEMA = "coffea-sonic-bench/1"
 Progress = Callable[[str], None]
-
-
-def normalize_server_address(server: str) -> str:
-    """``host:port`` from ``host:port``, ``triton+grpc://host:port[/model...]`` or ``grpc://...``.
-
-    >>> normalize_server_address("triton+grpc://gpu.example.org:8001/jet_tagger")
-    'gpu.example.org:8001'
-    >>> normalize_server_address("localhost")
-    'localhost:8001'
-    """
-    try:
-        return parse_target(server).address
-    except ConfigurationError as error:
-        raise ConfigurationError(f"--server: {error}") from None
 
 
 def _summary(values: list[float]) -> dict:
@@ -85,28 +70,6 @@ def _rss_summary(per_client: list[dict], tensor_bytes: int) -> dict:
     }
 
 
-class _ServerProbe:
-    """Snapshots of the server's statistics for one model around a measurement."""
-
-    def __init__(self, transport: Transport, model: str) -> None:
-        self.transport, self.model = transport, model
-        self.before = self.after = None
-        self.started = self.stopped = 0.0
-
-    def start(self) -> None:
-        self.before = server_statistics(self.transport, self.model)
-        self.started = time.perf_counter()
-
-    def stop(self) -> None:
-        self.stopped = time.perf_counter()
-        self.after = server_statistics(self.transport, self.model)
-
-    def summary(self) -> dict | None:
-        if self.before is None or self.after is None:
-            return None
-        return server_statistics_summary(self.after - self.before, self.stopped - self.started)
-
-
 class BenchSuite:
     """State of one run: config, server address, reference outputs, measurements so far."""
 
@@ -147,7 +110,10 @@ class BenchSuite:
             return modes
         config = self.config
         if config.server:
-            self.server_address = normalize_server_address(config.server)
+            try:
+                self.server_address = parse_target(config.server).address
+            except ConfigurationError as error:
+                raise ConfigurationError(f"--server: {error}") from None
             self.server_info = {"address": self.server_address, "embedded": False}
         else:
             from ..server import LocalTritonServer
@@ -222,20 +188,18 @@ class BenchSuite:
             cpu_threads=config.cpu_threads, keep_outputs=clients == 1)
         self.progress(f"{model:>16} {mode:<14} batch {batch_size:>6} in-flight {in_flight:>2} "
                       f"clients {clients:>2}")
-        probe = _ServerProbe(self.stats_transport, model) if served else None
+        probe = ServerMeter(self.stats_transport if served else None, [model])
         gpu_sampler = GpuUtilisation() if self.gpu else None
         stack = contextlib.ExitStack()
 
         def on_start() -> None:
-            if probe is not None:
-                probe.start()
+            probe.start()
             if gpu_sampler is not None:
                 stack.enter_context(gpu_sampler)
 
         def on_stop() -> None:
             stack.close()
-            if probe is not None:
-                probe.stop()
+            probe.stop()
 
         try:
             with stack:
@@ -273,7 +237,7 @@ class BenchSuite:
                 "elapsed_s": time.perf_counter() - self.started}
 
     def _record(self, job: ClientJob, clients: int, per_client: list[dict],
-                probe: _ServerProbe | None, gpu_sampler: GpuUtilisation | None) -> dict:
+                probe: ServerMeter, gpu_sampler: GpuUtilisation | None) -> dict:
         config = self.config
         rows = job.chunk_rows
         # repetition r of the aggregate = the sum over clients of their r-th chunk's rate
@@ -312,7 +276,7 @@ class BenchSuite:
                                               if counters.get("bytes_received") else None),
             "client_counters": counters,
             "client_rss": _rss_summary(per_client, tensor_bytes),
-            "server": probe.summary() if probe is not None else None,
+            "server": probe.summary(job.model),
             "gpu": gpu_sampler.summary() if gpu_sampler is not None else None,
             "max_abs_diff": None,
         }

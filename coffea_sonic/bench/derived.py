@@ -96,21 +96,11 @@ def equality_summary(measurements: list[dict], server_device: str | None = None)
     >>> equality_summary([{"model": "m", "mode": "remote", "max_abs_diff": 3e-5}], "cpu")["all_equal"]
     False
     """
-    per_model: dict[str, dict[str, float]] = {}
-    for record in measurements:
-        if record.get("max_abs_diff") is None:
-            continue
-        modes = per_model.setdefault(record["model"], {})
-        modes[record["mode"]] = max(modes.get(record["mode"], 0.0), record["max_abs_diff"])
+    per_model = _worst_per_mode(measurements, "max_abs_diff")
     tolerances = {mode: (GPU_OUTPUT_TOLERANCE if mode == "local-gpu"
                          or (mode in SERVED_MODES and server_device == "gpu") else OUTPUT_TOLERANCE)
                   for modes in per_model.values() for mode in modes}
-    vs_local_gpu: dict[str, dict[str, float]] = {}
-    for record in measurements:
-        if record.get("max_abs_diff_vs_local_gpu") is not None:
-            modes = vs_local_gpu.setdefault(record["model"], {})
-            modes[record["mode"]] = max(modes.get(record["mode"], 0.0),
-                                        record["max_abs_diff_vs_local_gpu"])
+    vs_local_gpu = _worst_per_mode(measurements, "max_abs_diff_vs_local_gpu")
     worst = max((value for modes in per_model.values() for value in modes.values()), default=0.0)
     all_equal = bool(per_model) and all(value <= tolerances[mode] for modes in per_model.values()
                                         for mode, value in modes.items())
@@ -118,6 +108,16 @@ def equality_summary(measurements: list[dict], server_device: str | None = None)
             "tolerance": OUTPUT_TOLERANCE, "gpu_tolerance": GPU_OUTPUT_TOLERANCE,
             "tolerance_per_mode": tolerances, "max_abs_diff": per_model, "worst": worst,
             "all_equal": all_equal, "max_abs_diff_vs_local_gpu": vs_local_gpu}
+
+
+def _worst_per_mode(measurements: list[dict], key: str) -> dict[str, dict[str, float]]:
+    """The largest ``key`` of the records, per model and mode (records without it left out)."""
+    worst: dict[str, dict[str, float]] = {}
+    for record in measurements:
+        if record.get(key) is not None:
+            modes = worst.setdefault(record["model"], {})
+            modes[record["mode"]] = max(modes.get(record["mode"], 0.0), record[key])
+    return worst
 
 
 #: Served aggregate / in-process on the same GPU: model -> minimum ratio.
@@ -133,10 +133,9 @@ def _target(name: str, model: str, target: float | None, measured: float | None,
         met = bool(measured <= target) if lower_is_better else bool(measured >= target)
     shortfall = None
     if met is False:
-        if lower_is_better:
-            shortfall = f"over by {100 * (measured / target - 1):.0f} % ({measured:.2f} vs {target:g})"
-        else:
-            shortfall = f"missed by {100 * (1 - measured / target):.0f} % ({measured:.2f} vs {target:g})"
+        by = 100 * abs(measured / target - 1)
+        shortfall = (f"{'over' if lower_is_better else 'missed'} by {by:.0f} % "
+                     f"({measured:.2f} vs {target:g})")
     return {"name": name, "model": model, "target": target, "measured": measured, "met": met,
             "lower_is_better": lower_is_better, "shortfall": shortfall, "detail": detail, **extra}
 
@@ -238,34 +237,33 @@ def compute_scaling(measurements: list[dict], config: BenchConfig) -> dict:
     """Fit the SONIC scaling model per model to the clients sweep; add the network bound."""
     fits = {}
     for model in config.models:
-        for mode in ("remote",):
-            points = sorted(select(measurements, model=model, mode=mode, sweep="clients"),
-                            key=lambda r: r["clients"])
-            if len(points) < 2:
-                continue
-            clients = [r["clients"] for r in points]
-            events_per_s = [r["events_per_s"]["median"] for r in points]
-            rows_per_event = points[0]["rows_per_event"]
-            busy = [(r.get("server") or {}).get("busy_s_per_row") for r in points]
-            busy = [b for b in busy if b]
-            hint = busy[-1] * rows_per_event if busy else None
-            fit = fit_scaling_model(clients, events_per_s, p=1.0, t_cpu=0.0, t_gpu_hint=hint)
-            wire = points[0].get("wire_bytes_sent_per_chunk") or points[0]["tensor_bytes_per_chunk"]
-            received = (points[0].get("wire_bytes_received_per_chunk")
-                        or points[0]["output_bytes_per_chunk"])
-            bytes_per_event = (wire + received) / points[0]["chunk_rows"] * rows_per_event
-            model_fit: ScalingModel = fit.model
-            network = {f"{gbps:g}": model_fit.network_bound_clients(gbps, bytes_per_event)
-                       for gbps in config.link_gbps}
-            fits[model] = {
-                "mode": mode, "batch_size": points[0]["batch_size"],
-                "rows_per_event": rows_per_event, "bytes_per_event": bytes_per_event,
-                "t_gpu_hint_from_server": hint, **fit.to_dict(),
-                "t_gpu_per_row": model_fit.t_gpu / rows_per_event,
-                "t_latency_per_row": model_fit.t_latency / rows_per_event,
-                "network_bound_clients": network,
-                "recommendation": _recommendation(model_fit, network),
-            }
+        points = sorted(select(measurements, model=model, mode="remote", sweep="clients"),
+                        key=lambda r: r["clients"])
+        if len(points) < 2:
+            continue
+        clients = [r["clients"] for r in points]
+        events_per_s = [r["events_per_s"]["median"] for r in points]
+        rows_per_event = points[0]["rows_per_event"]
+        busy = [(r.get("server") or {}).get("busy_s_per_row") for r in points]
+        busy = [b for b in busy if b]
+        hint = busy[-1] * rows_per_event if busy else None
+        fit = fit_scaling_model(clients, events_per_s, p=1.0, t_cpu=0.0, t_gpu_hint=hint)
+        wire = points[0].get("wire_bytes_sent_per_chunk") or points[0]["tensor_bytes_per_chunk"]
+        received = (points[0].get("wire_bytes_received_per_chunk")
+                    or points[0]["output_bytes_per_chunk"])
+        bytes_per_event = (wire + received) / points[0]["chunk_rows"] * rows_per_event
+        model_fit: ScalingModel = fit.model
+        network = {f"{gbps:g}": model_fit.network_bound_clients(gbps, bytes_per_event)
+                   for gbps in config.link_gbps}
+        fits[model] = {
+            "mode": "remote", "batch_size": points[0]["batch_size"],
+            "rows_per_event": rows_per_event, "bytes_per_event": bytes_per_event,
+            "t_gpu_hint_from_server": hint, **fit.to_dict(),
+            "t_gpu_per_row": model_fit.t_gpu / rows_per_event,
+            "t_latency_per_row": model_fit.t_latency / rows_per_event,
+            "network_bound_clients": network,
+            "recommendation": _recommendation(model_fit, network),
+        }
     return fits
 
 

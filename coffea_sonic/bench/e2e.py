@@ -262,19 +262,14 @@ def run_end_to_end(config: BenchConfig, *, server_address: str | None,
                           2 * chunksize * max(workers_list)) as (fileset, warmup):
         for workers in workers_list:
             progress(f"e2e: in-process CPU inference, {workers} worker(s)")
-            row = _run_once(InProcessJetTagging(), fileset, warmup, workers, chunksize, None)
-            rows.append({"inference": "cpu", **row})
+            cpu = _run_once(InProcessJetTagging(), fileset, warmup, workers, chunksize, None)
+            rows.append({"inference": "cpu", **cpu, "speedup": 1.0})
             if server_address:
                 progress(f"e2e: served inference ({server_address}), {workers} worker(s)")
                 analysis = JetTaggingProcessor(f"triton+grpc://{server_address}", physics=True)
                 row = _run_once(analysis, fileset, warmup, workers, chunksize, server_address)
-                rows.append({"inference": "served", **row})
-    cpu_wall = {row["workers"]: row["wall_s"] for row in rows if row["inference"] == "cpu"}
-    for row in rows:
-        if row["inference"] == "served" and row["workers"] in cpu_wall:
-            row["speedup"] = cpu_wall[row["workers"]] / row["wall_s"]
-        else:
-            row["speedup"] = 1.0 if row["inference"] == "cpu" else None
+                rows.append({"inference": "served", **row,
+                             "speedup": cpu["wall_s"] / row["wall_s"]})
     result: dict = {"events": events, "chunksize": chunksize, "workers": workers_list,
                     "models": list(E2E_MODELS), "rows": rows}
     one = {row["inference"]: row for row in rows if row["workers"] == workers_list[0]}

@@ -27,23 +27,24 @@ MODE_COLOURS = {"cpu": "tab:blue", "local-gpu": "tab:green", "remote": "tab:red"
                 "remote-sync": "tab:orange", "coffea-wrapper": "tab:gray"}
 
 
-def format_rate(value: float | None) -> str:
-    """Human-readable count per second (k, M, G)."""
+def _scaled(value: float | None, units: tuple[tuple[float, str, str], ...]) -> str:
+    """``value`` over the first ``(scale, unit, spec)`` of ``units`` (largest first) that it
+    reaches, the last where it reaches none; ``–`` where None or not finite."""
     if value is None or not math.isfinite(value):
         return "–"
-    for scale, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{suffix}"
-    return f"{value:.3g}"
+    scale, unit, spec = next((u for u in units if abs(value) >= u[0]), units[-1])
+    return f"{value / scale:{spec}}{unit}"
+
+
+def format_rate(value: float | None) -> str:
+    """Human-readable count per second (k, M, G)."""
+    return _scaled(value, ((1e9, " G", ".3g"), (1e6, " M", ".3g"), (1e3, " k", ".3g"),
+                           (1.0, "", ".3g")))
 
 
 def format_bytes(value: float | None) -> str:
-    if value is None:
-        return "–"
-    for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {suffix}"
-    return f"{value:.0f} B"
+    return _scaled(value, ((2**30, " GiB", ".1f"), (2**20, " MiB", ".1f"),
+                           (2**10, " KiB", ".1f"), (1, " B", ".0f")))
 
 
 def format_seconds(value: float | None) -> str:
@@ -52,12 +53,8 @@ def format_seconds(value: float | None) -> str:
     >>> format_seconds(0.0123), format_seconds(2.5e-6), format_seconds(3.0)
     ('12.3 ms', '2.5 µs', '3 s')
     """
-    if value is None or not math.isfinite(value):
-        return "–"
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value / 1e-9:.3g} ns"
+    return _scaled(value, ((1.0, " s", ".3g"), (1e-3, " ms", ".3g"), (1e-6, " µs", ".3g"),
+                           (1e-9, " ns", ".3g")))
 
 
 def _clean(value):
@@ -320,6 +317,13 @@ def _panels(records: list[dict]) -> tuple[Any, list[tuple[Any, str]]]:
     return figure, list(zip(axes[0], models))
 
 
+def _style(axis, legend_size: float | None = None, **settings: Any) -> None:
+    """``axis.set(**settings)``, a light grid and the legend."""
+    axis.set(**settings)
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend(fontsize=legend_size)
+
+
 def _spread(axis, points: list[dict], x: str, y: str, **style) -> None:
     """``y``'s median against ``x``, its min–max as error bars."""
     median = np.array([r[y]["median"] for r in points])
@@ -342,11 +346,9 @@ def _plot_batch(results: dict, path: Path) -> bool:
             if points:
                 _spread(axis, points, "batch_size", "rows_per_s", label=mode,
                         color=MODE_COLOURS.get(mode))
-        axis.set(xscale="log", yscale="log", xlabel="batch size (rows per request)",
-                 ylabel="rows / s (median, min–max)",
-                 title=f"{model}: one client process (★ = tool's default batching)")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
+        _style(axis, xscale="log", yscale="log", xlabel="batch size (rows per request)",
+               ylabel="rows / s (median, min–max)",
+               title=f"{model}: one client process (★ = tool's default batching)")
     return bool(panels) and _save_figure(figure, path, results)
 
 
@@ -368,11 +370,8 @@ def _plot_clients(results: dict, path: Path) -> bool:
                 best = max(r["events_per_s"]["median"] for r in single)
                 axis.axhline(best, color=MODE_COLOURS[mode], linestyle="--",
                              label=f"{mode}, one process (best batch)")
-        axis.set(xlabel="concurrent client processes", ylabel="events / s (aggregate)",
-                 title=f"{model}: measured vs predicted")
-        axis.set_ylim(bottom=0)
-        axis.grid(True, alpha=0.3)
-        axis.legend(fontsize=8)
+        _style(axis, 8, xlabel="concurrent client processes", ylabel="events / s (aggregate)",
+               title=f"{model}: measured vs predicted", ylim=(0, None))
     return bool(panels) and _save_figure(figure, path, results)
 
 
@@ -403,10 +402,8 @@ def _plot_in_flight(results: dict, path: Path) -> bool:
         points = sorted((r for r in records if r["model"] == model), key=lambda r: r["in_flight"])
         axis.plot([r["in_flight"] for r in points], [r["rows_per_s"]["median"] for r in points],
                   marker="o", label=f"{model}, batch {points[0]['batch_size']}")
-    axis.set(xlabel="requests in flight", ylabel="rows / s", yscale="log",
-             title="remote: pipelining")
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend()
+    _style(axis, xlabel="requests in flight", ylabel="rows / s", yscale="log",
+           title="remote: pipelining")
     return _save_figure(figure, path)
 
 
@@ -426,10 +423,8 @@ def _plot_e2e(results: dict, path: Path) -> bool:
     if predicted:
         axis.plot([p["workers"] for p in predicted], [p["events_per_s"] for p in predicted],
                   color="black", linestyle="--", label="SONIC model (served)")
-    axis.set(xlabel="Dask workers", ylabel="events / s", title="demo analysis, end to end")
-    axis.set_ylim(bottom=0)
-    axis.grid(True, alpha=0.3)
-    axis.legend()
+    _style(axis, xlabel="Dask workers", ylabel="events / s", title="demo analysis, end to end",
+           ylim=(0, None))
     return _save_figure(figure, path)
 
 

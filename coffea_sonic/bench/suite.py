@@ -17,6 +17,7 @@ from .config import SERVED_MODES, BenchConfig
 from .machine import machine_info
 from .modes import output_row_bytes, row_bytes
 from ..facility.check_report import parse_target
+from ..server import LocalTritonServer, gpu_available
 from ..transport.base import Transport
 from ..transport.errors import TransportError
 from .probes import GpuUtilisation, ServerMeter, statistics_transport
@@ -88,8 +89,8 @@ class BenchSuite:
         self.references: dict[str, dict[str, np.ndarray]] = {}
         #: local-gpu outputs: what outputs computed on the GPU are also compared with
         self.gpu_references: dict[str, dict[str, np.ndarray]] = {}
-        self.gpu = False
-        self.machine: dict = {}
+        self.gpu = gpu_available()
+        self.machine = machine_info()
         self.modes: list[str] = []
         self.started = time.perf_counter()
         self._seen: dict[tuple, dict] = {}
@@ -116,8 +117,6 @@ class BenchSuite:
                 raise ConfigurationError(f"--server: {error}") from None
             self.server_info = {"address": self.server_address, "embedded": False}
         else:
-            from ..server import LocalTritonServer
-
             served_models = list(config.models)
             if config.e2e_events > 0:
                 from .e2e import E2E_MODELS
@@ -315,8 +314,6 @@ class BenchSuite:
 
 def _local_gpu_unavailable() -> str | None:
     """Why the local-gpu mode can't run here (None if it can)."""
-    from ..server import gpu_available
-
     if not gpu_available():
         return "no CUDA GPU on this machine (nvidia-smi lists none)"
     try:
@@ -335,15 +332,9 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None,
     ``checkpoint``: a JSON file rewritten after every measurement with the records so far
     (:func:`finish_results` turns such a file into a full result).
     """
-    started = time.perf_counter()
     suite = BenchSuite(config, progress, checkpoint)
-    from ..server import gpu_available
-
-    suite.gpu = gpu_available()
-    suite.machine = machine_info()
     with contextlib.ExitStack() as stack:
-        suite.modes = suite.available_modes()
-        suite.modes = suite.connect(stack, suite.modes)
+        suite.modes = suite.connect(stack, suite.available_modes())
         for model in config.models:
             suite.reference_outputs(model)
         suite.run_sweeps(suite.modes)
@@ -356,8 +347,7 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None,
     if not suite.measurements:
         raise ModelNotFoundError(
             f"no benchmark configuration ran; skipped: {suite.skipped}")
-    return finish_results({**suite.snapshot(), "e2e": e2e,
-                           "elapsed_s": time.perf_counter() - started})
+    return finish_results({**suite.snapshot(), "e2e": e2e})
 
 
 def finish_results(raw: dict) -> dict:

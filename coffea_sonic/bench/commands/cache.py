@@ -46,10 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """``<scenario>.json`` in ``--output``."""
-    started = time.perf_counter()
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    progress = progress_printer(started)
+    progress = progress_printer()
     if args.scenario == "demo-twice":
         results = demo_twice(output, args.demo_args.split(), progress)
     else:

@@ -105,18 +105,19 @@ class ClientPool:
         ``errors`` (the failed processes'), ``server_profile`` (Triton's, of ``model`` at the
         gRPC address ``server``, over ``task["duration"]``; None without both) and
         ``gpu_percent`` (the mean busy of ``gpu``, a GpuUtilisation; None without)."""
-        from .probes import ServerMeter, run_gpu_mean, server_profile
+        from .probes import ServerMeter, server_profile
 
         meter = ServerMeter(server, [model] if model else [])
         meter.start()
         start, results = self.run(task, procs)
         meter.stop()
         summary = meter.summary(model or "", task["duration"])
-        profile = server_profile(summary) if summary else None
-        return {"start": start, "results": results, "server_profile": profile,
+        # the GPUs' mean busy leaves out the window's first 0.2 s (ramp-up)
+        busy = None if gpu is None else gpu.mean_between(start + 0.2, start + task["duration"])
+        return {"start": start, "results": results,
+                "server_profile": server_profile(summary) if summary else None,
                 "errors": [result["error"] for result in results if "error" in result],
-                "gpu_percent": (None if gpu is None
-                                else run_gpu_mean(gpu, start, start + task["duration"]))}
+                "gpu_percent": None if busy is None else round(busy, 1)}
 
     def _get(self, procs: int, timeout_s: float) -> tuple[str, Any]:
         """The next control message; RuntimeError if a process died or nothing came in time."""

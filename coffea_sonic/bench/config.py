@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from functools import partial
 
 from .. import zoo
 from ..errors import ConfigurationError
@@ -86,8 +87,7 @@ class BenchConfig:
         """Batch sizes swept for ``model``: within its max_batch_size and its chunk."""
         sizes = self.batch_sizes_per_model.get(model, self.batch_sizes)
         limit = min(zoo.spec(model).max_batch_size, self.chunk_rows_for(model))
-        kept = tuple(sorted({min(int(size), limit) for size in sizes}))
-        return kept
+        return tuple(sorted({min(int(size), limit) for size in sizes}))
 
     def batch_sweep_for(self, model: str) -> tuple[int, ...]:
         """Batch sizes of the batch sweep: 0 (each tool's default) first when included."""
@@ -110,33 +110,25 @@ class BenchConfig:
     @classmethod
     def quick(cls, **overrides) -> "BenchConfig":
         """Small sweeps that finish in well under 3 minutes on a 2-core machine."""
-        return cls(**{**_PRESET_SETTINGS["quick"], "preset": "quick", **overrides})
-
-    @classmethod
-    def full(cls, **overrides) -> "BenchConfig":
-        """The default sweeps over jet_tagger and emtrk_cnn (minutes on a workstation)."""
-        return cls(**{**_PRESET_SETTINGS["full"], "preset": "full", **overrides})
-
-    @classmethod
-    def gpu(cls, **overrides) -> "BenchConfig":
-        """Sweeps sized for a GPU node with 16 cores (the H100 machine of RESULTS.md), < 7 min."""
-        return cls(**{**_PRESET_SETTINGS["gpu"], "preset": "gpu", **overrides})
+        return PRESETS["quick"](**overrides)
 
     @classmethod
     def tiny(cls, **overrides) -> "BenchConfig":
         """The smallest meaningful run (tests): every mode, two batch sizes, 1-2 clients."""
-        return cls(**{**_PRESET_SETTINGS["tiny"], "preset": "tiny", **overrides})
+        return PRESETS["tiny"](**overrides)
 
 
 _PRESET_SETTINGS: dict[str, dict] = {
     "quick": dict(models=("jet_tagger",), batch_sizes=(256, 1024, 4096), in_flight=(1, 2, 4),
                   clients=(1, 2, 3), chunk_rows=16384, repetitions=5, warmup=1,
                   e2e_events=8000, e2e_workers=(1, 2)),
+    # the default sweeps over jet_tagger and emtrk_cnn (minutes on a workstation)
     "full": dict(models=("jet_tagger", "emtrk_cnn"),
                  batch_sizes_per_model={"emtrk_cnn": (64, 256, 1024)},
                  chunk_rows_per_model={"emtrk_cnn": 1024},
                  reference_batch_per_model={"jet_tagger": 4096, "emtrk_cnn": 256},
                  e2e_events=20000, e2e_workers=(1, 2)),
+    # sized for a GPU node with 16 cores (the H100 machine of RESULTS.md), < 7 min
     "gpu": dict(models=("jet_tagger", "emtrk_cnn"),
                 batch_sizes_per_model={"jet_tagger": (4096, 16384, 65536),
                                        "emtrk_cnn": (256, 2048)},
@@ -148,5 +140,6 @@ _PRESET_SETTINGS: dict[str, dict] = {
                  chunk_rows=1024, repetitions=2, warmup=1, link_gbps=(10.0,)),
 }
 
-PRESETS = {"quick": BenchConfig.quick, "full": BenchConfig.full, "gpu": BenchConfig.gpu,
-           "tiny": BenchConfig.tiny}
+#: ``--preset NAME``: the config of those settings, ``overrides`` applied on top.
+PRESETS = {name: partial(BenchConfig, **settings, preset=name)
+           for name, settings in _PRESET_SETTINGS.items()}

@@ -11,6 +11,7 @@ import tempfile
 import time
 import warnings
 from concurrent.futures import Future, ProcessPoolExecutor
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -207,7 +208,8 @@ def histogram_bins(output: dict) -> dict[str, dict[str, list]]:
 
 
 def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[str]], workers: int,
-              chunksize: int, server: str | None, gpu: Any = None) -> dict:
+              chunksize: int, server: str | None,
+              gpu_mean: Callable[[float, float], float | None] | None = None) -> dict:
     from coffea import processor
     from coffea.nanoevents import NanoAODSchema
 
@@ -229,7 +231,7 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
         wall_s = time.perf_counter() - started
         meter.stop()
         peaks = cluster.client.run(_worker_peak_rss)
-        gpu_percent = gpu.mean_between(started_at, time.time()) if gpu is not None else None
+        gpu_percent = gpu_mean(started_at, time.time()) if gpu_mean is not None else None
     events = sum(int(entry["events"]) for entry in output["cutflow"].values())
     jets = sum(int(entry["jets"]) for entry in output["cutflow"].values())
     inference: dict[str, InferenceStats] = output.get("inference", {})
@@ -364,8 +366,9 @@ def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4
     files = max(1, min(16, os.cpu_count() or 1, workers))
     rows: list[dict] = []
 
-    def run(label: str, gpus_used: int, analysis: Any, server: str | None, sampler: Any):
-        row = _run_once(analysis, fileset, warmup, workers, chunksize, server, sampler)
+    def run(label: str, gpus_used: int, analysis: Any, server: str | None,
+            gpu_mean: Callable[[float, float], float | None] | None):
+        row = _run_once(analysis, fileset, warmup, workers, chunksize, server, gpu_mean)
         rows.append({"inference": label, "gpus": gpus_used, **row})
         progress(f"e2e: {_row_line(rows[-1])}")
 
@@ -376,11 +379,11 @@ def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4
         progress(f"e2e: wrote {events} events in {files} files per dataset in "
                  f"{time.perf_counter() - started:.0f} s; chunks of {chunksize}, {workers} workers")
         progress(f"e2e: in-process CPU inference, {workers} workers")
-        run("cpu", 0, InProcessJetTagging("cpu"), None, sampler)
+        run("cpu", 0, InProcessJetTagging("cpu"), None, sampler.mean_between)
         if local_gpu and available:
             progress(f"e2e: in-process GPU inference in every worker ({available} GPUs)")
             run("gpu-local", available, InProcessJetTagging("cuda"), None,
-                sampler.only(range(available)))
+                partial(sampler.mean_between, gpus=range(available)))
         if available and not sets:
             progress(f"e2e: no served run: this machine has {available} GPU(s), none of the "
                      f"counts asked for ({', '.join(map(str, gpus))})")
@@ -396,7 +399,7 @@ def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4
                 address = server.grpc_address
                 run(f"served-{len(gpu_list)}gpu" if gpu_list else "served-cpu", len(gpu_list),
                     JetTaggingProcessor(f"triton+grpc://{address}", physics=True),
-                    address, sampler.only(gpu_list) if gpu_list else None)
+                    address, partial(sampler.mean_between, gpus=gpu_list) if gpu_list else None)
     return summarise(rows, events=events, workers=workers, chunksize=chunksize,
                      gpus_available=available)
 

@@ -189,24 +189,6 @@ def server_profile(summary: dict) -> dict:
     return profile
 
 
-def run_gpu_mean(gpu: "GpuUtilisation", start: float, end: float) -> float | None:
-    """Mean GPU busy (%) of a run between ``start`` and ``end`` (``time.time()``), its first 0.2 s
-    (ramp-up) left out; None without samples."""
-    mean = gpu.mean_between(start + 0.2, end)
-    return round(mean, 1) if mean is not None else None
-
-
-class GpuSubset:
-    """:meth:`GpuUtilisation.only`: ``mean_between`` over some GPUs of a running sampler."""
-
-    def __init__(self, sampler: "GpuUtilisation", gpus: tuple[int, ...]) -> None:
-        self.sampler = sampler
-        self.gpus = gpus
-
-    def mean_between(self, start: float, end: float) -> float | None:
-        return self.sampler.mean_between(start, end, self.gpus)
-
-
 class GpuUtilisation:
     """Sample ``nvidia-smi`` every ``interval_ms`` while the block runs (no-op without a GPU).
 
@@ -277,14 +259,6 @@ class GpuUtilisation:
         inside = [value for stamp, value, index in zip(self.times, self.utilisation, self.indices)
                   if start <= stamp <= end and (wanted is None or index in wanted)]
         return sum(inside) / len(inside) if inside else None
-
-    def only(self, gpus: "Sequence[int]") -> "GpuSubset":
-        """The same samples, averaged over ``gpus`` only (the GPUs a run uses).
-
-        >>> GpuUtilisation().only([0]).mean_between(0.0, 1.0) is None
-        True
-        """
-        return GpuSubset(self, tuple(gpus))
 
     def summary(self) -> dict:
         samples = self.utilisation

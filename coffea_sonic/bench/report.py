@@ -3,7 +3,6 @@ Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -13,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .config import MODES
-from .files import cell, pyplot, save_figure, section, table
+from .files import cell, pyplot, save_figure, section, table, write_report
 from .machine import machine_label
 
 logger = logging.getLogger(__name__)
@@ -431,15 +430,9 @@ def _plot_e2e(results: dict, path: Path) -> bool:
 def write_outputs(results: dict, output_dir: str | os.PathLike) -> dict[str, Path]:
     """Write results.json, results.md and the PNG plots into ``output_dir``; return their paths."""
     directory = Path(output_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    written: dict[str, Path] = {}
-    json_path = directory / JSON_NAME
-    with open(json_path, "w") as handle:
-        json.dump(_clean(results), handle, indent=1, allow_nan=False)
-    written["json"] = json_path
-    markdown_path = directory / MARKDOWN_NAME
-    markdown_path.write_text(markdown_report(results))
-    written["markdown"] = markdown_path
+    # the tables come from the unrounded results
+    write_report(_clean(results), directory, "results", lambda _: markdown_report(results))
+    written = {"json": directory / JSON_NAME, "markdown": directory / MARKDOWN_NAME}
     for key, name, plot in (("batch_plot", BATCH_PLOT, _plot_batch),
                             ("clients_plot", CLIENTS_PLOT, _plot_clients),
                             ("in_flight_plot", IN_FLIGHT_PLOT, _plot_in_flight),

@@ -4,8 +4,10 @@ Design notes and examples: docs/internals/bench.md."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -131,8 +133,9 @@ class BenchSuite:
             self.server_address = server.grpc_address
             instance_lines = [line.strip() for line in server.log_tail(400).splitlines()
                               if "ModelInstanceInitialize" in line or "GPU device" in line]
-            self.server_info = {"instance_log": instance_lines[:20],"address": self.server_address, "embedded": True,
-                                "device": server.device, "instances": config.server_instances,
+            self.server_info = {"instance_log": instance_lines[:20], "embedded": True,
+                                "address": self.server_address, "device": server.device,
+                                "instances": config.server_instances,
                                 "startup_s": time.perf_counter() - started,
                                 "log": str(server.log_path)}
         self.stats_transport = statistics_transport(self.server_address)
@@ -219,14 +222,11 @@ class BenchSuite:
 
     def _write_checkpoint(self) -> None:
         """Keep what is measured so far on disk: a run killed at a time limit still reports."""
-        if not self.checkpoint:
-            return
-        import json
+        if self.checkpoint:
+            from .report import _clean
 
-        from .report import _clean
-
-        with open(self.checkpoint, "w") as handle:
-            json.dump(_clean({**self.snapshot(), "partial": True}), handle, indent=1)
+            Path(self.checkpoint).write_text(
+                json.dumps(_clean({**self.snapshot(), "partial": True}), indent=1))
 
     def snapshot(self) -> dict:
         """The raw collected state (what :func:`finish_results` derives everything from)."""

@@ -294,9 +294,7 @@ def _scaling_inputs(cpu: dict, served: dict, t_gpu: float) -> dict:
 
 def analysis_scaling(e2e: dict, bench_scaling: dict, config: BenchConfig) -> dict:
     """The SONIC model of the demo analysis (measured p, t_CPU, t_GPU, t_latency) and its advice."""
-    inputs = e2e["scaling_inputs"]
-    model = ScalingModel(t_gpu=inputs["t_gpu"], t_latency=inputs["t_latency"], p=inputs["p"],
-                         t_cpu=inputs["t_cpu"])
+    model = scaling_model(e2e["scaling_inputs"])
     measured = {row["workers"]: row["events_per_s"] for row in e2e["rows"]
                 if row["inference"] == "served"}
     top = max(max(measured, default=1) * 2, int(model.saturation_clients() * 1.5) + 1)
@@ -342,11 +340,10 @@ def gpu_sets(counts: Sequence[int], available: int) -> list[list[int]]:
     return [list(range(count)) for count in sorted(set(counts)) if 1 <= count <= available]
 
 
-def predicted_events_per_s(inputs: dict, workers: int, n_gpu: int) -> float:
-    """Events/s the SONIC scaling model predicts for ``workers`` workers sharing ``n_gpu`` GPUs."""
-    model = ScalingModel(t_gpu=max(inputs["t_gpu"], 1e-12), t_latency=inputs["t_latency"],
-                         p=inputs["p"], t_cpu=inputs["t_cpu"], n_gpu=n_gpu)
-    return model.throughput(workers)
+def scaling_model(inputs: dict, n_gpu: int = 1) -> ScalingModel:
+    """The SONIC scaling model of measured ``inputs`` (p, t_cpu, t_gpu, t_latency) on ``n_gpu``."""
+    return ScalingModel(t_gpu=max(inputs["t_gpu"], 1e-12), t_latency=inputs["t_latency"],
+                        p=inputs["p"], t_cpu=inputs["t_cpu"], n_gpu=n_gpu)
 
 
 def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4),
@@ -418,12 +415,11 @@ def summarise(rows: list[dict], **facts: Any) -> dict:
         inputs = {**_scaling_inputs(cpu, first, t_gpu),
                   "from": f"cpu and served-{first['gpus']}gpu runs"}
         for row in served:
-            row["predicted_events_per_s"] = predicted_events_per_s(inputs, row["workers"],
-                                                                   row["gpus"])
+            row["predicted_events_per_s"] = scaling_model(inputs, row["gpus"]).throughput(
+                row["workers"])
     result = {**facts, "models": list(E2E_MODELS), "rows": rows, "scaling_inputs": inputs}
     if inputs:
-        model = ScalingModel(t_gpu=max(inputs["t_gpu"], 1e-12), t_latency=inputs["t_latency"],
-                             p=inputs["p"], t_cpu=inputs["t_cpu"])
+        model = scaling_model(inputs)
         result["advice"] = (f"one GPU saturates at about {model.saturation_clients():.0f} such "
                             f"workers: CPU:GPU ≈ {model.recommended_cpu_per_gpu()}:1")
     result["summary"] = " ".join(_row_line(row) for row in rows)

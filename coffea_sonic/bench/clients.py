@@ -69,7 +69,6 @@ class ClientPool:
     def __init__(self, size: int, run_task: RunTask) -> None:
         context = mp.get_context("spawn")
         self.size = size
-        self.run_task = run_task
         self.control = context.Queue()
         self.queues = [context.Queue() for _ in range(size)]
         self.processes = [context.Process(target=_serve, args=(run_task, q, self.control),

@@ -64,19 +64,13 @@ def _engine(name: str, device: str = "cpu"):
     return _ENGINES[name, device]
 
 
-class _ModelInfo:
-    def __init__(self, name: str) -> None:
-        self.outputs = zoo.spec(name).outputs
-        self.output_names = zoo.spec(name).output_names
-
-
 class _EngineModel:
     """In-process stand-in for a TritonModel: same call surface, engine seconds in ``latency_s``."""
 
     def __init__(self, name: str, device: str = "cpu") -> None:
         self.name = name
         self.device = device
-        self.info = _ModelInfo(name)
+        self.info = zoo.spec(name)  # the outputs and output_names the processor reads
         self.stats = InferenceStats()
         self.call_hooks: tuple = ()  # nothing to trace, shadow or attribute in-process
 

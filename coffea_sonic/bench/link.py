@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from .files import table, write_report
-from .machine import machine_info, uptime_line
+from .machine import load_lines, machine_title, stamped
 from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
 
 __all__ = ["LinkBench", "call_phases", "compressibility", "markdown", "parse_links", "run_link",
@@ -297,13 +297,11 @@ def _link_cases(config: LinkBench, rate: float, rtts: list[float], repository: P
 
 def run_link(config: LinkBench) -> dict:
     """Every link and path of ``config``; the report (machine, load, command, cases)."""
-    report = {"machine": machine_info(), "uptime_before": uptime_line(),
-              "command": " ".join(sys.argv), "seconds": config.seconds, "cases": []}
-    repository = write_passthrough(Path(tempfile.mkdtemp(prefix="link-bench-")))
-    for rate, rtts in config.links:
-        report["cases"] += _link_cases(config, rate, rtts, repository)
-    report["compressibility"] = compressibility() if config.compression else {}
-    report["uptime_after"] = uptime_line()
+    with stamped(seconds=config.seconds, cases=[]) as report:
+        repository = write_passthrough(Path(tempfile.mkdtemp(prefix="link-bench-")))
+        for rate, rtts in config.links:
+            report["cases"] += _link_cases(config, rate, rtts, repository)
+        report["compressibility"] = compressibility() if config.compression else {}
     return report
 
 
@@ -318,10 +316,8 @@ def _case_cells(c: dict) -> list:
 
 def markdown(report: dict) -> str:
     """The cases and the compressibility table, with machine, load and command."""
-    m = report["machine"]
-    lines = [f"# passthrough across a tbf-shaped link ({m['cpu_model']}, {m['cpu_cores']} cores, "
-             f"{m['date']})", "", f"load: before `{report['uptime_before']}`, after "
-             f"`{report.get('uptime_after', '')}`", "", f"command: `{report['command']}`", "",
+    lines = [f"# passthrough across a tbf-shaped link ({machine_title(report['machine'])})", "",
+             *load_lines(report),
              *table(["server", "link", "added RTT", "compression", "call MB", "calls",
                      "raw TCP busy", "model: link busy", "payload Mbit/s",
                      "per call: head / sending / tail ms"], map(_case_cells, report["cases"])),

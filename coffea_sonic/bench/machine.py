@@ -3,6 +3,7 @@ Design notes and examples: docs/internals/bench.md."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import os
@@ -10,6 +11,8 @@ import platform
 import shutil
 import socket
 import subprocess
+import sys
+from typing import Any, Iterator
 
 #: Distributions whose versions every result records.
 RECORDED_PACKAGES: tuple[str, ...] = (
@@ -97,6 +100,17 @@ def machine_label(info: dict) -> str:
     return f"cpu{info.get('cpu_cores', 0)}"
 
 
+def machine_title(machine: dict) -> str:
+    """The CPU, its cores, the first GPU (where there is one) and the date, for a page's title.
+
+    >>> machine_title({"cpu_model": "Xeon", "cpu_cores": 2, "gpus": [], "date": "2026-01-01"})
+    'Xeon, 2 cores, 2026-01-01'
+    """
+    gpu = f", {machine['gpus'][0]}" if machine.get("gpus") else ""
+    return (f"{machine.get('cpu_model', '?')}, {machine.get('cpu_cores')} cores{gpu}, "
+            f"{machine.get('date', '')}")
+
+
 def uptime_line() -> str:
     """``uptime``'s line (the machine's load beside a result), or "" where it cannot run.
 
@@ -107,3 +121,30 @@ def uptime_line() -> str:
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
     except OSError:
         return ""
+
+
+@contextlib.contextmanager
+def stamped(**fields: Any) -> Iterator[dict]:
+    """A run's report: ``machine``, ``uptime_before`` and ``command`` (this process' argv), then
+    ``fields``; ``uptime_after`` is stamped when the block ends.
+
+    >>> with stamped(rows=[]) as report:
+    ...     report["rows"].append(1)
+    >>> list(report)
+    ['machine', 'uptime_before', 'command', 'rows', 'uptime_after']
+    """
+    report = {"machine": machine_info(), "uptime_before": uptime_line(),
+              "command": " ".join(sys.argv), **fields}
+    yield report
+    report["uptime_after"] = uptime_line()
+
+
+def load_lines(report: dict) -> list[str]:
+    """A report's Markdown lines of the machine's load before and after and of its command.
+
+    >>> load_lines({"uptime_before": "a", "uptime_after": "b", "command": "c"})
+    ['load: before `a`, after `b`', '', 'command: `c`', '']
+    """
+    return [f"load: before `{report.get('uptime_before', '')}`, after "
+            f"`{report.get('uptime_after', '')}`", "",
+            f"command: `{report.get('command', '')}`", ""]

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 from .. import zoo
 from .clients import ClientPool, ready_then_start, timed_calls
 from .files import pyplot, save_figure, table, write_report
-from .machine import machine_info, uptime_line
+from .machine import load_lines, machine_title, stamped
 from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
 from .perf_analyzer import PerfAnalyzerUnavailable, install
 
@@ -184,16 +184,9 @@ def _cells(row: dict) -> list:
     return [row["model"], row["transport"], row["call_rows"], tm, pa, ratio]
 
 
-def _title(results: dict) -> str:
-    machine = results["machine"]
-    return (f"{machine.get('cpu_model', '')}, {machine.get('cpu_cores')} cores"
-            f"{', ' + machine['gpus'][0] if machine.get('gpus') else ''}, {machine['date']}")
-
-
 def _page(results: dict) -> str:
-    text = [f"# TritonModel at defaults vs perf_analyzer ({_title(results)})", "",
-            f"load: before `{results['uptime_before']}`, after `{results.get('uptime_after', '')}`",
-            "", markdown_table(results["rows"]), ""]
+    text = [f"# TritonModel at defaults vs perf_analyzer ({machine_title(results['machine'])})", "",
+            *load_lines(results), markdown_table(results["rows"]), ""]
     if results.get("perf_analyzer_error"):
         text += [f"perf_analyzer not run: {results['perf_analyzer_error']}", ""]
     return "\n".join(text)
@@ -217,7 +210,7 @@ def _write(results: dict, output: Path) -> None:
                           ha="center", va="bottom", fontsize=8)
     axis.set_xticks(list(xs), [f"{row['model']}\n{row['transport']}" for row in rows], fontsize=8)
     axis.set_ylabel("M rows/s")
-    axis.set_title(_title(results), fontsize=9)
+    axis.set_title(machine_title(results["machine"]), fontsize=9)
     axis.legend(fontsize=8)
     save_figure(figure, output / "reference.png")
 
@@ -246,28 +239,25 @@ def run_reference_bench(config: ReferenceConfig, output_dir: str | Path, server:
     from ..model import TritonModel
 
     output = Path(output_dir)
-    results: dict[str, Any] = {"machine": machine_info(), "uptime_before": uptime_line(),
-                               "config": config.__dict__, "rows": []}
     try:
         analyzer, error = install(), ""
     except PerfAnalyzerUnavailable as unavailable:
         analyzer, error = None, str(unavailable)
         logger.warning("perf_analyzer rows left out: %s", error)
-    results["perf_analyzer_error"] = error
     pool = ClientPool(1, tritonmodel_task)
-    try:
-        for model in config.models:
-            with _served(model, server, device) as addresses:
-                probe = TritonModel(f"triton+grpc://{addresses[0]}/{model}", transport="grpc")
-                for transport in config.transports:
-                    results["rows"].append(_measure_row(
-                        config, pool, analyzer, error, model, transport, addresses,
-                        lambda batch, probe=probe: _output_bytes(probe, batch)))
-                    _write(results, output)
-                probe.close()
-    finally:
-        pool.close()
-    results["uptime_after"] = uptime_line()
+    with stamped(config=config.__dict__, rows=[], perf_analyzer_error=error) as results:
+        try:
+            for model in config.models:
+                with _served(model, server, device) as addresses:
+                    probe = TritonModel(f"triton+grpc://{addresses[0]}/{model}", transport="grpc")
+                    for transport in config.transports:
+                        results["rows"].append(_measure_row(
+                            config, pool, analyzer, error, model, transport, addresses,
+                            lambda batch, probe=probe: _output_bytes(probe, batch)))
+                        _write(results, output)
+                    probe.close()
+        finally:
+            pool.close()
     _write(results, output)
     return results
 

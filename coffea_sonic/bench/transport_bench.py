@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import tempfile
 import time
 from collections import deque
@@ -18,7 +17,7 @@ import numpy as np
 
 from .clients import ClientPool, ready_then_start
 from .files import cell, pyplot, save_figure, table, write_report
-from .machine import machine_info, machine_label, uptime_line
+from .machine import load_lines, machine_label, stamped
 from .modes import row_bytes as model_row_bytes
 from .report import format_rate
 from .slice_model import SINK_NAME, write_payload_sink
@@ -289,21 +288,18 @@ def run_transport_bench(config: TransportBench) -> dict:
     entries = config.entries(device)
     if not entries:
         raise ValueError(f"plan {config.plan!r} has no entry of kinds {list(config.kinds)}")
-    records: list[dict] = []
-    report = {**asdict(config), "machine": machine_info(), "command": " ".join(sys.argv),
-              "uptime_before": uptime_line(), "device": device, "instances": instances,
-              "records": records}
     models = sorted({entry.model for entry in entries} - {SINK_NAME})
-    with tempfile.TemporaryDirectory(prefix="bench-transport-",
-                                     ignore_cleanup_errors=True) as scratch:
+    fields = {**asdict(config), "device": device, "instances": instances, "records": []}
+    with stamped(**fields) as report, \
+            tempfile.TemporaryDirectory(prefix="bench-transport-",
+                                        ignore_cleanup_errors=True) as scratch:
         if models:
             write_repository(Path(scratch), models, backend="python", device=device,
                              instances=instances, staging=config.staging,
                              gpu_input_tensors=config.gpu_inputs and device == "gpu")
         repository = write_payload_sink(Path(scratch), instances=2)
         with LocalTritonServer(repository=repository, device=device) as server:
-            _measure_all(server, entries, device, config.duration, records)
-    report["uptime_after"] = uptime_line()
+            _measure_all(server, entries, device, config.duration, report["records"])
     return report
 
 
@@ -351,9 +347,7 @@ def markdown(report: dict) -> str:
              f"device {report.get('device')}, {report.get('instances')} model instance(s), "
              f"staging {report.get('staging')}, "
              f"{report.get('duration', report.get('duration_s'))} s per window", "",
-             f"load: before `{report.get('uptime_before', '')}`, after "
-             f"`{report.get('uptime_after', '')}`", "",
-             f"command: `{report.get('command', '')}`", "",
+             *load_lines(report),
              *table(["transport", "model", "rows/request", "procs x in flight", "rows/s", "GB/s",
                      "GPU %", "client submit ms", "p50 ms", "server queue / in / infer / out ms",
                      "avg batch"], (table_row(record) for record in report["records"]

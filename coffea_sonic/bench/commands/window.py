@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import sys
 
 from ...cliargs import add_list_option
 from ..files import table
+from ..machine import load_lines, machine_title
 from . import add_numbers, old_spellings, scenario_parser
 
 __all__ = ["markdown", "register", "run"]
@@ -45,15 +45,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _sweep(args: argparse.Namespace) -> dict:
     from ..clients import ClientPool
-    from ..machine import machine_info, uptime_line
+    from ..machine import stamped
     from ..passthrough import PASSTHROUGH
     from ..reference import _served, tritonmodel_task
 
-    report = {"machine": machine_info(), "uptime_before": uptime_line(), "rows": args.rows,
-              "window_s": args.window_s, "command": " ".join(sys.argv), "windows": {}}
     pool = ClientPool(1, tritonmodel_task)
     try:
-        with _served(PASSTHROUGH, None, "cpu") as (grpc_address, http_address):
+        with stamped(rows=args.rows, window_s=args.window_s, windows={}) as report, \
+                _served(PASSTHROUGH, None, "cpu") as (grpc_address, http_address):
             for _, transport, size, flight in itertools.product(
                     range(args.rounds), args.transports, args.sizes_mib, args.in_flight):
                 scheme = "http" if transport == "http" else "grpc"
@@ -69,17 +68,14 @@ def _sweep(args: argparse.Namespace) -> dict:
                 print(key, result, flush=True)
     finally:
         pool.close()
-    report["uptime_after"] = uptime_line()
     return report
 
 
 def markdown(report: dict) -> str:
     """The table: each configuration's best and median window, with machine, load and command."""
-    machine = report["machine"]
-    lines = [f"# passthrough, {report['rows']}-row calls, one process ({machine['cpu_model']}, "
-             f"{machine['cpu_cores']} cores, {machine['date']})", "",
-             f"load: before `{report['uptime_before']}`, after `{report['uptime_after']}`", "",
-             f"command: `{report['command']}`", "",
+    lines = [f"# passthrough, {report['rows']}-row calls, one process "
+             f"({machine_title(report['machine'])})", "",
+             *load_lines(report),
              *table(["transport, request size x in flight", "best M rows/s", "median M rows/s"],
                     ([key, f"{max(windows) / 1e6:.2f}", f"{statistics.median(windows) / 1e6:.2f}"]
                      for key, windows in report["windows"].items()))]

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .clients import ClientPool, ready_then_start
+from .probes import percentile
 
 logger = logging.getLogger(__name__)
 
@@ -93,10 +94,6 @@ def jain(values: Sequence[float]) -> float:
     if array.size == 0 or not np.any(array):
         return 0.0
     return float(array.sum() ** 2 / (array.size * np.square(array).sum()))
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
 @contextlib.contextmanager
@@ -347,17 +344,17 @@ def _figures(config: FairnessConfig, phases: list[Phase],
     low, high = windows["saturate"]
     goodput = [sum(rows for _, done, rows, good, _ in records["saturate"][user]
                    if good and low <= done < high) / (high - low) for user in range(config.users)]
-    solo_p95, loaded_p95 = _percentile(solo, 95) * 1e3, _percentile(loaded, 95) * 1e3
+    solo_p95, loaded_p95 = percentile(solo, 95) * 1e3, percentile(loaded, 95) * 1e3
     figures = {
         "jain": jain(goodput),
         "light_p95_ratio": loaded_p95 / solo_p95 if solo_p95 > 0 else float("nan"),
         "light_p95_ms_solo": solo_p95, "light_p95_ms_contended": loaded_p95,
-        "light_p50_ms_solo": _percentile(solo, 50) * 1e3,
-        "light_p50_ms_contended": _percentile(loaded, 50) * 1e3,
-        "heavy_p50_ms_contended": _percentile(heavy, 50) * 1e3,
+        "light_p50_ms_solo": percentile(solo, 50) * 1e3,
+        "light_p50_ms_contended": percentile(loaded, 50) * 1e3,
+        "heavy_p50_ms_contended": percentile(heavy, 50) * 1e3,
         "light_p95_ratio_by_round": [
-            _percentile(latencies("contended", lights, str(i)), 95)
-            / _percentile(latencies("solo", [1], str(i)), 95)
+            percentile(latencies("contended", lights, str(i)), 95)
+            / percentile(latencies("solo", [1], str(i)), 95)
             for i in range(1, config.rounds + 1)],
         "requests": {"solo": len(solo), "contended_light": len(loaded),
                      "contended_heavy": len(heavy)},

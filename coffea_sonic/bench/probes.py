@@ -20,6 +20,17 @@ logger = logging.getLogger(__name__)
 _STATUS_FIELD = re.compile(r"^(VmRSS|VmHWM):\s+(\d+)\s+kB", re.MULTILINE)
 
 
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` (NaN where there are none).
+
+    >>> percentile([1.0, 2.0, 3.0, 4.0, 5.0], 75), percentile([], 50)
+    (4.0, nan)
+    """
+    import numpy as np
+
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
 def _rss_and_peak() -> tuple[int, int]:
     with open("/proc/self/status") as status:
         fields = dict((name, int(kb) * 1024) for name, kb in _STATUS_FIELD.findall(status.read()))

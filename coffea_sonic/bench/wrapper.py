@@ -20,6 +20,7 @@ import numpy as np
 from .machine import cpu_model, package_versions
 from .modes import coffea_wrapper_class
 from .passthrough import passthrough_inputs
+from .probes import percentile
 from .slice_model import write_slice_model
 
 __all__ = ["Timings", "WrapperBench", "client_steps", "run_wrapper", "serial_breakdown",
@@ -150,8 +151,7 @@ def summarize(name: str, timing: Timings, wrapper: Timings | None, rows: int) ->
     rates = [rows / seconds for seconds in timing.seconds]
     summary: dict[str, Any] = {
         "client": name, "calls": len(rates), "rows_per_s_median": statistics.median(rates),
-        "rows_per_s_p25": float(np.percentile(rates, 25)),
-        "rows_per_s_p75": float(np.percentile(rates, 75)),
+        "rows_per_s_p25": percentile(rates, 25), "rows_per_s_p75": percentile(rates, 75),
         "ms_per_call_median": 1e3 * statistics.median(timing.seconds)}
     if wrapper is not None:
         reference = statistics.median(rows / s for s in wrapper.seconds)

@@ -14,6 +14,7 @@ import numpy as np
 
 from ...zoo.spec import PARTICLENET_FEATURES
 from ..files import write_json
+from ..probes import percentile
 from . import add_json_file, add_numbers, old_spellings, scenario_parser
 
 __all__ = ["measure", "multiplicity", "register", "saving", "summary_lines"]
@@ -123,7 +124,7 @@ def multiplicity(counts: np.ndarray) -> dict:
     """Entries, total, mean, max, median and 99th percentile of per-entry counts."""
     return {"entries": int(len(counts)), "total": int(counts.sum()),
             "mean": round(float(counts.mean()), 2), "max": int(counts.max()),
-            "p50": float(np.percentile(counts, 50)), "p99": float(np.percentile(counts, 99))}
+            "p50": percentile(counts, 50), "p99": percentile(counts, 99)}
 
 
 def saving(ragged: int, padded: int) -> float:

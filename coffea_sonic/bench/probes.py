@@ -140,9 +140,13 @@ class ServerMeter:
     def start(self) -> None:
         self.before, self.started = self._read(), time.perf_counter()
 
-    def stop(self) -> None:
+    def stop(self, settle_s: float = 0.0) -> None:
+        """The window's end; ``settle_s`` > 0: wait until two reads that far apart agree (where
+        the requests the window sent are not known, the server has then counted them all)."""
+        from ..stats import settled
+
         self.stopped = time.perf_counter()
-        self.after = self._read()
+        self.after = settled(self._read, settle_s, 30.0) if settle_s else self._read()
 
     def summary(self, model: str, wall_s: float | None = None) -> dict | None:
         """:func:`server_statistics_summary` of ``model`` over the window (``wall_s``: its

@@ -180,15 +180,10 @@ def user_main(server: str, folder: Path, out: Path) -> int:
     return 0
 
 
-def _server_totals(base: str) -> dict[str, Any]:
-    from ...model import TritonModel
-
-    return {name: TritonModel(f"{base}/{name}").server_statistics() for name in MODELS}
-
-
 def _one_setting(fileset: dict[str, list[str]], output: Path, users: int, stagger_s: float,
                  cache_bytes: int | None) -> dict[str, Any]:
     from ...server import LocalTritonServer
+    from ..probes import ServerMeter
 
     label = "on" if cache_bytes else "off"
     with LocalTritonServer(models=list(MODELS), device="cpu",
@@ -197,7 +192,8 @@ def _one_setting(fileset: dict[str, list[str]], output: Path, users: int, stagge
         calls = output / "calls"
         if not (calls / "calls.json").exists():  # recorded where it leaves no cached answers
             record_calls(base, fileset, calls)
-        before = _server_totals(base)
+        meter = ServerMeter(server.grpc_address, MODELS)
+        meter.start()
         load = load_now()
         started = time.perf_counter()
         processes = []
@@ -212,10 +208,8 @@ def _one_setting(fileset: dict[str, list[str]], output: Path, users: int, stagge
             if process.wait() != 0:
                 raise RuntimeError(f"user {out.stem} failed (exit {process.returncode})")
         elapsed = time.perf_counter() - started
-        from ...stats import settled
-
-        after = settled(lambda: _server_totals(base), gap_s=0.5, timeout_s=30.0)
-    delta = {name: (after[name] - before[name]).to_dict() for name in MODELS}
+        meter.stop(settle_s=0.5)
+    delta = {name: (meter.after[name] - meter.before[name]).to_dict() for name in MODELS}
     per_user = [json.loads(out.read_text()) for out, _ in processes]
     total = {key: sum(d[key] for d in delta.values()) for key in (
         "compute_infer_s", "execution_count", "success_count", "cache_hit_count",

@@ -10,9 +10,22 @@ import queue as queues
 import time
 from typing import Any, Callable
 
-__all__ = ["ClientPool", "ready_then_start", "timed_calls"]
+__all__ = ["ClientPool", "fresh_clients", "ready_then_start", "timed_calls"]
 
 RunTask = Callable[[dict, Any, Any, dict], Any]
+
+
+def fresh_clients() -> None:
+    """Forget every router and close every cached transport: the next TritonModel connects anew
+    and reads its settings from the environment again.
+
+    >>> fresh_clients()
+    """
+    from ..routing import clear_routers
+    from ..transport.registry import close_all_transports
+
+    clear_routers()
+    close_all_transports()
 
 
 def ready_then_start(tasks: Any, control: Any) -> float:

@@ -18,6 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .clients import fresh_clients
 from .files import table, write_report
 from .machine import load_lines, machine_title, stamped
 from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
@@ -148,13 +149,9 @@ def call_phases(calls: list[tuple[float, float]], samples: list[tuple[float, int
 @contextlib.contextmanager
 def _compression(name: str) -> Iterator[None]:
     """``COFFEA_SONIC_COMPRESSION`` set to ``name`` for a fresh client, restored afterwards."""
-    from ..routing import clear_routers
-    from ..transport.registry import close_all_transports
-
     before = os.environ.get("COFFEA_SONIC_COMPRESSION")
     os.environ["COFFEA_SONIC_COMPRESSION"] = name
-    clear_routers()
-    close_all_transports()
+    fresh_clients()
     try:
         yield
     finally:
@@ -162,8 +159,7 @@ def _compression(name: str) -> Iterator[None]:
             os.environ.pop("COFFEA_SONIC_COMPRESSION", None)
         else:
             os.environ["COFFEA_SONIC_COMPRESSION"] = before
-        clear_routers()
-        close_all_transports()
+        fresh_clients()
 
 
 def _call_for(model, inputs: dict, seconds: float, pipelined: bool) -> list[tuple[float, float]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import zoo
-from .clients import ClientPool, ready_then_start, timed_calls
+from .clients import ClientPool, fresh_clients, ready_then_start, timed_calls
 from .files import pyplot, save_figure, table, write_report
 from .machine import load_lines, machine_title, stamped
 from .passthrough import PASSTHROUGH, passthrough_inputs, write_passthrough
@@ -81,8 +81,6 @@ def tritonmodel_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     """A client process' window (see :class:`~coffea_sonic.bench.clients.ClientPool`): calls of
     ``task["rows"]`` rows back to back on a default TritonModel for ``task["duration"]`` s."""
     from ..model import TritonModel
-    from ..routing import clear_routers
-    from ..transport.registry import close_all_transports
     from ..transport.shm.select import forget_probes
 
     # fresh transports and model per window: perf_analyzer unregisters every shared-memory region
@@ -90,8 +88,7 @@ def tritonmodel_task(task: dict, tasks: Any, control: Any, cache: dict) -> dict:
     previous = cache.pop("model", None)
     if previous is not None:
         previous.close()
-    clear_routers()
-    close_all_transports()
+    fresh_clients()
     forget_probes()
     key = (task["model"], task["rows"])
     if key not in cache:

@@ -86,10 +86,10 @@ def _ragged_bytes_sent(name: str, rows: np.ndarray, counts: np.ndarray, cap: int
     from ...errors import InferenceError
     from ...model import TritonModel
     from ...ragged import RaggedCall
-    from ...routing import clear_routers
     from ...transport.memory import MemoryTransport
+    from ..clients import fresh_clients
 
-    clear_routers()
+    fresh_clients()
     info = ModelInfo(
         name, ("1",), "python", 64,
         (TensorInfo("x", "FP32", (-1, rows.shape[1])), TensorInfo("x__counts", "INT64", (-1,))),

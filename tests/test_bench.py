@@ -156,7 +156,8 @@ def test_end_to_end_demo_analysis_reports_inference_share_and_speedup(triton_ser
     from coffea_sonic.bench.e2e import analysis_scaling, run_end_to_end
 
     config = BenchConfig.tiny(e2e_events=2000, e2e_workers=(1,))
-    e2e = run_end_to_end(config, server_address=triton_server.grpc_address)
+    e2e = run_end_to_end(config.e2e_events, list(config.e2e_workers),
+                         server_address=triton_server.grpc_address)
     rows = {row["inference"]: row for row in e2e["rows"]}
     assert set(rows) == {"cpu", "served"}
     assert rows["cpu"]["events"] == rows["served"]["events"] == 2000

@@ -12,13 +12,13 @@ import json
 import pytest
 
 from coffea_sonic.bench.commands.e2e import write_results
-from coffea_sonic.bench.e2e import run_machine_e2e
+from coffea_sonic.bench.e2e import run_end_to_end
 from coffea_sonic.server.launcher import gpu_count
 
 
 @pytest.mark.skipif(gpu_count() > 0, reason="the GPU machines run the full scenario instead")
 def test_e2e_scenario_runs_every_way_and_counts_the_same_events(tmp_path):
-    result = run_machine_e2e(2000, 1, local_gpu=False, chunksize=1000)
+    result = run_end_to_end(2000, 1, local_gpu=False, chunksize=1000)
     rows = {row["inference"]: row for row in result["rows"]}
     assert set(rows) == {"cpu", "served-cpu"}
     cpu, served = rows["cpu"], rows["served-cpu"]

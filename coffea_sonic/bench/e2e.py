@@ -245,56 +245,109 @@ def _run_once(analysis, fileset: dict[str, list[str]], warmup: dict[str, list[st
     return row
 
 
-def run_end_to_end(config: BenchConfig, *, server_address: str | None,
-                   progress: Progress | None = None) -> dict:
-    """Run the demo analysis in-process and served with each worker count; see the module doc."""
+def run_end_to_end(events: int, workers: int | Sequence[int], *,
+                   server_address: str | None = None, gpus: Sequence[int] = (1, 2, 4),
+                   local_gpu: bool = False, chunksize: int | None = None,
+                   server_options: dict | None = None, progress: Progress | None = None) -> dict:
+    """Run the demo analysis in-process on CPU (and on every worker's GPU with ``local_gpu``) and
+    served, with each worker count: served by the server at ``server_address``, or else by an
+    embedded tritonserver on the first ``k`` GPUs for each ``k`` in ``gpus`` (on a CPU one where
+    there is no GPU). The result keeps ``workers`` as given; docs/internals/bench.md."""
+    from ..server.launcher import gpu_count
+    from .probes import GpuUtilisation
+
+    counts = sorted({workers} if isinstance(workers, int) else set(workers))
+    if events < 1 or not counts or counts[0] < 1:
+        raise ConfigurationError(f"need events >= 1 and workers >= 1, not {events} and {workers}")
     progress = progress or (lambda message: logger.info("%s", message))
-    workers_list = sorted(set(config.e2e_workers))
-    events = config.e2e_events
-    chunksize = max(1000, events // (4 * max(workers_list)))
+    available = gpu_count()
+    chunksize = chunksize or max(1000, min(20_000, events // (4 * counts[-1])))
+    files = max(1, min(16, os.cpu_count() or 1, counts[-1]))
     rows: list[dict] = []
-    progress(f"e2e: writing the synthetic sample ({events} events)")
-    with _analysis_sample(events, max(1, min(4, max(workers_list))),
-                          2 * chunksize * max(workers_list)) as (fileset, warmup):
-        for workers in workers_list:
-            progress(f"e2e: in-process CPU inference, {workers} worker(s)")
-            cpu = _run_once(InProcessJetTagging(), fileset, warmup, workers, chunksize, None)
-            rows.append({"inference": "cpu", **cpu, "speedup": 1.0})
+    started = time.perf_counter()
+    # one chunk per worker warms every worker's engines / channels (see _run_once)
+    with _analysis_sample(events, files, chunksize * counts[-1]) as (fileset, warmup), \
+            GpuUtilisation(interval_ms=200) as sampler:
+        progress(f"e2e: wrote {events} events in {files} files per dataset in "
+                 f"{time.perf_counter() - started:.0f} s; chunks of {chunksize}")
+
+        def run(label: str, n_workers: int, gpus_used: int | None, analysis: Any,
+                server: str | None, gpu_mean: Callable[[float, float], float | None] | None):
+            progress(f"e2e: {label}, {n_workers} worker(s)")
+            row = _run_once(analysis, fileset, warmup, n_workers, chunksize, server, gpu_mean)
+            rows.append({"inference": label, "gpus": gpus_used, **row})
+            progress(f"e2e: {_row_line(rows[-1])}")
+
+        # in-process and served runs alternate per worker count against one server
+        for count in counts:
+            run("cpu", count, 0, InProcessJetTagging("cpu"), None, sampler.mean_between)
+            if local_gpu and available:
+                run("gpu-local", count, available, InProcessJetTagging("cuda"), None,
+                    partial(sampler.mean_between, gpus=range(available)))
             if server_address:
-                progress(f"e2e: served inference ({server_address}), {workers} worker(s)")
-                analysis = JetTaggingProcessor(f"triton+grpc://{server_address}", physics=True)
-                row = _run_once(analysis, fileset, warmup, workers, chunksize, server_address)
-                rows.append({"inference": "served", **row,
-                             "speedup": cpu["wall_s"] / row["wall_s"]})
-    result: dict = {"events": events, "chunksize": chunksize, "workers": workers_list,
-                    "models": list(E2E_MODELS), "rows": rows}
-    one = {row["inference"]: row for row in rows if row["workers"] == workers_list[0]}
-    cpu_one, served_one = one.get("cpu"), one.get("served")
-    if cpu_one and served_one and served_one.get("server_busy_s") is not None:
-        t_gpu = max(served_one["server_busy_s"] / served_one["events"], 1e-12)
-        result["scaling_inputs"] = _scaling_inputs(cpu_one, served_one, t_gpu)
-    result["summary"] = _summary_text(result)
-    return result
+                run("served", count, None, _served_analysis(server_address), server_address,
+                    None)
+        if not server_address:
+            _serve_on_gpus(run, counts, gpus, available, sampler, server_options, progress)
+    return summarise(rows, events=events, workers=workers, chunksize=chunksize,
+                     gpus_available=available)
 
 
-def _scaling_inputs(cpu: dict, served: dict, t_gpu: float) -> dict:
-    """p, t_CPU, t_latency of the SONIC model from a cpu and a served row, given t_GPU."""
+def _served_analysis(address: str) -> JetTaggingProcessor:
+    return JetTaggingProcessor(f"triton+grpc://{address}", physics=True)
+
+
+def _serve_on_gpus(run: Callable[..., None], counts: Sequence[int], gpus: Sequence[int],
+                   available: int, sampler: Any, server_options: dict | None,
+                   progress: Progress) -> None:
+    """The served runs of :func:`run_end_to_end` on embedded servers, one per GPU count."""
+    from ..server import LocalTritonServer
+
+    sets = gpu_sets(gpus, available)
+    if available and not sets:
+        progress(f"e2e: no served run: this machine has {available} GPU(s), none of the "
+                 f"counts asked for ({', '.join(map(str, gpus))})")
+    # without a GPU: one served run on a CPU server (what this machine can show)
+    for gpu_list in sets if available else [[]]:
+        progress(f"e2e: serving on {f'GPUs {gpu_list}' if gpu_list else 'a CPU server'}")
+        placement = dict(device="gpu", gpus=gpu_list) if gpu_list else dict(device="cpu")
+        # every GPU gets its instances of every model, each a python-backend process
+        # loading torch: on 4 GPUs that is about 70 processes starting at once
+        with LocalTritonServer(models=E2E_MODELS, startup_timeout_s=300.0, **placement,
+                               **(server_options or {})) as server:
+            for count in counts:
+                run(f"served-{len(gpu_list)}gpu" if gpu_list else "served-cpu", count,
+                    len(gpu_list), _served_analysis(server.grpc_address), server.grpc_address,
+                    partial(sampler.mean_between, gpus=gpu_list) if gpu_list else None)
+
+
+def _scaling_inputs(cpu: dict, served: dict) -> dict | None:
+    """p, t_CPU, t_latency of the SONIC model from a cpu and a served row of as many workers;
+    t_GPU from the GPUs' busy fraction when sampled, else from the server's busy seconds."""
+    if served.get("gpu_percent") is not None:
+        # GPU-seconds per event: the GPUs' busy fraction over the run, times their number
+        t_gpu = (served["gpu_percent"] / 100.0 * served["wall_s"] * served["gpus"]
+                 / served["events"])
+    elif served.get("server_busy_s") is not None:
+        t_gpu = max(served["server_busy_s"] / served["events"], 1e-12)
+    else:
+        return None
     p = min(max(cpu["inference_share"], 0.0), 1.0)
     t_cpu = cpu["wall_s"] * cpu["workers"] / cpu["events"]
     t_served = served["wall_s"] * served["workers"] / served["events"]
     return {"p": p, "t_cpu": t_cpu, "t_gpu": t_gpu, "t_served_one_worker": t_served,
-            "t_latency": max(0.0, t_served - (1 - p) * t_cpu - t_gpu)}
+            "t_latency": max(0.0, t_served - (1 - p) * t_cpu - t_gpu),
+            "from": f"cpu and {served['inference']} runs"}
 
 
 def analysis_scaling(e2e: dict, bench_scaling: dict, config: BenchConfig) -> dict:
     """The SONIC model of the demo analysis (measured p, t_CPU, t_GPU, t_latency) and its advice."""
     model = scaling_model(e2e["scaling_inputs"])
-    measured = {row["workers"]: row["events_per_s"] for row in e2e["rows"]
-                if row["inference"] == "served"}
+    served = [row for row in e2e["rows"] if row["inference"].startswith("served")]
+    measured = {row["workers"]: row["events_per_s"] for row in served}
     top = max(max(measured, default=1) * 2, int(model.saturation_clients() * 1.5) + 1)
     predicted = [{"workers": n, "events_per_s": model.throughput(n)} for n in range(1, top + 1)]
     e2e["predicted"] = predicted
-    served = [row for row in e2e["rows"] if row["inference"] == "served"]
     bytes_per_event = (served[0]["bytes_sent"] / served[0]["events"]) if served else 0.0
     network = ({f"{gbps:g}": model.network_bound_clients(gbps, bytes_per_event)
                 for gbps in config.link_gbps} if bytes_per_event else {})
@@ -315,20 +368,6 @@ def analysis_scaling(e2e: dict, bench_scaling: dict, config: BenchConfig) -> dic
             "predicted": predicted, "summary": summary + "."}
 
 
-def _summary_text(result: dict) -> str:
-    rows = result["rows"]
-    parts = [f"{result['events']} events of the synthetic sample, chunks of {result['chunksize']}, "
-             f"models {', '.join(result['models'])}."]
-    for row in rows:
-        if row["inference"] == "served" and row.get("speedup") is not None:
-            cpu = next(r for r in rows if r["inference"] == "cpu" and r["workers"] == row["workers"])
-            parts.append(
-                f"{row['workers']} worker(s): in-process CPU {cpu['events_per_s']:.0f} events/s "
-                f"(inference share p = {cpu['inference_share']:.2f}), served "
-                f"{row['events_per_s']:.0f} events/s: speedup {row['speedup']:.2f}×.")
-    return " ".join(parts)
-
-
 def gpu_sets(counts: Sequence[int], available: int) -> list[list[int]]:
     """The GPU index lists of the served runs: the first ``k`` GPUs for each ``k`` that exists."""
     return [list(range(count)) for count in sorted(set(counts)) if 1 <= count <= available]
@@ -340,89 +379,36 @@ def scaling_model(inputs: dict, n_gpu: int = 1) -> ScalingModel:
                         p=inputs["p"], t_cpu=inputs["t_cpu"], n_gpu=n_gpu)
 
 
-def run_machine_e2e(events: int, workers: int, *, gpus: Sequence[int] = (1, 2, 4),
-                    local_gpu: bool = True, chunksize: int | None = None,
-                    server_options: dict | None = None, progress: Progress | None = None) -> dict:
-    """Run the analysis in-process on CPU, in-process on GPU and served on 1..N GPUs (module doc)."""
-    from ..server import LocalTritonServer
-    from ..server.launcher import gpu_count
-    from .probes import GpuUtilisation
-
-    if events < 1 or workers < 1:
-        raise ConfigurationError(f"need events >= 1 and workers >= 1, not {events} and {workers}")
-    progress = progress or (lambda message: logger.info("%s", message))
-    available = gpu_count()
-    sets = gpu_sets(gpus, available)
-    chunksize = chunksize or max(1000, min(20_000, events // (4 * workers)))
-    files = max(1, min(16, os.cpu_count() or 1, workers))
-    rows: list[dict] = []
-
-    def run(label: str, gpus_used: int, analysis: Any, server: str | None,
-            gpu_mean: Callable[[float, float], float | None] | None):
-        row = _run_once(analysis, fileset, warmup, workers, chunksize, server, gpu_mean)
-        rows.append({"inference": label, "gpus": gpus_used, **row})
-        progress(f"e2e: {_row_line(rows[-1])}")
-
-    started = time.perf_counter()
-    # one chunk per worker warms every worker's engines / channels (see _run_once)
-    with _analysis_sample(events, files, chunksize * workers) as (fileset, warmup), \
-            GpuUtilisation(interval_ms=200) as sampler:
-        progress(f"e2e: wrote {events} events in {files} files per dataset in "
-                 f"{time.perf_counter() - started:.0f} s; chunks of {chunksize}, {workers} workers")
-        progress(f"e2e: in-process CPU inference, {workers} workers")
-        run("cpu", 0, InProcessJetTagging("cpu"), None, sampler.mean_between)
-        if local_gpu and available:
-            progress(f"e2e: in-process GPU inference in every worker ({available} GPUs)")
-            run("gpu-local", available, InProcessJetTagging("cuda"), None,
-                partial(sampler.mean_between, gpus=range(available)))
-        if available and not sets:
-            progress(f"e2e: no served run: this machine has {available} GPU(s), none of the "
-                     f"counts asked for ({', '.join(map(str, gpus))})")
-        # without a GPU: one served run on a CPU server (what this machine can show)
-        for gpu_list in sets if available else [[]]:
-            where = f"{len(gpu_list)} GPU(s) {gpu_list}" if gpu_list else "a CPU server (no GPU here)"
-            progress(f"e2e: served on {where}, {workers} workers")
-            placement = dict(device="gpu", gpus=gpu_list) if gpu_list else dict(device="cpu")
-            # every GPU gets its instances of every model, each a python-backend process
-            # loading torch: on 4 GPUs that is about 70 processes starting at once
-            with LocalTritonServer(models=E2E_MODELS, startup_timeout_s=300.0, **placement,
-                                   **(server_options or {})) as server:
-                address = server.grpc_address
-                run(f"served-{len(gpu_list)}gpu" if gpu_list else "served-cpu", len(gpu_list),
-                    JetTaggingProcessor(f"triton+grpc://{address}", physics=True),
-                    address, partial(sampler.mean_between, gpus=gpu_list) if gpu_list else None)
-    return summarise(rows, events=events, workers=workers, chunksize=chunksize,
-                     gpus_available=available)
-
-
 def summarise(rows: list[dict], **facts: Any) -> dict:
-    """Speedups over the ``cpu`` row, the scaling model's inputs and predictions, a summary."""
-    cpu = next((row for row in rows if row["inference"] == "cpu"), None)
+    """Speedups over the ``cpu`` row of as many workers, the scaling model's inputs and
+    predictions, a summary."""
+    cpu = {row["workers"]: row for row in rows if row["inference"] == "cpu"}
     for row in rows:
-        row["speedup"] = row["events_per_s"] / cpu["events_per_s"] if cpu else None
+        base = cpu.get(row["workers"])
+        row["speedup"] = row["events_per_s"] / base["events_per_s"] if base else None
     served = [row for row in rows if row["inference"].startswith("served")]
     inputs = None
-    if cpu and served and served[0].get("gpu_percent") is not None:
-        first = served[0]
-        # GPU-seconds per event: the GPUs' busy fraction over the run, times their number
-        t_gpu = first["gpu_percent"] / 100.0 * first["wall_s"] * first["gpus"] / first["events"]
-        inputs = {**_scaling_inputs(cpu, first, t_gpu),
-                  "from": f"cpu and served-{first['gpus']}gpu runs"}
+    if served and served[0]["workers"] in cpu:
+        inputs = _scaling_inputs(cpu[served[0]["workers"]], served[0])
+    if inputs:
         for row in served:
-            row["predicted_events_per_s"] = scaling_model(inputs, row["gpus"]).throughput(
+            row["predicted_events_per_s"] = scaling_model(inputs, row["gpus"] or 1).throughput(
                 row["workers"])
     result = {**facts, "models": list(E2E_MODELS), "rows": rows, "scaling_inputs": inputs}
     if inputs:
         model = scaling_model(inputs)
         result["advice"] = (f"one GPU saturates at about {model.saturation_clients():.0f} such "
                             f"workers: CPU:GPU ≈ {model.recommended_cpu_per_gpu()}:1")
-    result["summary"] = " ".join(_row_line(row) for row in rows)
+    result["summary"] = " ".join(
+        [f"{facts['events']} events of the synthetic sample, chunks of {facts['chunksize']}, "
+         f"models {', '.join(E2E_MODELS)}."] + [_row_line(row) for row in rows])
     return result
 
 
 def _row_line(row: dict) -> str:
     gpu = f", GPU {row['gpu_percent']:.0f} %" if row.get("gpu_percent") is not None else ""
     speedup = f" ({row['speedup']:.2f}x cpu)" if row.get("speedup") else ""
-    return (f"{row['inference']}: {row['events_per_s']:.0f} events/s{speedup}, inference share "
+    return (f"{row['inference']}, {row['workers']} worker(s): "
+            f"{row['events_per_s']:.0f} events/s{speedup}, inference share "
             f"{row['inference_share']:.2f}{gpu}, worker peak "
             f"{row['worker_peak_rss_bytes'] / 2**30:.2f} GiB.")

@@ -342,8 +342,8 @@ def run_bench(config: BenchConfig, *, progress: Progress | None = None,
         if config.e2e_events > 0:
             from .e2e import run_end_to_end
 
-            e2e = run_end_to_end(config, server_address=suite.server_address,
-                                 progress=suite.progress)
+            e2e = run_end_to_end(config.e2e_events, sorted(set(config.e2e_workers)),
+                                 server_address=suite.server_address, progress=suite.progress)
     if not suite.measurements:
         raise ModelNotFoundError(
             f"no benchmark configuration ran; skipped: {suite.skipped}")

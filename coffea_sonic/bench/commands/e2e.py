@@ -39,13 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """results.json, results.md and e2e_machine.png in ``--output``."""
-    from ..e2e import run_machine_e2e
+    from ..e2e import run_end_to_end
 
     started = time.perf_counter()
     workers = args.workers or max(1, (os.cpu_count() or 2) - 1)
-    result = run_machine_e2e(args.events, workers, gpus=tuple(args.gpus or (1, 2, 4)),
-                             local_gpu=not args.no_local_gpu,
-                             progress=progress_printer(started))
+    result = run_end_to_end(args.events, workers, gpus=tuple(args.gpus or (1, 2, 4)),
+                            local_gpu=not args.no_local_gpu, progress=progress_printer(started))
     written = write_results(result, args.output, command="coffea-sonic " + " ".join(sys.argv[1:]))
     print_finished("e2e", started, [result["summary"]], written)
     return 0

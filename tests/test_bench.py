@@ -165,7 +165,7 @@ def test_end_to_end_demo_analysis_reports_inference_share_and_speedup(triton_ser
     assert rows["cpu"]["histograms"] and rows["cpu"]["histograms"] == rows["served"]["histograms"]
     assert 0 < rows["cpu"]["inference_share"] < 1
     assert rows["served"]["speedup"] > 0 and rows["served"]["server_busy_s"] > 0
-    analysis = analysis_scaling(e2e, {}, config)
+    analysis = analysis_scaling(e2e, config)
     assert analysis["model"]["p"] == pytest.approx(rows["cpu"]["inference_share"])
     assert analysis["model"]["recommended_cpu_per_gpu"] >= 1
 

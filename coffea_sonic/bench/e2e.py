@@ -340,7 +340,7 @@ def _scaling_inputs(cpu: dict, served: dict) -> dict | None:
             "from": f"cpu and {served['inference']} runs"}
 
 
-def analysis_scaling(e2e: dict, bench_scaling: dict, config: BenchConfig) -> dict:
+def analysis_scaling(e2e: dict, config: BenchConfig) -> dict:
     """The SONIC model of the demo analysis (measured p, t_CPU, t_GPU, t_latency) and its advice."""
     model = scaling_model(e2e["scaling_inputs"])
     served = [row for row in e2e["rows"] if row["inference"].startswith("served")]

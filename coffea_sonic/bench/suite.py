@@ -22,7 +22,7 @@ from ..facility.check_report import parse_target
 from ..server import LocalTritonServer, gpu_available
 from ..transport.base import Transport
 from ..transport.errors import TransportError
-from .probes import GpuUtilisation, ServerMeter, statistics_transport
+from .probes import GpuUtilisation, ServerMeter, percentile, statistics_transport
 from .derived import compute_scaling, compute_targets, equality_summary, request_profile
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def _summary(values: list[float]) -> dict:
     median = float(np.median(array))
     return {
         "median": median, "min": float(array.min()), "max": float(array.max()),
-        "p25": float(np.percentile(array, 25)), "p75": float(np.percentile(array, 75)),
+        "p25": percentile(array, 25), "p75": percentile(array, 75),
         # (max - min) / median: how far apart the repetitions were
         "spread": float((array.max() - array.min()) / median) if median else None,
         "samples": [float(v) for v in array],
@@ -51,8 +51,8 @@ def _latency_summary(latencies_s: list[float]) -> dict:
     if array.size == 0:
         return {"count": 0}
     return {"count": int(array.size), "mean_ms": float(array.mean()),
-            "p50_ms": float(np.percentile(array, 50)), "p90_ms": float(np.percentile(array, 90)),
-            "p99_ms": float(np.percentile(array, 99)), "max_ms": float(array.max())}
+            "p50_ms": percentile(array, 50), "p90_ms": percentile(array, 90),
+            "p99_ms": percentile(array, 99), "max_ms": float(array.max())}
 
 
 def _rss_summary(per_client: list[dict], tensor_bytes: int) -> dict:
@@ -366,7 +366,7 @@ def finish_results(raw: dict) -> dict:
     if e2e and e2e.get("scaling_inputs"):
         from .e2e import analysis_scaling
 
-        scaling["analysis"] = analysis_scaling(e2e, scaling, config)
+        scaling["analysis"] = analysis_scaling(e2e, config)
     modes_run = raw.get("modes_run") or sorted({r["mode"] for r in measurements},
                                                key=list(config.modes).index)
     return {

@@ -287,17 +287,15 @@ def _equality_section(results: dict) -> list[str]:
 
 def _e2e_section(results: dict) -> list[str]:
     """The end-to-end demo analysis."""
-    e2e = results.get("e2e")
-    if not e2e:
-        return []
+    e2e = results.get("e2e") or {}
     rows = [[row["inference"], row["workers"], row["events"], f"{row['wall_s']:.2f}",
              format_rate(row["events_per_s"]),
              cell(None if row.get("inference_share") is None
                        else 100 * row["inference_share"], ".0f", " %"),
              cell(row.get("speedup"), ".2f", "×")] for row in e2e.get("rows") or []]
-    return ["", "## End to end: demo analysis", "", e2e.get("summary", ""),
-            *(["", *table(["inference", "workers", "events", "wall s", "events/s",
-                           "inference share", "speedup vs CPU"], rows, "lrrrrrr")] if rows else [])]
+    return section("End to end: demo analysis", ["inference", "workers", "events", "wall s",
+                   "events/s", "inference share", "speedup vs CPU"], rows, "lrrrrrr",
+                   intro=[e2e.get("summary", ""), ""])
 
 
 def _save_figure(figure, path: Path, results: dict | None = None) -> bool:

@@ -19,7 +19,8 @@ from . import print_finished, progress_printer, scenario_parser
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``e2e`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "e2e", run=run, help="the demo analysis end to end: in-process CPU / GPU vs served on 1, 2, 4 GPUs",
+        subparsers, "e2e", run=run,
+        help="the demo analysis end to end: in-process CPU / GPU vs served on 1, 2, 4 GPUs",
         description=(
             "The demo analysis end to end on this machine (a GPU node): in-process CPU, "
             "in-process GPU in every worker, and served on the first 1, 2, 4 GPUs (those the "

@@ -15,7 +15,8 @@ from . import print_finished, progress_printer, scenario_parser
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``fairness`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "fairness", run=run, help="several users share one server: goodput fairness and latency",
+        subparsers, "fairness", run=run,
+        help="several users share one server: goodput fairness and latency",
         description=(
             "8 users (processes) share one embedded server, one with 10x the load: Jain's index "
             "of goodput while all saturate, and the light users' p95 latency beside the heavy "

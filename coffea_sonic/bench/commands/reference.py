@@ -14,7 +14,8 @@ from . import old_spellings, scenario_parser
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``reference`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "reference", run=run, help="TritonModel at defaults vs NVIDIA's perf_analyzer, per transport",
+        subparsers, "reference", run=run,
+        help="TritonModel at defaults vs NVIDIA's perf_analyzer, per transport",
         description=(
             "For each model and transport: NVIDIA's perf_analyzer (the C++ load generator, "
             "installed on demand) over a batch x concurrency grid, a default TritonModel in one "

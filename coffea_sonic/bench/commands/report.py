@@ -12,7 +12,8 @@ from . import print_written, scenario_parser
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``report`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "report", run=run, help="re-derive and re-plot a suite's results without measuring",
+        subparsers, "report", run=run,
+        help="re-derive and re-plot a suite's results without measuring",
         description=(
             "Re-derive targets and the scaling fit, and rewrite markdown and plots, from an "
             "earlier results.json of `bench suite` (or the results.partial.json a stopped run "

@@ -46,7 +46,8 @@ def _rows_per_event(text: str) -> tuple[str, float]:
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``suite`` to the ``bench`` scenarios."""
     parser = scenario_parser(
-        subparsers, "suite", run=run, help="CPU vs local GPU vs served (ours and coffea's wrapper): sweeps and fit",
+        subparsers, "suite", run=run,
+        help="CPU vs local GPU vs served (ours and coffea's wrapper): sweeps and fit",
         description=(
             "Measure rows/s, events/s, latency percentiles, bytes, server queue vs compute time, "
             "GPU utilisation and client memory for every inference mode on the same data, check "

@@ -4,23 +4,24 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ...core.process_local import ProcessLocal
 from ...core.tls import TlsOptions
 
-__all__ = ["Connection", "channel_options", "close_all", "get_connection", "pool_size",
-           "renew_connection"]
+__all__ = ["Connection", "channel_options", "close_all", "get_connection", "pool_size"]
 
 logger = logging.getLogger(__name__)
 
 #: gRPC's hard limit on one message (tritonclient's default for both directions).
 INT32_MAX = 2**31 - 1
 #: The longest a channel waits before it tries a refused server again; until then it fails
-#: every call at once, even if the server is back (see :func:`renew_connection`).
+#: every call at once, even if a server is back on that address.
 MAX_BACKOFF_S = 2.0
+#: How long a refused call on a used channel waits for the channel's next try (the backoff plus
+#: gRPC's 20 % jitter): its refusal may be the memory of an earlier try.
+RECONNECT_WAIT_S = 1.25 * MAX_BACKOFF_S
 
 
 def channel_options(tls: TlsOptions | None = None) -> list[tuple[str, Any]]:
@@ -54,8 +55,8 @@ class Connection:
     channel: Any
     stub: Any
     pid: int = field(default_factory=os.getpid)
-    #: when the channel was made (time.monotonic)
-    made: float = field(default_factory=time.monotonic)
+    #: whether a call went over it: then a refusal may be its memory of an earlier try
+    used: bool = False
 
     def close(self) -> None:
         self.channel.close()
@@ -92,35 +93,6 @@ def get_connection(address: str, tls: TlsOptions | None = None,
     """
     return _pool.get(_key(address, tls, headers_fingerprint, index),
                      lambda: _make_connection(address, tls))
-
-
-def renew_connection(stale: Connection, headers_fingerprint: str = "",
-                     index: int = 0) -> Connection | None:
-    """A new pooled channel in place of ``stale``, or None if ``stale`` is too young to renew.
-
-    A channel refused by a server waits up to :data:`MAX_BACKOFF_S` before it tries again, and
-    meanwhile fails every call at once from its memory of the refusal, even after a server was
-    restarted on the same address. A new channel tries at once; one younger than the backoff
-    could not have remembered an older refusal, so a dead server costs one channel per backoff.
-    The old channel is not closed (other transports may hold it), only left to the collector.
-
-    >>> old = get_connection("127.0.0.1:2", index=7)
-    >>> renew_connection(old, index=7) is None  # just made
-    True
-    >>> old.made -= MAX_BACKOFF_S
-    >>> new = renew_connection(old, index=7)
-    >>> new is get_connection("127.0.0.1:2", index=7) and new is not old
-    True
-    """
-    if time.monotonic() - stale.made < MAX_BACKOFF_S:
-        return None
-    key = _key(stale.address, stale.tls, headers_fingerprint, index)
-    with _pool.lock:
-        current = _pool.peek(key)
-        if current is None or current is stale:
-            current = _make_connection(stale.address, stale.tls)
-            _pool.set(key, current)
-    return current
 
 
 def _key(address: str, tls: TlsOptions | None, headers_fingerprint: str, index: int) -> tuple:

@@ -19,7 +19,7 @@ from ..errors import TransportError, from_grpc
 from ..messages import model_info_from_responses, models_in_index, statistics_from_response
 from ..compression import configured_compression
 from ..kinds import transport_kind
-from .channel import Connection, get_connection, renew_connection
+from .channel import RECONNECT_WAIT_S, Connection, get_connection
 from .codec import decode_response, encode_framed
 from .heap import tune_heap
 from ..senders import send_soon
@@ -27,6 +27,10 @@ from ..senders import send_soon
 __all__ = ["GrpcTransport"]
 
 logger = logging.getLogger(__name__)
+
+#: How often a refused control call on a used channel asks again while it waits for the
+#: channel's next try (see GrpcTransport.rpc).
+RECONNECT_POLL_S = 0.1
 
 
 class GrpcTransport(Transport):
@@ -88,15 +92,27 @@ class GrpcTransport(Transport):
     def rpc(self, method: str, request: Any, timeout_s: float) -> Any:
         """Call the unary RPC ``method`` of Triton's service; failures as TransportError.
 
-        A refusal is asked again once on a new channel if the pooled one may only remember an
-        earlier server on this address (channel.renew_connection)."""
-        used = self.connection
+        A refusal on a channel used before may be its memory of an earlier server on this address:
+        such a call is asked again every 0.1 s for up to channel.RECONNECT_WAIT_S (the channel's
+        next try), and the refusal raised if none is answered. Each ask fails at once while the
+        channel is down, so no call waits in flight (a fork then would hang the child)."""
+        connection = self.connection
+        reused, connection.used = connection.used, True
         try:
-            return self._rpc(used, method, request, timeout_s)
+            return self._rpc(connection, method, request, timeout_s)
         except TransportError as error:
-            if error.kind != "down" or not self._renew(used):
+            if error.kind != "down" or not reused:
                 raise
-        return self._rpc(self.connection, method, request, timeout_s)
+            refused = error
+        deadline = time.monotonic() + min(timeout_s, RECONNECT_WAIT_S)
+        while time.monotonic() + RECONNECT_POLL_S < deadline:
+            time.sleep(RECONNECT_POLL_S)
+            try:
+                return self._rpc(connection, method, request, timeout_s)
+            except TransportError as error:
+                if error.kind != "down":
+                    raise
+        raise refused
 
     def _rpc(self, connection: Connection, method: str, request: Any, timeout_s: float) -> Any:
         try:
@@ -105,19 +121,6 @@ class GrpcTransport(Transport):
         except Exception as error:  # noqa: BLE001 - grpc.RpcError, unreadable TLS files, ...
             raise from_grpc(error, self.address) from None
 
-    def _renew(self, stale: Connection) -> bool:
-        """Use a new pooled channel in place of ``stale``; False if it is too young to renew."""
-        renewed = renew_connection(stale, self.settings.fingerprint)
-        if renewed is None:
-            return False
-        with self._lock:
-            if self._connection is stale:
-                self._connection = renewed
-                self._framed_infers[0] = _framed_infer(renewed)
-        logger.info("coffea-sonic: %s refused a call; asking again on a new channel (the old one "
-                    "may remember an earlier refusal)", self.address)
-        return True
-
     # -- inference ----------------------------------------------------------------------------------
 
     def submit(self, request: InferRequest) -> TransportFuture:
@@ -125,7 +128,7 @@ class GrpcTransport(Transport):
         done), else on a sender thread (why: docs/internals/transport.md, "Sending")."""
         future = TransportFuture()
         try:
-            self.connection
+            self.connection.used = True  # a later control refusal may be its memory
             payload = encode_framed(request.model, request.version, request.inputs,
                                     request_id=request.request_id, priority=request.priority,
                                     outputs=request.outputs)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import pickletools
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Iterable, TypeVar
 
 import numpy as np
@@ -246,3 +252,25 @@ def stop_gracefully(process: Any, grace_s: float = 60.0) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+#: the repository's root (benchmarks/ scripts live there, outside the package)
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark_script(name: str) -> ModuleType:
+    """benchmarks/NAME.py as a module: the repository-only scripts are loaded by their path."""
+    spec = importlib.util.spec_from_file_location(name, REPOSITORY / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def benchmark_script_help(name: str) -> str:
+    """What ``python benchmarks/NAME.py --help`` prints, run from the checkout as a user would."""
+    path = [str(REPOSITORY)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    done = subprocess.run([sys.executable, str(REPOSITORY / "benchmarks" / f"{name}.py"), "--help"],
+                          cwd=REPOSITORY, env=dict(os.environ, PYTHONPATH=os.pathsep.join(path)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -3,45 +3,28 @@ The script lives in the repository, not in the package: it is loaded by its path
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPOSITORY, benchmark_script_help, load_benchmark_script
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "agc_bench.py"
 AGC = Path(__file__).parent / "data" / "agc"
 
-
-def _load_agc_bench():
-    spec = importlib.util.spec_from_file_location("agc_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-agc_bench = _load_agc_bench()
+agc_bench = load_benchmark_script("agc_bench")
 
 
 def test_agc_bench_help_teaches_from_a_checkout():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: agc_bench.py ")
-    assert "python benchmarks/agc_bench.py --model-files tests/data/agc" in done.stdout
+    shown = benchmark_script_help("agc_bench")
+    assert shown.startswith("usage: agc_bench.py ")
+    assert "python benchmarks/agc_bench.py --model-files tests/data/agc" in shown
 
 
 def test_agc_bench_options_and_their_defaults():
     parser = agc_bench.build_parser()
     args = parser.parse_args(["--events", "5000", "--devices", "cpu,gpu"])
     assert (args.events, args.devices, args.seconds) == (5000, ["cpu", "gpu"], 5.0)
-    assert Path(args.output) == ROOT / "benchmarks" / "results" / "cpu2-agc"
+    assert Path(args.output) == REPOSITORY / "benchmarks" / "results" / "cpu2-agc"
     assert parser.parse_args(["-o", "elsewhere"]).output == "elsewhere"
 
 

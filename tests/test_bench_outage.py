@@ -5,42 +5,26 @@ path."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "outage_bench.py"
+from helpers import REPOSITORY, benchmark_script_help, load_benchmark_script
 
-
-def _load_outage_bench():
-    spec = importlib.util.spec_from_file_location("outage_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-outage_bench = _load_outage_bench()
+outage_bench = load_benchmark_script("outage_bench")
 
 
 def test_outage_bench_help_teaches_from_a_checkout():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: outage_bench.py ")
-    assert "python benchmarks/outage_bench.py --events 4000 -o /tmp/outage" in done.stdout
+    shown = benchmark_script_help("outage_bench")
+    assert shown.startswith("usage: outage_bench.py ")
+    assert "python benchmarks/outage_bench.py --events 4000 -o /tmp/outage" in shown
 
 
 def test_outage_bench_writes_where_results_md_says_unless_told():
     parser = outage_bench.build_parser()
     args = parser.parse_args(["--events", "4000"])
     assert args.events == 4000
-    assert Path(args.output) == ROOT / "benchmarks" / "results" / "cpu2-outage"
-    assert "benchmarks/results/cpu2-outage" in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert Path(args.output) == REPOSITORY / "benchmarks" / "results" / "cpu2-outage"
+    results_md = (REPOSITORY / "benchmarks" / "RESULTS.md").read_text()
+    assert "benchmarks/results/cpu2-outage" in results_md
     assert parser.parse_args(["-o", "/tmp/outage"]).output == "/tmp/outage"
 
 

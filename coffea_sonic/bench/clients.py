@@ -19,7 +19,12 @@ def fresh_clients() -> None:
     """Forget every router and close every cached transport: the next TritonModel connects anew
     and reads its settings from the environment again.
 
+    >>> from coffea_sonic.core.endpoint import ServerSettings
+    >>> from coffea_sonic.transport.registry import open_transport
+    >>> cached = open_transport(ServerSettings("127.0.0.1:1"), "grpc")
     >>> fresh_clients()
+    >>> open_transport(ServerSettings("127.0.0.1:1"), "grpc") is cached
+    False
     """
     from ..routing import clear_routers
     from ..transport.registry import close_all_transports

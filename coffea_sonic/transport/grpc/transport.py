@@ -108,9 +108,9 @@ class GrpcTransport(Transport):
         while time.monotonic() + RECONNECT_POLL_S < deadline:
             time.sleep(RECONNECT_POLL_S)
             try:
-                return self._rpc(connection, method, request, timeout_s)
+                return self._rpc(connection, method, request, deadline - time.monotonic())
             except TransportError as error:
-                if error.kind != "down":
+                if error.kind not in ("down", "timeout"):
                     raise
         raise refused
 

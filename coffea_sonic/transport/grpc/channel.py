@@ -91,12 +91,8 @@ def get_connection(address: str, tls: TlsOptions | None = None,
     >>> get_connection("127.0.0.1:1", index=1) is a
     False
     """
-    return _pool.get(_key(address, tls, headers_fingerprint, index),
-                     lambda: _make_connection(address, tls))
-
-
-def _key(address: str, tls: TlsOptions | None, headers_fingerprint: str, index: int) -> tuple:
-    return (address, tls.key() if tls is not None else None, headers_fingerprint, index)
+    key = (address, tls.key() if tls is not None else None, headers_fingerprint, index)
+    return _pool.get(key, lambda: _make_connection(address, tls))
 
 
 def pool_size() -> int:

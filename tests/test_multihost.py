@@ -35,6 +35,7 @@ from coffea.nanoevents import NanoAODSchema
 from coffea_sonic.data.synthetic import write_sample
 from coffea_sonic.demo import DEMO_MODELS
 from coffea_sonic.examples.jet_tagging import JetTaggingProcessor
+from coffea_sonic.incidents import read_journal
 from coffea_sonic.netlab import Link, missing_requirements, port_open
 from facility import Facility
 from coffea_sonic.server import LocalTritonServer
@@ -174,6 +175,12 @@ def _gateway_servers(facility: Facility) -> dict[str, dict[str, str]]:
             if row["pxname"] == "tritons" and row["svname"] != "BACKEND"}
 
 
+def _streams_in_flight(facility: Facility) -> int:
+    """Calls the gateway is passing to its servers at this moment (HAProxy's ``scur``: each
+    gRPC call is a stream of its own there; a connection without a call counts none)."""
+    return sum(int(row["scur"] or 0) for row in _gateway_servers(facility).values())
+
+
 def _marked_down(facility: Facility, server: str) -> int:
     return int(_gateway_servers(facility)[server]["chkdown"])
 
@@ -219,15 +226,17 @@ def _assert_nothing_lost(got: dict[str, Any], want: dict[str, Any]) -> None:
 
 class _Fault:
     """Strikes ``strike()`` once the servers answer rows beyond what they had answered before the
-    run (the run is under way), then ``undo()`` once ``undo_when(fault)`` holds or the run has
-    ended. Each server's rows are on record at every step (``baseline``, ``at_strike``,
-    ``at_undo``, ``after_undo``: per server, None where out of reach), ``struck_at`` is the time
-    of the strike (``time.time()``, the clock of Dask's task stream) and
-    ``undone_on_condition`` says whether ``undo_when`` held while the run was going."""
+    run (the run is under way) and ``strike_when()`` holds, then ``undo()`` once
+    ``undo_when(fault)`` holds or the run has ended. Each server's rows are on record at every
+    step (``baseline``, ``at_strike``, ``at_undo``, ``after_undo``: per server, None where out of
+    reach), ``struck_at`` is the time of the strike (``time.time()``, the clock of Dask's task
+    stream) and ``undone_on_condition`` says whether ``undo_when`` held while the run was going."""
 
     def __init__(self, facility: Facility, strike: Callable[[], None], undo: Callable[[], None],
-                 undo_when: Callable[["_Fault"], bool] = lambda fault: True) -> None:
+                 undo_when: Callable[["_Fault"], bool] = lambda fault: True,
+                 strike_when: Callable[[], bool] = lambda: True) -> None:
         self.facility, self.strike, self.undo, self.undo_when = facility, strike, undo, undo_when
+        self.strike_when = strike_when
         # counted once the servers have counted the previous run's last answers: a low baseline
         # would strike before the run
         self.baseline = _settled_rows(facility)
@@ -259,6 +268,8 @@ class _Fault:
         try:
             wait_for(lambda: self.run_over.is_set() or _served_rows(self.facility) > before,
                      RUN_TIMEOUT_S, "the run to infer on the servers", interval=0.02)
+            wait_for(lambda: self.run_over.is_set() or self.strike_when(), RUN_TIMEOUT_S,
+                     "the moment to strike", interval=0.005)
             if self.run_over.is_set():
                 return
             self.struck_at = time.time()
@@ -370,8 +381,10 @@ def test_a_server_hosts_link_cut_mid_run_and_restored_loses_nothing(
 
 def test_the_gateway_killed_mid_run_and_restarted_loses_nothing(
         facility: Facility, dask_client: Any, sample: dict[str, list[str]],
-        single_host: dict[str, Any]):
+        single_host: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     gateway = facility.gateway
+    # the run's journal (where workers record at once that they quarantined a server) lands here
+    monkeypatch.setenv("COFFEA_SONIC_REPORT_DIR", str(tmp_path))
 
     def kill() -> None:
         gateway.kill()
@@ -379,7 +392,17 @@ def test_the_gateway_killed_mid_run_and_restarted_loses_nothing(
         assert gateway.process.process.returncode == -signal.SIGKILL
         assert not gateway.process.alive and not port_open(gateway.address)
 
-    with _Fault(facility, kill, gateway.restart, undo_when=lambda fault: True) as fault:
+    def clients_noticed(fault: _Fault) -> bool:
+        # the gateway stays down until a worker found it gone: a chunk's calls are seconds
+        # apart, and a restart at once would often come before the next one; but not so long
+        # that a call's retries run out (about 1.5 s by default)
+        return (any(incident.kind == "quarantined" and incident.server == gateway.address
+                    for folder in tmp_path.glob("*/journal") for incident in read_journal(folder))
+                or time.time() > fault.struck_at + 1.0)
+
+    # struck while the gateway passes a call: that call is cut, a failure the clients must see
+    with _Fault(facility, kill, gateway.restart, undo_when=clients_noticed,
+                strike_when=lambda: _streams_in_flight(facility) > 0) as fault:
         result, _ = _run_across(facility, dask_client, sample)
     assert fault.struck.is_set(), "the run ended before the gateway could be killed"
     assert gateway.process.alive and port_open(gateway.address)
@@ -387,6 +410,8 @@ def test_the_gateway_killed_mid_run_and_restarted_loses_nothing(
     # the clients saw calls fail while the gateway was gone, and the run went on through the
     # restarted one: the servers answered rows after the restart
     assert _total(result["inference"]).failed_requests > 0
+    assert any(incident.kind == "quarantined" and incident.server == gateway.address
+               for incident in result["inference"].incidents), result["inference"].incidents
     after = _settled_rows(facility)
     assert sum(after) > sum(fault.after_undo), (fault.after_undo, after)
 
